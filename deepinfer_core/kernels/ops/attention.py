@@ -1,0 +1,52 @@
+"""Sparse shared-KV MQA with per-head attention sinks (DeepSeek-V4 attention core).
+
+Every query token attends to an explicit list of cache slots (sliding-window
+entries of its own layer plus selected compressed entries), FlashMLA-sparse
+style. One KV vector per slot serves as key and value.
+"""
+from __future__ import annotations
+
+import torch
+
+from deepinfer_core.kernels.spec import OpSpec, acc
+
+
+def sparse_attention_sink(q: torch.Tensor, kv_a: torch.Tensor, idx_a: torch.Tensor,
+                          kv_b: torch.Tensor | None, idx_b: torch.Tensor | None,
+                          sinks: torch.Tensor, scale: float) -> torch.Tensor:
+    """Attention of each query over gathered KV slots from up to two caches.
+
+    q [T, H, D]; kv_a [Sa, D] / kv_b [Sb, D] flat caches; idx_a [T, Na] / idx_b [T, Nb] int64 slot
+    indices, -1 = no entry; sinks [H] fp32 (only in the softmax denominator); scale = D^-0.5 usually.
+    Returns [T, H, D] in q.dtype. Computed in fp32. A row with no valid slot returns zeros.
+    """
+    keys = [kv_a[idx_a.clamp(min=0)]]
+    valid = [idx_a >= 0]
+    if kv_b is not None and idx_b is not None and idx_b.shape[1] > 0:
+        keys.append(kv_b[idx_b.clamp(min=0)])
+        valid.append(idx_b >= 0)
+    k = acc(torch.cat(keys, dim=1))  # [T, N, D]
+    ok = torch.cat(valid, dim=1)  # [T, N]
+    logits = torch.einsum("thd,tnd->thn", acc(q), k) * scale
+    logits = logits.masked_fill(~ok[:, None, :], float("-inf"))
+    sink = acc(sinks).view(1, -1, 1).expand(q.shape[0], -1, 1)
+    full = torch.cat([logits, sink], dim=-1)
+    full = full - full.amax(dim=-1, keepdim=True)
+    p = full.softmax(dim=-1)[..., :-1]
+    return torch.einsum("thn,tnd->thd", p, k).to(q.dtype)
+
+
+def _gen_attention(dtype, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    for t, h, d, sa, na, sb, nb in [(3, 2, 16, 10, 4, 0, 0), (7, 4, 64, 40, 8, 12, 5), (5, 8, 512, 64, 16, 32, 8)]:
+        q = torch.randn(t, h, d, generator=g).to(dtype).to(device)
+        kv_a = torch.randn(sa, d, generator=g).to(dtype).to(device)
+        idx_a = torch.randint(-1, sa, (t, na), generator=g).to(device)
+        kv_b = torch.randn(max(sb, 1), d, generator=g).to(dtype).to(device) if sb else None
+        idx_b = torch.randint(-1, sb, (t, nb), generator=g).to(device) if sb else None
+        sinks = torch.randn(h, generator=g).float().to(device)
+        yield (q, kv_a, idx_a, kv_b, idx_b, sinks, d ** -0.5), {}
+
+
+OPS = [OpSpec("attention.sparse_sink", sparse_attention_sink, _gen_attention,
+              tolerances={torch.bfloat16: (2e-2, 2e-2)}, doc="sparse shared-KV MQA with sinks")]

@@ -1,0 +1,61 @@
+"""Lightning indexer: score compressed entries and pick the top-k per query."""
+from __future__ import annotations
+
+import torch
+
+from deepinfer_core.kernels.spec import OpSpec, acc
+
+
+def indexer_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, cand: torch.Tensor,
+                   score_scale: float) -> torch.Tensor:
+    """Index scores of candidate entries.
+
+    q [T, Hi, Di]; weights [T, Hi] fp32 (per-head weights, already scaled); keys [S, Di] flat
+    index-key cache; cand [T, N] int64 slots (-1 = not visible). Returns fp32 [T, N]:
+    ``sum_h weights[t,h] * relu(q[t,h] . keys[cand[t,n]]) * score_scale``, ``-inf`` where cand < 0.
+    """
+    k = acc(keys[cand.clamp(min=0)])  # [T, N, Di]
+    s = torch.einsum("thd,tnd->thn", acc(q), k).relu() * score_scale
+    out = (s * acc(weights)[:, :, None]).sum(dim=1)
+    return out.masked_fill(cand < 0, float("-inf"))
+
+
+def topk_positions(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Top-k positions of each row of fp32 scores [T, N] (-inf = invalid). Returns int64 [T, min(k, N)], -1 padded.
+
+    Order inside a row is unspecified (callers treat it as a set).
+    """
+    kk = min(k, scores.shape[1])
+    if kk == 0:
+        return torch.empty(scores.shape[0], 0, dtype=torch.long, device=scores.device)
+    vals, pos = scores.topk(kk, dim=-1)
+    return torch.where(torch.isneginf(vals), torch.full_like(pos, -1), pos)
+
+
+def _gen_scores(dtype, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    for t, h, d, s, n in [(2, 2, 8, 5, 5), (9, 8, 32, 40, 17), (4, 64, 128, 300, 260)]:
+        q = torch.randn(t, h, d, generator=g).to(dtype).to(device)
+        w = torch.randn(t, h, generator=g).float().to(device)
+        keys = torch.randn(s, d, generator=g).to(dtype).to(device)
+        cand = torch.randint(-1, s, (t, n), generator=g).to(device)
+        yield (q, w, keys, cand, d ** -0.5), {}
+
+
+def _compare_topk(out, ref, dtype):
+    # top-k is a set: compare sorted rows.
+    assert torch.equal(out.sort(dim=-1).values, ref.sort(dim=-1).values), "top-k sets differ"
+
+
+def _gen_topk(dtype, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    for t, n, k in [(3, 5, 8), (6, 100, 16), (2, 1000, 512)]:
+        s = torch.randn(t, n, generator=g)
+        s[:, n // 2:] = float("-inf")
+        yield (s.float().to(device), k), {}
+
+
+OPS = [
+    OpSpec("index.scores", indexer_scores, _gen_scores, tolerances={torch.bfloat16: (5e-2, 5e-2)}),
+    OpSpec("index.topk", topk_positions, _gen_topk, compare=_compare_topk),
+]

@@ -1,0 +1,97 @@
+"""Manifold-constrained hyper-connections (mHC): mix weights, collapse, expand.
+
+The residual is ``R [T, n, D]`` (n = hc_mult streams). Each sublayer computes
+``pre [T, n]``, ``post [T, n]`` and a doubly-stochastic ``comb [T, n, n]`` from R.
+"""
+from __future__ import annotations
+
+import torch
+
+from deepinfer_core.kernels.spec import OpSpec, acc
+
+
+def mhc_mix(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
+            norm_eps: float, hc_eps: float, sinkhorn_iters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Mix weights of one sublayer.
+
+    residual [T, n, D]; fn [(2+n)*n, n*D] fp32; base [(2+n)*n] fp32; scale [3] fp32.
+    Returns fp32 ``pre [T, n]``, ``post [T, n]``, ``comb [T, n, n]`` where
+    ``m = fn . (vec(R) * rsqrt(mean(vec(R)^2) + norm_eps))``, ``pre = sigmoid(s0*m_pre + b_pre) + hc_eps``,
+    ``post = 2*sigmoid(s1*m_post + b_post)``, ``comb`` = Sinkhorn of ``softmax_rows(s2*m_comb + b_comb) + hc_eps``
+    (first a column normalisation, then ``iters-1`` row/column rounds).
+    """
+    t, n, d = residual.shape
+    flat = acc(residual.reshape(t, n * d))
+    flat = flat * torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + norm_eps)
+    m = flat @ acc(fn).t()
+    base = acc(base)
+    scale = acc(scale)
+    pre = torch.sigmoid(m[:, :n] * scale[0] + base[:n]) + hc_eps
+    post = 2.0 * torch.sigmoid(m[:, n:2 * n] * scale[1] + base[n:2 * n])
+    comb = (m[:, 2 * n:].view(t, n, n) * scale[2] + base[2 * n:].view(n, n)).softmax(dim=-1) + hc_eps
+    comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
+    for _ in range(sinkhorn_iters - 1):
+        comb = comb / (comb.sum(dim=-1, keepdim=True) + hc_eps)
+        comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
+    return pre, post, comb
+
+
+def mhc_collapse(residual: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    """``x = sum_k pre[:, k] * R[:, k]`` in fp32, returned in residual.dtype. residual [T, n, D], pre [T, n]."""
+    return (acc(pre).unsqueeze(-1) * acc(residual)).sum(dim=1).to(residual.dtype)
+
+
+def mhc_expand(residual: torch.Tensor, y: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """``R'[:, j] = post[:, j] * y + sum_i comb[:, i, j] * R[:, i]`` in fp32, stored in residual.dtype.
+
+    residual [T, n, D]; y [T, D]; post [T, n]; comb [T, n, n].
+    """
+    out = acc(post).unsqueeze(-1) * acc(y).unsqueeze(1) + torch.einsum("tij,tid->tjd", acc(comb), acc(residual))
+    return out.to(residual.dtype)
+
+
+def mhc_head_pre(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
+                 norm_eps: float, hc_eps: float) -> torch.Tensor:
+    """V4 final-head collapse weights: ``sigmoid(scale * fn . normed(vec(R)) + base) + hc_eps`` -> fp32 [T, n]."""
+    t, n, d = residual.shape
+    flat = acc(residual.reshape(t, n * d))
+    flat = flat * torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + norm_eps)
+    return torch.sigmoid((flat @ acc(fn).t()) * acc(scale) + acc(base)) + hc_eps
+
+
+def _gen_mix(dtype, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    for t, n, d in [(1, 4, 8), (6, 4, 64), (3, 2, 32)]:
+        r = torch.randn(t, n, d, generator=g).to(dtype).to(device)
+        fn = (torch.randn((2 + n) * n, n * d, generator=g) / (n * d) ** 0.5).to(device)
+        base = torch.randn((2 + n) * n, generator=g).to(device)
+        scale = torch.rand(3, generator=g).to(device) + 0.5
+        yield (r, fn, base, scale, 1e-6, 1e-6, 20), {}
+
+
+def _gen_collapse(dtype, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    for t, n, d in [(1, 4, 8), (6, 4, 64)]:
+        yield (torch.randn(t, n, d, generator=g).to(dtype).to(device), torch.rand(t, n, generator=g).to(device)), {}
+
+
+def _gen_expand(dtype, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    for t, n, d in [(1, 4, 8), (6, 4, 64)]:
+        yield (torch.randn(t, n, d, generator=g).to(dtype).to(device), torch.randn(t, d, generator=g).to(dtype).to(device),
+               torch.rand(t, n, generator=g).to(device), torch.rand(t, n, n, generator=g).to(device)), {}
+
+
+def _gen_head(dtype, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    for t, n, d in [(2, 4, 16), (5, 4, 64)]:
+        yield (torch.randn(t, n, d, generator=g).to(dtype).to(device), torch.randn(n, n * d, generator=g).to(device) * 0.1,
+               torch.randn(n, generator=g).to(device), torch.rand(1, generator=g).to(device), 1e-6, 1e-6), {}
+
+
+OPS = [
+    OpSpec("mhc.mix", mhc_mix, _gen_mix),
+    OpSpec("mhc.collapse", mhc_collapse, _gen_collapse),
+    OpSpec("mhc.expand", mhc_expand, _gen_expand),
+    OpSpec("mhc.head_pre", mhc_head_pre, _gen_head),
+]

@@ -1,0 +1,87 @@
+"""MoE routing and expert computation references (DeepSeek-V4 style)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from deepinfer_core.kernels.spec import OpSpec, acc
+
+
+def sqrtsoftplus(logits: torch.Tensor) -> torch.Tensor:
+    """``sqrt(softplus(x))`` in fp32."""
+    return F.softplus(acc(logits)).sqrt()
+
+
+def route_topk(logits: torch.Tensor, bias: torch.Tensor, top_k: int, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Biased sqrtsoftplus top-k routing.
+
+    logits [T, E] fp32 router output; bias [E] fp32 correction bias (selection only).
+    Returns ``(weights [T, k] fp32, ids [T, k] int64)`` with weights = s_sel / sum(s_sel) * scaling.
+    """
+    s = sqrtsoftplus(logits)
+    ids = torch.topk(s + acc(bias), top_k, dim=-1).indices
+    w = s.gather(1, ids)
+    return w / (w.sum(dim=-1, keepdim=True) + 1e-20) * scaling, ids
+
+
+def route_hash(logits: torch.Tensor, ids: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hash routing: experts fixed by ``ids [T, k]`` (tid2eid rows); weights as in ``route_topk``."""
+    s = sqrtsoftplus(logits)
+    ids = ids.long()
+    w = s.gather(1, ids)
+    return w / (w.sum(dim=-1, keepdim=True) + 1e-20) * scaling, ids
+
+
+def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
+    """``silu(min(gate, L)) * clamp(up, -L, L)``."""
+    return F.silu(gate.clamp(max=limit)) * up.clamp(min=-limit, max=limit)
+
+
+def experts_dense(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor,
+                  w2: torch.Tensor, limit: float) -> torch.Tensor:
+    """Routed experts on dense weights.
+
+    x [T, D]; weights [T, k] fp32; ids [T, k]; w1, w3 [E, F, D]; w2 [E, D, F] (cast to x.dtype).
+    Returns ``sum_j weights[t,j] * expert_{ids[t,j]}(x_t)`` [T, D] in x.dtype, accumulated in fp32.
+    """
+    out = torch.zeros(x.shape[0], x.shape[1], dtype=acc(x[:0]).dtype, device=x.device)
+    for e in ids.unique().tolist():
+        tok, slot = (ids == e).nonzero(as_tuple=True)
+        xe = x[tok]
+        h = clamped_swiglu(xe @ w1[e].to(x.dtype).t(), xe @ w3[e].to(x.dtype).t(), limit)
+        ye = h @ w2[e].to(x.dtype).t()
+        out.index_add_(0, tok, acc(ye) * acc(weights[tok, slot, None]))
+    return out.to(x.dtype)
+
+
+def _gen_route(dtype, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    for t, e, k in [(3, 8, 2), (17, 64, 6)]:
+        yield (torch.randn(t, e, generator=g).to(device), torch.randn(e, generator=g).to(device) * 0.1, k, 1.5), {}
+
+
+def _gen_experts(dtype, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    for t, e, k, d, f in [(4, 4, 2, 16, 8), (9, 8, 3, 64, 32)]:
+        x = torch.randn(t, d, generator=g).to(dtype).to(device)
+        ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).to(device)
+        w = torch.rand(t, k, generator=g).to(device)
+        w1 = (torch.randn(e, f, d, generator=g) / d ** 0.5).to(dtype).to(device)
+        w3 = (torch.randn(e, f, d, generator=g) / d ** 0.5).to(dtype).to(device)
+        w2 = (torch.randn(e, d, f, generator=g) / f ** 0.5).to(dtype).to(device)
+        yield (x, w, ids, w1, w3, w2, 10.0), {}
+
+
+def _compare_route(out, ref, dtype):
+    (wo, io), (wr, ir) = out, ref
+    so, oo = io.sort(dim=-1)
+    sr, orr = ir.sort(dim=-1)
+    assert torch.equal(so, sr), "routed expert sets differ"
+    torch.testing.assert_close(wo.gather(1, oo), wr.gather(1, orr), atol=1e-5, rtol=1e-5)
+
+
+OPS = [
+    OpSpec("moe.route_topk", route_topk, _gen_route, compare=_compare_route),
+    OpSpec("moe.route_hash", route_hash, None),
+    OpSpec("moe.experts", experts_dense, _gen_experts, tolerances={torch.bfloat16: (3e-2, 3e-2)}),
+]

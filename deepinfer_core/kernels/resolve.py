@@ -1,0 +1,37 @@
+"""Resolve a model's ops to callables once, at load time."""
+from __future__ import annotations
+
+import logging
+from typing import Callable, Iterable
+
+from deepinfer_core.kernels.registry import KernelRegistry, get_registry
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_kernels(names: Iterable[str], platform=None, overrides: dict[str, str] | None = None,
+                    registry: KernelRegistry | None = None) -> dict[str, Callable]:
+    """``{op: callable}`` for ``names``; order: overrides, platform.default_providers, reference.
+
+    Logs the chosen provider of every op once. The result is what layers keep.
+    """
+    reg = registry or get_registry()
+    if platform is not None:
+        ensure_platform_kernels(reg, platform)
+    preferred = tuple(getattr(platform, "default_providers", ()) or ())
+    table: dict[str, Callable] = {}
+    chosen: dict[str, str] = {}
+    for name in sorted(set(names)):
+        provider, fn = reg.resolve(name, preferred, overrides)
+        table[name] = fn
+        chosen[name] = provider
+    logger.info("kernels: %s", ", ".join(f"{k}={v}" for k, v in chosen.items()))
+    return table
+
+
+def ensure_platform_kernels(registry: KernelRegistry, platform) -> None:
+    """Let ``platform`` register its implementations into ``registry`` exactly once."""
+    done = registry.__dict__.setdefault("_platforms_registered", set())
+    if platform.name not in done:
+        platform.register_kernels(registry)
+        done.add(platform.name)

@@ -1,0 +1,57 @@
+"""Owns the cache tensors of a model and runs one step over ``SeqSlice``s.
+
+Paged specs that compare equal form one group (one block table per request);
+state specs get one row per request slot. The executor does not decide which
+blocks a request owns: the caller (the engine's KV manager, or the minimal
+driver in tests) passes block tables in every ``SeqSlice``.
+"""
+from __future__ import annotations
+
+import torch
+
+from deepinfer_core.kv.spec import KVCacheSpec, StateSpec
+from deepinfer_core.runner.context import SeqSlice, StepContext, build_step_context
+
+
+def group_specs(specs: dict[str, KVCacheSpec]) -> tuple[dict[int, KVCacheSpec], dict[str, int], dict[int, list[str]]]:
+    """Group equal paged specs. Returns (gid -> spec, cache name -> gid, gid -> cache names)."""
+    gid_of_spec: dict[KVCacheSpec, int] = {}
+    cache_group: dict[str, int] = {}
+    members: dict[int, list[str]] = {}
+    for name, spec in specs.items():
+        if isinstance(spec, StateSpec):
+            continue
+        gid = gid_of_spec.setdefault(spec, len(gid_of_spec))
+        cache_group[name] = gid
+        members.setdefault(gid, []).append(name)
+    return {g: s for s, g in gid_of_spec.items()}, cache_group, members
+
+
+def bytes_per_block_id(specs: dict[str, KVCacheSpec]) -> int:
+    """Bytes one block id costs across every paged cache tensor (each group has a page per id)."""
+    return sum(s.page_bytes for s in specs.values() if not isinstance(s, StateSpec))
+
+
+class PagedExecutor:
+    def __init__(self, model, num_blocks: int, max_num_seqs: int, device: torch.device | str = "cpu"):
+        self.model = model
+        self.device = torch.device(device)
+        self.specs = model.kv_cache_specs()
+        self.group_specs, self.cache_group, self.group_members = group_specs(self.specs)
+        self.num_blocks, self.max_num_seqs = num_blocks, max_num_seqs
+        self.caches: dict[str, torch.Tensor] = {}
+        for name, spec in self.specs.items():
+            if isinstance(spec, StateSpec):
+                shape = (max_num_seqs, *spec.entry_shape)
+            else:
+                shape = (num_blocks * spec.entries_per_block, *spec.entry_shape)
+            self.caches[name] = torch.zeros(shape, dtype=spec.dtype, device=self.device)
+
+    def context(self, slices: list[SeqSlice]) -> StepContext:
+        return build_step_context(slices, self.group_specs, self.cache_group, self.caches, self.device)
+
+    @torch.inference_mode()
+    def run(self, input_ids: torch.Tensor, slices: list[SeqSlice]) -> torch.Tensor:
+        """input_ids [T] (concatenated in slice order) -> hidden [T, D]."""
+        ctx = self.context(slices)
+        return self.model.forward(input_ids.to(self.device), ctx)

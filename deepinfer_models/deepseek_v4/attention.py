@@ -1,0 +1,105 @@
+"""DeepSeek-V4 attention: shared-KV MQA with sinks over a sliding window plus
+compressed entries (CSA: indexer top-k, HCA: all visible), grouped output projection.
+"""
+from __future__ import annotations
+
+import torch
+
+from deepinfer_core.kv.spec import CompressedSpec, SlidingWindowSpec
+from deepinfer_core.runner.context import StepContext
+from deepinfer_models.deepseek_v4.compressor import Compressor
+from deepinfer_models.deepseek_v4.config import DeepseekV4Config
+
+
+class Indexer:
+    """Lightning indexer of a CSA layer: its own overlapping compressor (d_c = index_head_dim)
+    writes index keys; queries ``wq_b(qr)`` score visible keys; top-k entry numbers are returned.
+    """
+
+    def __init__(self, cfg: DeepseekV4Config, prefix: str, w: dict, make_linear, inv_freq: torch.Tensor,
+                 kernels: dict, block_size: int, cache_dtype: torch.dtype):
+        self.cfg, self.k = cfg, kernels
+        self.n_heads, self.head_dim = cfg.index_n_heads, cfg.index_head_dim
+        self.wq_b = make_linear(f"{prefix}.wq_b")
+        self.weights_proj = make_linear(f"{prefix}.weights_proj")
+        self.inv_freq = inv_freq
+        self.compressor = Compressor(f"{prefix}.compressor", w, 4, self.head_dim, True, inv_freq, cfg.rms_norm_eps,
+                                     kernels, f"{prefix}.keys", block_size, cache_dtype)
+
+    def specs(self) -> dict:
+        return self.compressor.specs()
+
+    def __call__(self, x: torch.Tensor, qr: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        """Returns entry numbers [T, k] (-1 padded) selected for each query token."""
+        self.compressor(x, ctx)
+        t = x.shape[0]
+        q = self.wq_b(qr).view(t, self.n_heads, self.head_dim)
+        q = self.k["rope.interleaved"](q, ctx.positions, self.inv_freq)
+        weights = self.weights_proj(x).float() * self.n_heads ** -0.5
+        cand = ctx.meta(self.compressor.cache_name).read_idx  # [T, N] in entry order
+        scores = self.k["index.scores"](q, weights, ctx.caches[self.compressor.cache_name], cand, self.head_dim ** -0.5)
+        return self.k["index.topk"](scores, self.cfg.index_topk)
+
+
+class AttentionV4:
+    def __init__(self, cfg: DeepseekV4Config, layer: int, w: dict, make_linear, rope: dict, kernels: dict,
+                 block_size: int, cache_dtype: torch.dtype):
+        p = f"layers.{layer}.attn"
+        self.cfg, self.k, self.layer = cfg, kernels, layer
+        self.ratio = cfg.ratio(layer)
+        self.inv_freq = rope["compress" if self.ratio else "main"]
+        self.h, self.d = cfg.num_attention_heads, cfg.head_dim
+        self.eps = cfg.rms_norm_eps
+        self.wq_a, self.wq_b = make_linear(f"{p}.wq_a"), make_linear(f"{p}.wq_b")
+        self.wkv, self.wo_a, self.wo_b = make_linear(f"{p}.wkv"), make_linear(f"{p}.wo_a"), make_linear(f"{p}.wo_b")
+        self.q_norm = w[f"{p}.q_norm.weight"].float()
+        self.kv_norm = w[f"{p}.kv_norm.weight"].float()
+        self.sinks = w[f"{p}.attn_sink"].float()
+        self.swa_name = f"{p}.swa"
+        self.swa_spec = SlidingWindowSpec(entry_shape=(self.d,), dtype=cache_dtype, window=cfg.sliding_window,
+                                          block_size=block_size)
+        self.compressor = None
+        self.indexer = None
+        if self.ratio:
+            self.compressor = Compressor(f"{p}.compressor", w, self.ratio, self.d, self.ratio == 4, self.inv_freq,
+                                         self.eps, kernels, f"{p}.cmp", block_size, cache_dtype)
+        if self.ratio == 4:
+            self.indexer = Indexer(cfg, f"{p}.indexer", w, make_linear, self.inv_freq, kernels, block_size, cache_dtype)
+
+    def specs(self) -> dict:
+        out = {self.swa_name: self.swa_spec}
+        if self.compressor:
+            out.update(self.compressor.specs())
+        if self.indexer:
+            out.update(self.indexer.specs())
+        return out
+
+    def __call__(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        """x [T, D] (normed attention input) -> [T, D]."""
+        t = x.shape[0]
+        pos = ctx.positions
+        rope = self.k["rope.interleaved"]
+        qr = self.k["norm.rms"](self.wq_a(x), self.q_norm, self.eps)
+        q = self.wq_b(qr).view(t, self.h, self.d)
+        q = self.k["norm.rms_unweighted"](q, self.eps)  # V4: per-head weightless q norm
+        q = rope(q, pos, self.inv_freq)
+        kv = rope(self.k["norm.rms"](self.wkv(x), self.kv_norm, self.eps), pos, self.inv_freq)
+        swa = ctx.caches[self.swa_name]
+        swa_meta = ctx.meta(self.swa_name)
+        swa[swa_meta.write_slots] = kv.to(swa.dtype)
+        cmp_cache, cmp_idx = None, None
+        if self.compressor is not None:
+            self.compressor(x, ctx)
+            cmp_cache = ctx.caches[self.compressor.cache_name]
+            visible = ctx.meta(self.compressor.cache_name).read_idx  # [T, N] rows in entry order
+            if self.indexer is not None:
+                sel = self.indexer(x, qr, ctx)  # entry numbers, -1 padded
+                cmp_idx = torch.where(sel >= 0, visible.gather(1, sel.clamp(min=0)), torch.full_like(sel, -1))
+            else:
+                cmp_idx = visible
+        o = self.k["attention.sparse_sink"](q, swa, swa_meta.read_idx, cmp_cache, cmp_idx, self.sinks, self.d ** -0.5)
+        o = rope(o, pos, self.inv_freq, inverse=True)
+        g = self.cfg.o_groups
+        wo_a = self.wo_a.dequantized(x.dtype).view(g, -1, self.h * self.d // g)  # [G, o_lora, H*d/G]
+        z = torch.einsum("tgi,goi->tgo", o.reshape(t, g, -1), wo_a).reshape(t, -1)
+        return self.wo_b(z)
