@@ -71,36 +71,34 @@ class StepContext:
         return self.groups[self.cache_group[cache_name]]
 
 
-def _sliding_meta(spec: SlidingWindowSpec, slices: list[SeqSlice], gid: int) -> tuple[list[int], list[list[int]]]:
+def _sliding_meta(spec: SlidingWindowSpec, slices: list[SeqSlice], gid: int) -> tuple[torch.Tensor, torch.Tensor]:
     bs, w = spec.block_size, spec.window
-    writes: list[int] = []
-    reads: list[list[int]] = []
+    writes, reads = [], []
+    back = torch.arange(w - 1, -1, -1)
     for s in slices:
-        table = s.block_tables[gid]
-        for p in range(s.start_pos, s.start_pos + s.num_tokens):
-            writes.append(table[p // bs] * bs + p % bs)
-            lo = max(0, p - w + 1)
-            row = [table[q // bs] * bs + q % bs for q in range(lo, p + 1)]
-            reads.append(row + [-1] * (w - len(row)))
-    return writes, reads
+        table = torch.tensor(s.block_tables[gid], dtype=torch.long)
+        p = torch.arange(s.start_pos, s.start_pos + s.num_tokens)
+        writes.append(table[p // bs] * bs + p % bs)
+        q = p[:, None] - back[None, :]  # positions max(0, p-W+1) .. p
+        rows = table[q.clamp(min=0) // bs] * bs + q.clamp(min=0) % bs
+        reads.append(torch.where(q >= 0, rows, torch.full_like(rows, -1)))
+    return torch.cat(writes), torch.cat(reads)
 
 
-def _compressed_meta(spec: CompressedSpec, slices: list[SeqSlice], gid: int) -> tuple[list[int], list[list[int]]]:
+def _compressed_meta(spec: CompressedSpec, slices: list[SeqSlice], gid: int) -> tuple[torch.Tensor, torch.Tensor]:
     r, epb, bs = spec.ratio, spec.entries_per_block, spec.block_size
-    writes: list[int] = []
-    reads: list[list[int]] = []
-
-    def row_of(table: list[int], g: int) -> int:
-        return table[(g * r) // bs] * epb + g % epb
-
+    width = max(((s.start_pos + s.num_tokens) // r for s in slices), default=0)
+    g = torch.arange(width)
+    writes, reads = [], []
     for s in slices:
-        table = s.block_tables[gid]
-        for p in range(s.start_pos, s.start_pos + s.num_tokens):
-            writes.append(row_of(table, p // r) if (p + 1) % r == 0 else -1)
-            reads.append([row_of(table, g) for g in range((p + 1) // r)])
-    width = max((len(x) for x in reads), default=0)
-    reads = [x + [-1] * (width - len(x)) for x in reads]
-    return writes, reads
+        table = torch.tensor(s.block_tables[gid] or [0], dtype=torch.long)
+        p = torch.arange(s.start_pos, s.start_pos + s.num_tokens)
+        own = table[((p // r) * r // bs).clamp(max=len(table) - 1)] * epb + (p // r) % epb
+        writes.append(torch.where((p + 1) % r == 0, own, torch.full_like(own, -1)))
+        gg = g[None, :].expand(len(p), -1)
+        rows = table[(gg * r // bs).clamp(max=len(table) - 1)] * epb + gg % epb
+        reads.append(torch.where(gg < ((p + 1) // r)[:, None], rows, torch.full_like(rows, -1)))
+    return torch.cat(writes), torch.cat(reads)
 
 
 def build_step_context(slices: list[SeqSlice], group_specs: dict[int, KVCacheSpec], cache_group: dict[str, int],
@@ -119,8 +117,7 @@ def build_step_context(slices: list[SeqSlice], group_specs: dict[int, KVCacheSpe
             w, r = _compressed_meta(spec, slices, gid)
         else:
             raise TypeError(f"group {gid} has non-paged spec {spec!r}")
-        read = torch.tensor(r, dtype=torch.long) if r and r[0] else torch.full((len(w), 0), -1, dtype=torch.long)
-        groups[gid] = GroupMetadata(spec, torch.tensor(w, dtype=torch.long).to(device), read.to(device))
+        groups[gid] = GroupMetadata(spec, w.to(device), r.to(device))
     return StepContext(
         positions=torch.tensor(positions, dtype=torch.long).to(device),
         token_seq=torch.tensor(token_seq, dtype=torch.long).to(device),

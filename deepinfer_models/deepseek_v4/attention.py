@@ -101,5 +101,6 @@ class AttentionV4:
         o = rope(o, pos, self.inv_freq, inverse=True)
         g = self.cfg.o_groups
         wo_a = self.wo_a.dequantized(x.dtype).view(g, -1, self.h * self.d // g)  # [G, o_lora, H*d/G]
-        z = torch.einsum("tgi,goi->tgo", o.reshape(t, g, -1), wo_a).reshape(t, -1)
+        og = o.reshape(t, g, -1)
+        z = torch.cat([self.k["gemm.dense"](og[:, i], wo_a[i]) for i in range(g)], dim=-1)
         return self.wo_b(z)

@@ -49,8 +49,8 @@ class Compressor:
         """Project x [T, D], emit the entries of windows closing in this step into the cache."""
         pos = ctx.positions
         xf = x.float()
-        kv = xf @ self.wkv.t()
-        sc = xf @ self.wgate.t() + self.ape[pos % self.ratio]
+        kv = self.k["gemm.dense"](xf, self.wkv)
+        sc = self.k["gemm.dense"](xf, self.wgate) + self.ape[pos % self.ratio]
         cache = ctx.caches[self.cache_name]
         state = ctx.caches[self.state_name]
         meta = ctx.meta(self.cache_name)

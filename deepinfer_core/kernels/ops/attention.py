@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from deepinfer_core.kernels.ops.linalg import down, up
 from deepinfer_core.kernels.spec import OpSpec, acc
 
 
@@ -32,7 +33,7 @@ def sparse_attention_sink(q: torch.Tensor, kv_a: torch.Tensor, idx_a: torch.Tens
     sink = acc(sinks).view(1, -1, 1).expand(q.shape[0], -1, 1)
     full = torch.cat([logits, sink], dim=-1)
     full = full - full.amax(dim=-1, keepdim=True)
-    p = full.softmax(dim=-1)[..., :-1]
+    p = down(up(full).softmax(dim=-1), full)[..., :-1]
     return torch.einsum("thn,tnd->thd", p, k).to(q.dtype)
 
 

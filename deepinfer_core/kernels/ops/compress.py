@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from deepinfer_core.kernels.ops.linalg import down, up
 from deepinfer_core.kernels.spec import OpSpec, acc
 
 
@@ -17,7 +18,7 @@ def softmax_pool(kv: torch.Tensor, score: torch.Tensor) -> torch.Tensor:
     ``out[n, c] = sum_s softmax_s(score[n, :, c]) * kv[n, s, c]``; the softmax is fp32.
     Absent slots (score -inf) contribute exactly zero even if kv holds garbage there.
     """
-    w = acc(score).softmax(dim=1)
+    w = down(up(score).softmax(dim=1), acc(score))
     kvz = torch.where(torch.isneginf(score), torch.zeros_like(kv), kv)
     return (kvz * w.to(kv.dtype)).sum(dim=1)
 

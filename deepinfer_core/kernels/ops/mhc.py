@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from deepinfer_core.kernels.ops.linalg import down, linear_rows, up
 from deepinfer_core.kernels.spec import OpSpec, acc
 
 
@@ -23,12 +24,12 @@ def mhc_mix(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale:
     t, n, d = residual.shape
     flat = acc(residual.reshape(t, n * d))
     flat = flat * torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + norm_eps)
-    m = flat @ acc(fn).t()
+    m = linear_rows(flat, acc(fn))
     base = acc(base)
     scale = acc(scale)
-    pre = torch.sigmoid(m[:, :n] * scale[0] + base[:n]) + hc_eps
-    post = 2.0 * torch.sigmoid(m[:, n:2 * n] * scale[1] + base[n:2 * n])
-    comb = (m[:, 2 * n:].view(t, n, n) * scale[2] + base[2 * n:].view(n, n)).softmax(dim=-1) + hc_eps
+    pre = down(torch.sigmoid(up(m[:, :n] * scale[0] + base[:n])), m) + hc_eps
+    post = 2.0 * down(torch.sigmoid(up(m[:, n:2 * n] * scale[1] + base[n:2 * n])), m)
+    comb = down(up(m[:, 2 * n:].reshape(t, n, n) * scale[2] + base[2 * n:].view(n, n)).softmax(dim=-1), m) + hc_eps
     comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
     for _ in range(sinkhorn_iters - 1):
         comb = comb / (comb.sum(dim=-1, keepdim=True) + hc_eps)
@@ -56,7 +57,8 @@ def mhc_head_pre(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, s
     t, n, d = residual.shape
     flat = acc(residual.reshape(t, n * d))
     flat = flat * torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + norm_eps)
-    return torch.sigmoid((flat @ acc(fn).t()) * acc(scale) + acc(base)) + hc_eps
+    z = linear_rows(flat, acc(fn)) * acc(scale) + acc(base)
+    return down(torch.sigmoid(up(z)), z) + hc_eps
 
 
 def _gen_mix(dtype, device, seed):

@@ -4,12 +4,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from deepinfer_core.kernels.ops.linalg import down, linear_rows, up
+from deepinfer_core.kernels.ops.linalg import up as _up
 from deepinfer_core.kernels.spec import OpSpec, acc
 
 
 def sqrtsoftplus(logits: torch.Tensor) -> torch.Tensor:
     """``sqrt(softplus(x))`` in fp32."""
-    return F.softplus(acc(logits)).sqrt()
+    x = acc(logits)
+    return down(F.softplus(up(x)), x).sqrt()
 
 
 def route_topk(logits: torch.Tensor, bias: torch.Tensor, top_k: int, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -34,7 +37,8 @@ def route_hash(logits: torch.Tensor, ids: torch.Tensor, scaling: float) -> tuple
 
 def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
     """``silu(min(gate, L)) * clamp(up, -L, L)``."""
-    return F.silu(gate.clamp(max=limit)) * up.clamp(min=-limit, max=limit)
+    g = gate.clamp(max=limit)
+    return F.silu(_up(g)).to(g.dtype) * up.clamp(min=-limit, max=limit)
 
 
 def experts_dense(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor,
@@ -48,8 +52,8 @@ def experts_dense(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w1:
     for e in ids.unique().tolist():
         tok, slot = (ids == e).nonzero(as_tuple=True)
         xe = x[tok]
-        h = clamped_swiglu(xe @ w1[e].to(x.dtype).t(), xe @ w3[e].to(x.dtype).t(), limit)
-        ye = h @ w2[e].to(x.dtype).t()
+        h = clamped_swiglu(linear_rows(xe, w1[e]), linear_rows(xe, w3[e]), limit)
+        ye = linear_rows(h, w2[e])
         out.index_add_(0, tok, acc(ye) * acc(weights[tok, slot, None]))
     return out.to(x.dtype)
 

@@ -48,8 +48,9 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
     half = inv_freq.shape[0]
     rd = 2 * half
     ct = torch.float64 if x.dtype == torch.float64 else torch.float32
-    ang = positions.to(ct)[:, None] * inv_freq.to(device=x.device, dtype=ct)[None, :]
-    cos, sin = ang.cos(), ang.sin()
+    # angles and cos/sin in fp64 (see linalg.up): position-exact and batch-invariant
+    ang = positions.to(torch.float64)[:, None] * inv_freq.to(device=x.device, dtype=torch.float64)[None, :]
+    cos, sin = ang.cos().to(ct), ang.sin().to(ct)
     if inverse:
         sin = -sin
     shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (half,)
