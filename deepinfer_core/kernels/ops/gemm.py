@@ -1,0 +1,102 @@
+"""GEMM references: dense, FP8-block-quantised and MXFP4 weights.
+
+All ops compute ``y = x @ W^T`` for activations ``x [T, K]`` and a weight
+``W [N, K]`` (nn.Linear layout), returning ``[T, N]`` in ``x.dtype``. The
+quantised references dequantise the weight with the format definitions in
+``quant.py``, cast it to ``x.dtype`` and multiply, so a provider kernel that
+accumulates in fp32 must land within the op's tolerance of this.
+"""
+from __future__ import annotations
+
+import torch
+
+from deepinfer_core.kernels.ops.quant import (
+    dequant_fp8_block,
+    dequant_mxfp4,
+    quant_fp8_block,
+    quant_mxfp4,
+)
+from deepinfer_core.kernels.ops.linalg import linear_rows
+from deepinfer_core.kernels.spec import OpSpec
+
+
+def _check_x(x: torch.Tensor, k: int, op: str) -> None:
+    if x.dim() != 2:
+        raise ValueError(f"{op}: x must be [T, K], got shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise TypeError(f"{op}: x must be a float tensor, got {x.dtype}")
+    if x.shape[1] != k:
+        raise ValueError(f"{op}: x has K={x.shape[1]} but the weight has K={k}")
+
+
+def dense(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``x [T, K] @ w [N, K]^T -> [T, N]`` in ``x.dtype`` (``w`` cast to ``x.dtype``)."""
+    if w.dim() != 2:
+        raise ValueError(f"gemm.dense: w must be [N, K], got shape {tuple(w.shape)}")
+    _check_x(x, w.shape[1], "gemm.dense")
+    return linear_rows(x, w)
+
+
+def fp8_block(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """``x [T, K]`` times an FP8 block weight -> ``[T, N]`` in ``x.dtype``.
+
+    ``q [N, K]`` float8_e4m3fn, ``scale [ceil(N/bn), ceil(K/bk)]`` fp32 or UE8M0;
+    ``= x @ dequant_fp8_block(q, scale, block).to(x.dtype).T``.
+    """
+    if q.dim() != 2:
+        raise ValueError(f"gemm.fp8_block: q must be [N, K], got shape {tuple(q.shape)}")
+    _check_x(x, q.shape[1], "gemm.fp8_block")
+    return linear_rows(x, dequant_fp8_block(q, scale, tuple(block)))
+
+
+def mxfp4(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``x [T, K]`` times an MXFP4 weight -> ``[T, N]`` in ``x.dtype``.
+
+    ``packed [N, K//2]`` uint8/int8 (two e2m1 per byte, low nibble first),
+    ``scale [N, K//32]`` float8_e8m0fnu.
+    """
+    if packed.dim() != 2:
+        raise ValueError(f"gemm.mxfp4: packed must be [N, K/2], got shape {tuple(packed.shape)}")
+    _check_x(x, 2 * packed.shape[1], "gemm.mxfp4")
+    return linear_rows(x, dequant_mxfp4(packed, scale))
+
+
+# -- input generators (CPU tensors built from ``seed``, then moved to ``device``) --
+_SHAPES = [(1, 64, 128), (7, 200, 300), (16, 256, 512), (33, 96, 64)]  # (T, N, K); 200x300 has partial blocks
+
+
+def _gen_dense(dtype, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    for t, n, k in _SHAPES:
+        x = torch.randn(t, k, generator=g).to(dtype).to(device)
+        w = (torch.randn(n, k, generator=g) / k ** 0.5).to(dtype).to(device)
+        yield (x, w), {}
+
+
+def _gen_fp8_block(dtype, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    for (t, n, k), block, fmt in zip(_SHAPES, [(128, 128), (128, 128), (32, 32), (128, 128)],
+                                     [None, "ue8m0", "ue8m0", None]):
+        x = torch.randn(t, k, generator=g).to(dtype).to(device)
+        q, s = quant_fp8_block(torch.randn(n, k, generator=g) / k ** 0.5, block, fmt)
+        yield (x, q.to(device), s.to(device), block), {}
+
+
+def _gen_mxfp4(dtype, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    for t, n, k in [(1, 64, 128), (5, 96, 256), (16, 128, 64)]:
+        x = torch.randn(t, k, generator=g).to(dtype).to(device)
+        packed, s = quant_mxfp4(torch.randn(n, k, generator=g) / k ** 0.5)
+        yield (x, packed.to(device), s.to(device)), {}
+
+
+# Quantised weights are exact after dequantisation; the looser bf16 bound covers
+# kernels that accumulate in fp32 while the reference rounds the product to bf16.
+_QUANT_TOL = {torch.bfloat16: (3e-2, 3e-2), torch.float16: (3e-3, 3e-3)}
+
+OPS = [
+    OpSpec("gemm.dense", dense, _gen_dense, doc="y = x @ w^T"),
+    OpSpec("gemm.fp8_block", fp8_block, _gen_fp8_block, tolerances=_QUANT_TOL,
+           doc="y = x @ dequant_fp8_block(q, scale, block)^T"),
+    OpSpec("gemm.mxfp4", mxfp4, _gen_mxfp4, tolerances=_QUANT_TOL, doc="y = x @ dequant_mxfp4(packed, scale)^T"),
+]

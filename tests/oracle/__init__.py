@@ -1,0 +1,1 @@
+"""Oracles for model tests: reference implementations we compare against (transformers)."""
