@@ -1,0 +1,57 @@
+"""Engine configuration: small frozen dataclasses, ``"auto"`` resolved before construction."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "half": torch.float16}
+
+
+def parse_dtype(dtype: str | torch.dtype, model_default: str = "bfloat16") -> torch.dtype:
+    """``"auto"`` -> the checkpoint's ``torch_dtype``; names or torch dtypes otherwise."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = model_default if dtype == "auto" else dtype
+    try:
+        return _DTYPES[str(name).lower()]
+    except KeyError:
+        raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {dtype!r}") from None
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What ``LLM(...)`` / ``LLMEngine`` run with (vLLM names where vLLM has one).
+
+    kv_cache_memory_bytes: the KV-cache budget (paged blocks); None = 1 GiB on
+    platforms without device memory queries, else ``gpu_memory_utilization`` of free memory.
+    """
+
+    model: str
+    dtype: torch.dtype = torch.bfloat16
+    max_model_len: int = 4096
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    enable_chunked_prefill: bool = True
+    async_scheduling: bool = True
+    block_size: int = 64
+    kv_cache_memory_bytes: int | None = None
+    gpu_memory_utilization: float = 0.9
+    seed: int = 0
+    kernel_overrides: dict = field(default_factory=dict)
+    tokenizer: str | None = None
+    revision: str | None = None
+    disable_log_stats: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
+            raise ValueError(f"kv_cache_memory_bytes must be positive, got {self.kv_cache_memory_bytes}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")

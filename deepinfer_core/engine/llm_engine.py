@@ -1,0 +1,228 @@
+"""LLMEngine: add requests, step, collect RequestOutputs (vLLM's LLMEngine shape).
+
+Flow per step: Scheduler.schedule() -> ModelRunner.execute() -> Scheduler.update_from_output()
+-> OutputProcessor. With async scheduling (default) the model step runs on a worker
+thread while the scheduler plans the next step; only sampled token ids come back.
+Outputs are identical with async on and off (tests/engine/test_engine_invariants.py).
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from deepinfer_core.config import EngineConfig
+from deepinfer_core.engine.model_runner import ModelRunner, StepResult
+from deepinfer_core.engine.output_processor import OutputProcessor
+from deepinfer_core.hub import resolve_model_path
+from deepinfer_core.kv.manager import KVCacheManager
+from deepinfer_core.kv.spec import StateSpec
+from deepinfer_core.models import chat_encoding, model_loader, read_architecture, register_embedded_models
+from deepinfer_core.outputs import RequestOutput
+from deepinfer_core.platform.loader import current_platform
+from deepinfer_core.request import Request, RequestStatus
+from deepinfer_core.runner.executor import PagedExecutor, bytes_per_block_id
+from deepinfer_core.runner.sampler import Sampler, make_generator
+from deepinfer_core.sampling_params import SamplingParams
+from deepinfer_core.scheduler import Scheduler, SchedulerConfig
+from deepinfer_core.sched_output import SchedulerOutput
+from deepinfer_core.tokenizer import load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CPU_KV_BYTES = 1 << 30
+
+
+class InvalidRequestError(ValueError):
+    """A request that cannot be served (bad prompt or parameters); other requests are unaffected."""
+
+
+def _derived_seed(engine_seed: int, request_index: int) -> int:
+    h = hashlib.blake2b(f"{engine_seed}:{request_index}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") & ((1 << 63) - 1)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, platform=None, model_dir: Path | None = None):
+        self.config = config
+        self.platform = platform or current_platform()
+        register_embedded_models()
+        self.model_dir = Path(model_dir) if model_dir is not None else resolve_model_path(config.model, config.revision)
+        self.architecture = read_architecture(self.model_dir)
+        loader = model_loader(self.architecture)
+        device = self.platform.device()
+        t0 = time.perf_counter()
+        self.model = loader(self.model_dir, dtype=config.dtype, device=device, platform=self.platform,
+                            kernel_overrides=config.kernel_overrides or None, block_size=config.block_size)
+        logger.info("loaded %s (%s) in %.1fs", self.model_dir, self.architecture, time.perf_counter() - t0)
+        self.tokenizer = load_tokenizer(config.tokenizer or self.model_dir)
+        self.chat_encoding = chat_encoding(self.architecture)
+        self.vocab_size = self.model.cfg.vocab_size
+
+        specs = self.model.kv_cache_specs()
+        budget = config.kv_cache_memory_bytes or self._default_budget()
+        per_block = bytes_per_block_id(specs)
+        num_blocks = max(2, budget // per_block)
+        self.executor = PagedExecutor(self.model, num_blocks, config.max_num_seqs, device)
+        groups = [self.executor.group_specs[g] for g in range(len(self.executor.group_specs))]
+        states = [s for s in specs.values() if isinstance(s, StateSpec)]
+        self.kv = KVCacheManager(groups, states, num_blocks, config.max_num_seqs)
+        self.scheduler = Scheduler(SchedulerConfig(
+            max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+            enable_chunked_prefill=config.enable_chunked_prefill, max_model_len=config.max_model_len), self.kv)
+        eos = tuple(x for x in (self.tokenizer.eos_token_id,) if x is not None)
+        self.eos_token_ids = eos
+        self.runner = ModelRunner(self.model, self.executor, Sampler(seed=config.seed), eos)
+        self.outputs = OutputProcessor(self.tokenizer)
+        self._request_counter = itertools.count()
+        self._children: dict[str, list[str]] = {}
+        self._emitted: dict[str, int] = {}
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="deepinfer-step") if config.async_scheduling else None
+        self._inflight: tuple[SchedulerOutput, Future] | None = None
+        logger.info("KV cache: %d blocks x %d B per block id (%d groups)", num_blocks, per_block, len(groups))
+
+    def _default_budget(self) -> int:
+        if self.platform.device_type == "cpu":
+            return DEFAULT_CPU_KV_BYTES
+        return int(self.platform.total_memory_bytes() * self.config.gpu_memory_utilization)
+
+    # -- requests ------------------------------------------------------------
+    def tokenize_prompt(self, prompt: Any) -> tuple[str | None, list[int]]:
+        """A prompt is a str, a list of token ids, or a dict with ``prompt`` / ``prompt_token_ids``."""
+        if isinstance(prompt, dict):
+            if "multi_modal_data" in prompt or "images" in prompt:
+                raise InvalidRequestError("image inputs are not supported yet: DeepInfer serves the text model only")
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            prompt = prompt.get("prompt")
+        if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidRequestError("prompt is empty")
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, (list, tuple)):
+            return None, list(prompt)
+        raise InvalidRequestError(f"prompt must be a str, a list of token ids or a dict, got {type(prompt).__name__}")
+
+    def add_request(self, request_id: str, prompt: Any, params: SamplingParams, arrival: float | None = None) -> None:
+        """Validate and queue one request (``n`` sequences). Raises InvalidRequestError for bad input."""
+        if request_id in self._children:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        try:
+            params.validate()
+        except (ValueError, TypeError) as exc:
+            raise InvalidRequestError(f"invalid sampling parameters: {exc}") from None
+        text, ids = self.tokenize_prompt(prompt)
+        if not ids:
+            raise InvalidRequestError("prompt is empty (no tokens)")
+        for i, t in enumerate(ids):
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size:
+                raise InvalidRequestError(f"prompt token {i} is {t!r}, outside the vocabulary [0, {self.vocab_size})")
+        if len(ids) >= self.config.max_model_len:
+            raise InvalidRequestError(
+                f"prompt has {len(ids)} tokens but max_model_len is {self.config.max_model_len}")
+        if params.structured_outputs is not None:
+            raise InvalidRequestError("structured outputs are not supported yet")
+        index = next(self._request_counter)
+        base_seed = params.seed if params.seed is not None else _derived_seed(self.config.seed, index)
+        arrival = time.monotonic() if arrival is None else arrival
+        children = [request_id if params.n == 1 else f"{request_id}#{i}" for i in range(params.n)]
+        reqs = []
+        for i, cid in enumerate(children):
+            try:
+                reqs.append(Request(cid, ids, params, arrival=arrival, eos_token_id=self.eos_token_ids))
+            except (ValueError, TypeError) as exc:
+                raise InvalidRequestError(str(exc)) from None
+        for i, (cid, req) in enumerate(zip(children, reqs)):
+            try:
+                self.scheduler.add_request(req)
+            except ValueError as exc:
+                for done in children[:i]:
+                    self.scheduler.abort_request(done)
+                raise InvalidRequestError(str(exc)) from None
+        for i, cid in enumerate(children):
+            gen = make_generator(base_seed, i, device=self.platform.device())
+            self.runner.add_request(cid, params, ids, gen)
+            self._emitted[cid] = 0
+        self._children[request_id] = children
+        self.outputs.add(request_id, text, ids, params, children)
+
+    def abort_request(self, request_id: str) -> None:
+        for cid in self._children.get(request_id, []):
+            if self.scheduler.abort_request(cid):
+                self.outputs.finish(cid, "abort")
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished() or self._inflight is not None or bool(self.outputs.parents)
+
+    # -- stepping ------------------------------------------------------------
+    def _submit(self, so: SchedulerOutput) -> Future:
+        assert self._worker is not None
+        return self._worker.submit(self.runner.execute, so)
+
+    def step(self) -> list[RequestOutput]:
+        """Run one step; returns the RequestOutputs of requests that finished in it."""
+        if self._worker is None:
+            so = self.scheduler.schedule()
+            result = self.runner.execute(so)
+            return self._process(so, result)
+        if self._inflight is None:
+            so = self.scheduler.schedule()
+            if so.is_empty:
+                return self._process(so, self.runner.execute(so))
+            self._inflight = (so, self._submit(so))
+        nxt = self.scheduler.schedule()  # plan step N+1 while step N runs
+        so, fut = self._inflight
+        result = fut.result()
+        finished = self._process(so, result)
+        if nxt.is_empty:
+            self._inflight = None
+            finished += self._process(nxt, self.runner.execute(nxt))
+        else:
+            self._inflight = (nxt, self._submit(nxt))
+        return finished
+
+    def _process(self, so: SchedulerOutput, result: StepResult) -> list[RequestOutput]:
+        for cid, items in result.prompt_logprobs.items():
+            self.outputs.add_prompt_logprobs(cid, items)
+        updated = self.scheduler.update_from_output(so, result.sampled)
+        parents_touched = set()
+        for req in updated:
+            cid = req.request_id
+            if cid not in self._emitted:
+                continue
+            new = req.output_token_ids[self._emitted[cid]:]
+            self._emitted[cid] = len(req.output_token_ids)
+            pid = self.outputs.parent_of.get(cid)
+            if pid is None:
+                continue
+            parents_touched.add(pid)
+            if req.status is RequestStatus.FINISHED_ERROR:
+                self.outputs.finish(cid, "error", error=req.error)
+                continue
+            lps = [result.logprobs.get(cid)] * len(new) if new else []
+            stop = self.outputs.add_tokens(cid, new, lps) if new else None
+            if stop is not None and not req.is_finished:
+                self.scheduler.finish_request(cid, RequestStatus.FINISHED_STOPPED)
+                self.outputs.finish(cid, "stop", stop_reason=stop)
+            elif req.is_finished:
+                self.outputs.finish(cid, req.status.finish_reason, stop_reason=req.stop_reason)
+        done = []
+        for pid in parents_touched | {p for p in list(self.outputs.parents) if self.outputs.parents[p].finished}:
+            out = self.outputs.pop_if_finished(pid)
+            if out is not None:
+                for cid in self._children.pop(pid, []):
+                    self._emitted.pop(cid, None)
+                done.append(out)
+        return done
+
+    def shutdown(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)

@@ -1,0 +1,323 @@
+"""KVCacheManager: per-request block tables for every paged KV group, plus state slots.
+
+Pure Python over ints (STYLE.md habit 11). The manager decides *which* block
+ids hold a request's KV; the model runner owns the pages (one page per block id
+per layer of each group, see ``block_pool.py``) and reads the tables it is given
+in each ``SchedulerOutput``.
+
+Groups (ARCHITECTURE.md section 4). Each distinct paged spec is one group with
+its own block size in tokens and its own table per request:
+
+- table entry ``i`` of a group with block size ``B`` holds the request's tokens
+  ``[i*B, (i+1)*B)`` (for a compressed group: the entries those tokens produce).
+  Tables are position-indexed and never shift; freed entries become the null block.
+- ``SlidingWindowSpec`` (window ``W``): a query at position ``p`` reads tokens
+  ``[p-W+1, p]``. Once the request has *processed* ``P`` tokens (computed and no
+  longer in flight), no future query reads a token below ``P-W+1``, so every
+  block lying wholly below it is returned to the pool and its entry set to null.
+  Freeing is driven by processed tokens, never by tokens merely scheduled, so an
+  in-flight step (async scheduling) or a future rollback never loses a block it reads.
+- ``CompressedSpec``: grows by one block per ``block_size`` tokens; never freed
+  before the request ends.
+
+State (``StateSpec``): one slot per running request out of ``max_num_seqs`` slots,
+taken on the request's first allocation and returned by ``free``. The slot index
+addresses every state tensor; a request whose ``num_computed_tokens`` is 0 in a
+step starts from a fresh (to be initialised) slot.
+
+Requests are duck-typed: the manager reads ``request_id``, ``num_computed_tokens``
+(tokens whose KV is written or being written) and ``num_processed_tokens``
+(``num_computed_tokens`` minus tokens still in flight). ``deepinfer_core.request.Request``
+provides them.
+
+Prefix caching is not implemented; its hooks are in ``BlockPool`` (block hashes,
+``incref``). Because tables are position-indexed, a future prefix hit only has to
+pre-fill leading entries with shared ids before ``allocate_slots``.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from deepinfer_core.kv.block_pool import NULL_BLOCK_ID, BlockPool
+from deepinfer_core.kv.spec import CompressedSpec, PagedSpec, SlidingWindowSpec, StateSpec
+
+
+class KVRequest(Protocol):
+    request_id: str
+    num_computed_tokens: int
+
+    @property
+    def num_processed_tokens(self) -> int: ...
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _check_positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1, got {value}")
+
+
+def bytes_per_block_id(group_specs: Sequence[PagedSpec], layers_per_group: Mapping[int, int]) -> int:
+    """Device bytes one block id costs: sum over groups of ``page_bytes * layers in the group``."""
+    if set(layers_per_group) != set(range(len(group_specs))):
+        raise ValueError(
+            f"layers_per_group must have exactly the keys 0..{len(group_specs) - 1} (one per group), "
+            f"got {sorted(layers_per_group)}"
+        )
+    total = 0
+    for g, spec in enumerate(group_specs):
+        _check_positive_int(f"layers_per_group[{g}]", layers_per_group[g])
+        total += spec.page_bytes * layers_per_group[g]
+    return total
+
+
+def num_blocks_from_memory_budget(
+    group_specs: Sequence[PagedSpec], layers_per_group: Mapping[int, int], budget_bytes: int
+) -> int:
+    """How many block ids (null block included) fit in ``budget_bytes`` of paged KV memory.
+
+    State slots are not paged; reserve their memory (``slot_bytes * layers *
+    max_num_seqs``) before calling this.
+    """
+    per_id = bytes_per_block_id(group_specs, layers_per_group)
+    if per_id <= 0:
+        raise ValueError("paged groups need a positive page size to size the pool")
+    num_blocks = budget_bytes // per_id
+    if num_blocks < 2:
+        raise ValueError(
+            f"KV budget of {budget_bytes} bytes holds {num_blocks} block ids of {per_id} bytes each; "
+            "need at least 2 (the null block and one usable block)"
+        )
+    return num_blocks
+
+
+class _RequestBlocks:
+    """One request's tables (one per group), the first live index of each, and its state slot."""
+
+    __slots__ = ("tables", "first_live", "state_slot")
+
+    def __init__(self, num_groups: int, state_slot: int) -> None:
+        self.tables: list[list[int]] = [[] for _ in range(num_groups)]
+        # Entries below first_live[g] are null (freed behind the window).
+        self.first_live: list[int] = [0] * num_groups
+        self.state_slot = state_slot
+
+
+class KVCacheManager:
+    """Block tables for each paged group and state slots, over one shared ``BlockPool``.
+
+    ``group_specs[g]`` is paged group ``g`` (distinct specs; layers with equal
+    specs share one group). ``state_specs`` only document which state exists:
+    all of them are addressed by the same per-request slot.
+    """
+
+    def __init__(
+        self,
+        group_specs: Sequence[PagedSpec],
+        state_specs: Sequence[StateSpec],
+        num_blocks: int,
+        max_num_seqs: int,
+    ) -> None:
+        for g, spec in enumerate(group_specs):
+            if not isinstance(spec, (SlidingWindowSpec, CompressedSpec)):
+                raise TypeError(f"group_specs[{g}] must be a SlidingWindowSpec or CompressedSpec, got {type(spec).__name__}")
+            _check_positive_int(f"group_specs[{g}].block_size", spec.block_size)
+            if isinstance(spec, SlidingWindowSpec):
+                _check_positive_int(f"group_specs[{g}].window", spec.window)
+        if len(set(group_specs)) != len(group_specs):
+            raise ValueError("group_specs contains equal specs; layers with equal specs must share one group")
+        for i, spec in enumerate(state_specs):
+            if not isinstance(spec, StateSpec):
+                raise TypeError(f"state_specs[{i}] must be a StateSpec, got {type(spec).__name__}")
+        _check_positive_int("max_num_seqs", max_num_seqs)
+        self.group_specs: tuple[PagedSpec, ...] = tuple(group_specs)
+        self.state_specs: tuple[StateSpec, ...] = tuple(state_specs)
+        self.max_num_seqs = max_num_seqs
+        self.pool = BlockPool(num_blocks)
+        self._reqs: dict[str, _RequestBlocks] = {}
+        self._free_slots: deque[int] = deque(range(max_num_seqs))
+
+    @classmethod
+    def from_memory_budget(
+        cls,
+        group_specs: Sequence[PagedSpec],
+        state_specs: Sequence[StateSpec],
+        layers_per_group: Mapping[int, int],
+        budget_bytes: int,
+        max_num_seqs: int,
+    ) -> KVCacheManager:
+        """Build a manager whose pool fills ``budget_bytes`` (see ``num_blocks_from_memory_budget``)."""
+        num_blocks = num_blocks_from_memory_budget(group_specs, layers_per_group, budget_bytes)
+        return cls(group_specs, state_specs, num_blocks, max_num_seqs)
+
+    # -- pool-wide queries -----------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    @property
+    def num_usable_blocks(self) -> int:
+        return self.pool.num_usable_blocks
+
+    @property
+    def num_free_state_slots(self) -> int:
+        return len(self._free_slots)
+
+    def has_request(self, request_id: str) -> bool:
+        return request_id in self._reqs
+
+    # -- per-request queries -----------------------------------------------------
+    def get_block_tables(self, req: KVRequest) -> dict[int, list[int]]:
+        """Group index -> copy of the request's table (entry i holds tokens [i*B, (i+1)*B); null = 0)."""
+        rb = self._reqs.get(req.request_id)
+        if rb is None:
+            return {g: [] for g in range(len(self.group_specs))}
+        return {g: list(t) for g, t in enumerate(rb.tables)}
+
+    def state_slot(self, req: KVRequest) -> int:
+        """The request's state slot in ``[0, max_num_seqs)``; KeyError if it holds none."""
+        rb = self._reqs.get(req.request_id)
+        if rb is None:
+            raise KeyError(f"request {req.request_id!r} holds no KV state slot (not allocated or already freed)")
+        return rb.state_slot
+
+    def num_blocks_held(self, req: KVRequest) -> int:
+        """Non-null block ids in the request's tables (all groups)."""
+        rb = self._reqs.get(req.request_id)
+        if rb is None:
+            return 0
+        return sum(1 for t in rb.tables for b in t if b != NULL_BLOCK_ID)
+
+    def blocks_needed(self, req: KVRequest, num_new_tokens: int) -> int:
+        """New block ids ``allocate_slots(req, num_new_tokens)`` would take from the pool.
+
+        Blocks the same call would first return (behind a sliding window) are not
+        subtracted; ``can_allocate`` answers the full question.
+        """
+        return self._plan(req, num_new_tokens)[0]
+
+    def can_allocate(self, req: KVRequest, num_new_tokens: int) -> bool:
+        needed, freeable = self._plan(req, num_new_tokens)
+        slot_ok = req.request_id in self._reqs or bool(self._free_slots)
+        return slot_ok and needed <= self.pool.num_free_blocks + freeable
+
+    # -- allocation ------------------------------------------------------------
+    def allocate_slots(self, req: KVRequest, num_new_tokens: int) -> bool:
+        """Make every group's table cover tokens ``[0, num_computed_tokens + num_new_tokens)``.
+
+        First returns sliding-window blocks that no future query can read (based
+        on ``num_processed_tokens``), then takes new ids. All or nothing: on
+        ``False`` (not enough free blocks or no free state slot) nothing changed.
+        """
+        needed, freeable = self._plan(req, num_new_tokens)
+        rb = self._reqs.get(req.request_id)
+        if rb is None and not self._free_slots:
+            return False
+        if needed > self.pool.num_free_blocks + freeable:
+            return False
+        if rb is None:
+            rb = _RequestBlocks(len(self.group_specs), self._free_slots.popleft())
+            self._reqs[req.request_id] = rb
+        self._free_skipped(rb, req.num_processed_tokens)
+        new_ids = iter(self.pool.allocate(needed))
+        total = req.num_computed_tokens + num_new_tokens
+        for g, spec in enumerate(self.group_specs):
+            table = rb.tables[g]
+            skip = self._num_skipped(spec, req.num_processed_tokens)
+            for i in range(len(table), _cdiv(total, spec.block_size)):
+                # An entry already behind the window is never written: leave it null.
+                table.append(NULL_BLOCK_ID if i < skip else next(new_ids))
+        return True
+
+    def free_skipped_blocks(self, req: KVRequest) -> int:
+        """Return sliding-window blocks behind the window of ``num_processed_tokens``; count freed."""
+        rb = self._reqs.get(req.request_id)
+        return 0 if rb is None else self._free_skipped(rb, req.num_processed_tokens)
+
+    def free(self, req: KVRequest) -> None:
+        """Return every block and the state slot of the request; a no-op if it holds none."""
+        rb = self._reqs.pop(req.request_id, None)
+        if rb is None:
+            return
+        for table in rb.tables:
+            # Tail first, so that with a future prefix cache the shared head blocks stay longest.
+            self.pool.free(reversed(table))
+        self._free_slots.append(rb.state_slot)
+
+    # -- admission helper --------------------------------------------------------
+    def peak_blocks_alone(self, num_fed_tokens: int, first_chunk: int) -> int:
+        """Most block ids a request ever holds when it runs alone in the pool.
+
+        The request feeds tokens ``[0, num_fed_tokens)``: the first step feeds
+        ``[0, first_chunk)``, every later step one token. A request whose peak
+        exceeds ``num_usable_blocks`` can never finish.
+        """
+        if num_fed_tokens < 1 or first_chunk < 1:
+            raise ValueError(f"num_fed_tokens and first_chunk must be at least 1, got {num_fed_tokens}, {first_chunk}")
+        first_chunk = min(first_chunk, num_fed_tokens)
+        peak = self._blocks_for_step(0, first_chunk)
+        lo, hi = first_chunk, num_fed_tokens - 1
+        # A sliding group's count at q+k*B is >= its count at q (equal once q >= W-1)
+        # and a compressed count only grows, so every q is dominated by one in the
+        # last period (lcm of sliding block sizes) below hi.
+        period = math.lcm(*(s.block_size for s in self.group_specs if isinstance(s, SlidingWindowSpec)))
+        for q in range(max(lo, hi - period + 1), hi + 1):
+            peak = max(peak, self._blocks_for_step(q, 1))
+        return peak
+
+    def _blocks_for_step(self, q: int, n: int) -> int:
+        """Blocks held while a lone request feeds ``[q, q+n)`` having processed ``q`` tokens."""
+        total = 0
+        for spec in self.group_specs:
+            covered = _cdiv(q + n, spec.block_size)
+            total += covered - min(covered, self._num_skipped(spec, q))
+        return total
+
+    # -- internals ---------------------------------------------------------------
+    @staticmethod
+    def _num_skipped(spec: PagedSpec, num_processed: int) -> int:
+        """Leading blocks no future query reads: all their tokens lie below ``num_processed - W + 1``."""
+        if isinstance(spec, SlidingWindowSpec):
+            return max(0, num_processed - spec.window + 1) // spec.block_size
+        return 0
+
+    def _plan(self, req: KVRequest, num_new_tokens: int) -> tuple[int, int]:
+        """(new ids needed, live ids the call would free first) for ``allocate_slots``."""
+        if isinstance(num_new_tokens, bool) or not isinstance(num_new_tokens, int) or num_new_tokens < 0:
+            raise ValueError(f"num_new_tokens must be a non-negative int, got {num_new_tokens!r}")
+        processed, computed = req.num_processed_tokens, req.num_computed_tokens
+        if not 0 <= processed <= computed:
+            raise ValueError(
+                f"request {req.request_id!r}: need 0 <= num_processed_tokens ({processed}) <= num_computed_tokens ({computed})"
+            )
+        rb = self._reqs.get(req.request_id)
+        total = computed + num_new_tokens
+        needed = freeable = 0
+        for g, spec in enumerate(self.group_specs):
+            have = len(rb.tables[g]) if rb else 0
+            skip = self._num_skipped(spec, processed)
+            want = _cdiv(total, spec.block_size)
+            needed += max(0, want - max(have, skip))
+            if rb and skip > rb.first_live[g]:
+                freeable += sum(1 for b in rb.tables[g][rb.first_live[g] : skip] if b != NULL_BLOCK_ID)
+        return needed, freeable
+
+    def _free_skipped(self, rb: _RequestBlocks, num_processed: int) -> int:
+        freed = 0
+        for g, spec in enumerate(self.group_specs):
+            table = rb.tables[g]
+            skip = min(self._num_skipped(spec, num_processed), len(table))
+            for i in range(rb.first_live[g], skip):
+                if table[i] != NULL_BLOCK_ID:
+                    self.pool.free((table[i],))
+                    table[i] = NULL_BLOCK_ID
+                    freed += 1
+            rb.first_live[g] = max(rb.first_live[g], skip)
+        return freed

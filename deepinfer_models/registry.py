@@ -1,0 +1,38 @@
+"""Architectures DeepInfer can run, and the embedded tiny default checkpoints.
+
+Core finds this module through the ``deepinfer.models`` entry point (or by name
+when running from a source tree); it never imports deepinfer_models statically.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+# architecture name in config.json -> "module:loader" (loader(model_dir, dtype=, device=, platform=, **kw))
+MODEL_REGISTRY: dict[str, str] = {
+    "DeepseekV4ForCausalLM": "deepinfer_models.deepseek_v4.loading:load_deepseek_v4",
+}
+
+# The chat encoding (deepseek-recipe) each architecture's prompts use.
+CHAT_ENCODING: dict[str, str] = {
+    "DeepseekV4ForCausalLM": "v4",
+}
+
+EMBEDDED_V4 = "deepinfer/tiny-v4"
+
+
+def _build_tiny_v4(out_dir: Path) -> None:
+    from deepinfer_models.deepseek_v4.checkpoint_writer import write_tiny_v4_checkpoint
+
+    write_tiny_v4_checkpoint(out_dir, quant="fp8", seed=0)
+
+
+EMBEDDED_BUILDERS = {EMBEDDED_V4: _build_tiny_v4}
+
+
+def register_embedded() -> None:
+    """Register the tiny generated checkpoints with core's hub resolver (idempotent)."""
+    from deepinfer_core.hub import embedded_model_names, register_embedded_model
+
+    for name, builder in EMBEDDED_BUILDERS.items():
+        if name not in embedded_model_names():
+            register_embedded_model(name, builder, version="1")
