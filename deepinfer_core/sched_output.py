@@ -3,6 +3,8 @@
 Every field is plain CPU Python (ints, lists of ints, strings); the runner turns
 them into device tensors once per step. Lists are snapshots: the scheduler may
 plan the next step (async scheduling) while the runner still reads this one.
+Block tables are sent whole each step (simple, O(blocks) per request); sending
+only the new entries is a possible later optimisation.
 """
 from __future__ import annotations
 

@@ -10,8 +10,10 @@ One ``schedule()``:
    ``min(remaining, budget[, long_prefill_token_threshold])`` tokens (a decode
    gets 1). If the KV blocks are not there, the lowest-priority running request
    is preempted (blocks and state slot freed, ``num_computed_tokens`` reset to 0,
-   outputs kept, back to the front of WAITING) until the allocation fits or the
-   request itself is the lowest and yields.
+   outputs kept; WAITING is kept in priority order, so it goes back ahead of
+   every request that arrived after it, i.e. to the front) until the allocation
+   fits or the request itself is the lowest and yields. On resume it re-prefills
+   prompt + outputs.
 2. If nothing was preempted, WAITING requests are admitted in order while token
    budget, ``max_num_seqs`` and blocks allow. Admission is strict FCFS: the first
    request that does not fit stops admission.
@@ -251,7 +253,7 @@ class Scheduler:
         for req, e in entries:
             if self.requests.get(e.req_id) is not req:
                 continue  # finished (or aborted) since: its outputs are dropped
-            current = True
+            current = e.epoch == req.num_preemptions
             if current:
                 req.num_inflight_tokens -= e.num_scheduled_tokens
             if e.samples:
@@ -383,7 +385,9 @@ class Scheduler:
             self._pending.append((out.step_id, entries))
         return out
 
-    def _check_sampled(self, entries: list[tuple[Request, ScheduledRequest]], sampled: Mapping[str, Sequence[int]]) -> None:
+    def _check_sampled(
+        self, entries: list[tuple[Request, ScheduledRequest]], sampled: Mapping[str, Sequence[int]]
+    ) -> None:
         """Validate the runner's tokens before touching any state."""
         sampling = {e.req_id for _, e in entries if e.samples}
         extra = set(sampled) - sampling
