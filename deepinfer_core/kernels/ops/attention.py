@@ -26,15 +26,17 @@ def sparse_attention_sink(q: torch.Tensor, kv_a: torch.Tensor, idx_a: torch.Tens
     if kv_b is not None and idx_b is not None and idx_b.shape[1] > 0:
         keys.append(kv_b[idx_b.clamp(min=0)])
         valid.append(idx_b >= 0)
-    k = acc(torch.cat(keys, dim=1))  # [T, N, D]
+    # One precision up (fp64 for fp32 inputs, see linalg.up): the number of gathered
+    # slots N depends on the batch, and BLAS/ATen reduction orders depend on N; in fp64
+    # those differences vanish when the result is rounded back.
+    k = up(torch.cat(keys, dim=1))  # [T, N, D]
     ok = torch.cat(valid, dim=1)  # [T, N]
-    logits = torch.einsum("thd,tnd->thn", acc(q), k) * scale
+    logits = torch.einsum("thd,tnd->thn", up(q), k) * scale
     logits = logits.masked_fill(~ok[:, None, :], float("-inf"))
-    sink = acc(sinks).view(1, -1, 1).expand(q.shape[0], -1, 1)
+    sink = up(sinks).view(1, -1, 1).expand(q.shape[0], -1, 1)
     full = torch.cat([logits, sink], dim=-1)
-    full = full - full.amax(dim=-1, keepdim=True)
-    p = down(up(full).softmax(dim=-1), full)[..., :-1]
-    return torch.einsum("thn,tnd->thd", p, k).to(q.dtype)
+    p = (full - full.amax(dim=-1, keepdim=True)).softmax(dim=-1)[..., :-1]
+    return down(torch.einsum("thn,tnd->thd", p, k), acc(q)).to(q.dtype)
 
 
 def _gen_attention(dtype, device, seed):

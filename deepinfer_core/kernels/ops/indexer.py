@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from deepinfer_core.kernels.ops.linalg import down, up
 from deepinfer_core.kernels.spec import OpSpec, acc
 
 
@@ -14,21 +15,25 @@ def indexer_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, c
     index-key cache; cand [T, N] int64 slots (-1 = not visible). Returns fp32 [T, N]:
     ``sum_h weights[t,h] * relu(q[t,h] . keys[cand[t,n]]) * score_scale``, ``-inf`` where cand < 0.
     """
-    k = acc(keys[cand.clamp(min=0)])  # [T, N, Di]
-    s = torch.einsum("thd,tnd->thn", acc(q), k).relu() * score_scale
-    out = (s * acc(weights)[:, :, None]).sum(dim=1)
+    # fp64 for fp32 inputs (see linalg.up): N depends on the batch, so must not the bits.
+    k = up(keys[cand.clamp(min=0)])  # [T, N, Di]
+    s = torch.einsum("thd,tnd->thn", up(q), k).relu() * score_scale
+    out = down((s * up(weights)[:, :, None]).sum(dim=1), acc(q))
     return out.masked_fill(cand < 0, float("-inf"))
 
 
 def topk_positions(scores: torch.Tensor, k: int) -> torch.Tensor:
     """Top-k positions of each row of fp32 scores [T, N] (-inf = invalid). Returns int64 [T, min(k, N)], -1 padded.
 
-    Order inside a row is unspecified (callers treat it as a set).
+    Rows are ordered by score, ties by lower position; callers may treat them as sets.
     """
     kk = min(k, scores.shape[1])
     if kk == 0:
         return torch.empty(scores.shape[0], 0, dtype=torch.long, device=scores.device)
-    vals, pos = scores.topk(kk, dim=-1)
+    # A stable descending sort breaks ties toward the lower position, so the selection
+    # never depends on how much -inf padding the batch added after a row's candidates.
+    vals, pos = torch.sort(scores, dim=-1, descending=True, stable=True)
+    vals, pos = vals[:, :kk], pos[:, :kk]
     return torch.where(torch.isneginf(vals), torch.full_like(pos, -1), pos)
 
 

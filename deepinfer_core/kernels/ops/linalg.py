@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-ROW_TILE = 16
+ROW_TILE = 8
 
 
 def linear_rows(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

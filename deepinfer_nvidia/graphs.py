@@ -1,0 +1,109 @@
+"""CUDA graph capture and replay for the model runner's step function.
+
+``CudaGraphRunner(fn)`` is what ``NvidiaPlatform.graph_runner(fn)`` returns. The
+first call with a new *signature* (shapes, dtypes and devices of the tensor
+arguments, values of the others) warms ``fn`` up on a side stream, captures it
+into a ``torch.cuda.CUDAGraph`` and keeps the captured inputs and outputs as
+static buffers. Every later call with that signature copies its tensors into
+the static inputs and replays: no Python runs inside ``fn``.
+
+Why this shape:
+- one memory pool is shared by every captured graph, because graphs of one
+  runner never run concurrently (one stream, one step at a time); this keeps
+  the memory cost of N batch-size buckets close to that of the largest one;
+- the returned outputs ARE the static output buffers: they are overwritten by
+  the next replay of the same signature. The model runner consumes logits
+  (samples) before it launches the next step, so no copy is made here.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+
+def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """Hashable key: (shape, dtype, device) for tensors, the value itself otherwise."""
+
+    def one(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return ("tensor", tuple(value.shape), value.dtype, value.device)
+        try:
+            hash(value)
+        except TypeError:
+            raise TypeError(
+                f"CudaGraphRunner arguments must be tensors or hashable values (they key the graph), "
+                f"got {type(value).__name__}"
+            ) from None
+        return ("value", value)
+
+    return tuple(one(a) for a in args) + tuple((k, one(v)) for k, v in sorted(kwargs.items()))
+
+
+class _Captured:
+    """One captured graph with its static input and output buffers."""
+
+    def __init__(self, graph: torch.cuda.CUDAGraph, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        self.graph = graph
+        self.args = args
+        self.kwargs = kwargs
+        self.out = out
+
+
+class CudaGraphRunner:
+    """Capture ``fn`` once per input signature, then replay it.
+
+    ``fn(*args, **kwargs)`` must be capturable: device tensors only, no host
+    synchronisation, no data-dependent shapes, and outputs that are tensors
+    (or nested tuples/lists/dicts of them). ``warmup`` eager calls run before
+    each capture so lazy initialisation (cuBLAS handles, Triton autotuning) is
+    not recorded into the graph.
+    """
+
+    def __init__(self, fn: Callable[..., Any], warmup: int = 2) -> None:
+        if warmup < 1:
+            raise ValueError(f"warmup must be >= 1 (lazy init must not be captured), got {warmup}")
+        self.fn = fn
+        self.warmup = warmup
+        self._graphs: dict[tuple[Any, ...], _Captured] = {}
+        self._pool: Any = None
+
+    @property
+    def num_graphs(self) -> int:
+        return len(self._graphs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        key = _signature(args, kwargs)
+        captured = self._graphs.get(key)
+        if captured is None:
+            captured = self._capture(args, kwargs)
+            self._graphs[key] = captured
+        for static, new in zip(captured.args, args, strict=True):
+            if isinstance(new, torch.Tensor) and new is not static:
+                static.copy_(new)
+        for name, new in kwargs.items():
+            static = captured.kwargs[name]
+            if isinstance(new, torch.Tensor) and new is not static:
+                static.copy_(new)
+        captured.graph.replay()
+        return captured.out
+
+    def _capture(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Captured:
+        for a in list(args) + list(kwargs.values()):
+            if isinstance(a, torch.Tensor) and a.device.type != "cuda":
+                raise ValueError(f"CudaGraphRunner needs device tensors, got one on {a.device}")
+        # Private copies: the caller's tensors may be freed or reused between steps.
+        static_args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+        static_kwargs = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(self.warmup):
+                self.fn(*static_args, **static_kwargs)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = self.fn(*static_args, **static_kwargs)
+        if self._pool is None:
+            self._pool = graph.pool()
+        return _Captured(graph, static_args, static_kwargs, out)

@@ -1,0 +1,88 @@
+"""The ``nvidia`` platform: CUDA device handles, memory, capabilities, NCCL, CUDA graphs.
+
+Core reaches this class only through the string that :func:`deepinfer_nvidia.detect`
+returns; nothing in core or models imports it. Capabilities are read from the
+device once, at construction, so core can branch on ``caps.fp8`` / ``caps.fp4``
+instead of on compute capabilities.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import torch
+
+from deepinfer_core.platform.interface import Platform, PlatformCapabilities
+from deepinfer_core.platform.loader import PlatformNotAvailableError
+
+logger = logging.getLogger(__name__)
+
+
+def capabilities_for(major: int, minor: int) -> PlatformCapabilities:
+    """Capabilities of a GPU with compute capability ``major.minor``.
+
+    - bf16 tensor cores from SM80 (Ampere);
+    - fp8 (e4m3/e5m2) tensor cores from SM89 (Ada) and SM90 (Hopper);
+    - fp4 (MXFP4/NVFP4) tensor cores from SM100 (Blackwell);
+    - CUDA graphs on every GPU torch supports.
+    """
+    if not (isinstance(major, int) and isinstance(minor, int)) or major < 1 or minor < 0:
+        raise ValueError(f"compute capability must be two non-negative ints with major >= 1, got {major!r}.{minor!r}")
+    sm = (major, minor)
+    return PlatformCapabilities(
+        fp8=sm >= (8, 9),
+        fp4=sm >= (10, 0),
+        graph_capture=True,
+        bf16=sm >= (8, 0),
+    )
+
+
+class NvidiaPlatform(Platform):
+    """One process's view of its NVIDIA GPU (the current CUDA device).
+
+    In a multi-GPU run each rank sets its current device before the platform is
+    built (``torch.cuda.set_device(local_rank)``); capabilities and memory are
+    those of that device.
+    """
+
+    name = "nvidia"
+    device_type = "cuda"
+    dist_backend = "nccl"
+    # Tried in this order before the op's reference (see KernelRegistry.resolve).
+    default_providers = ("triton",)
+
+    def __init__(self) -> None:
+        if not torch.cuda.is_available():
+            raise PlatformNotAvailableError("the nvidia platform needs a CUDA device, and torch sees none")
+        self.index = torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(self.index)
+        self.device_name: str = props.name
+        self.compute_capability: tuple[int, int] = (props.major, props.minor)
+        # An instance attribute shadows the conservative class default.
+        self.capabilities = capabilities_for(props.major, props.minor)
+
+    def total_memory_bytes(self) -> int:
+        """Total memory of the current device in bytes (``cudaMemGetInfo``'s total)."""
+        _free, total = torch.cuda.mem_get_info(self.index)
+        return int(total)
+
+    def synchronize(self) -> None:
+        """Block until all queued work on the current device has finished."""
+        torch.cuda.synchronize(self.index)
+
+    def register_kernels(self, registry: Any) -> None:
+        """Register the Triton (and later FlashMLA / DeepGEMM) implementations, lazily."""
+        from deepinfer_nvidia.kernels import register
+
+        done = register(registry)
+        logger.info("nvidia: registered %d kernel implementations", len(done))
+
+    def graph_runner(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Wrap ``fn`` so each new input signature is captured once as a CUDA graph and replayed."""
+        from deepinfer_nvidia.graphs import CudaGraphRunner
+
+        return CudaGraphRunner(fn)
+
+    def __repr__(self) -> str:
+        major, minor = self.compute_capability
+        return f"NvidiaPlatform(device={self.device_name!r}, cuda:{self.index}, sm{major}{minor})"
