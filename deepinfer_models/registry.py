@@ -36,3 +36,10 @@ def register_embedded() -> None:
     for name, builder in EMBEDDED_BUILDERS.items():
         if name not in embedded_model_names():
             register_embedded_model(name, builder, version="1")
+
+
+def write_default_tiny(out_dir: str | Path, quant: str = "fp8", seed: int = 0) -> Path:
+    """Write the default tiny checkpoint (used by ``deepinfer make-tiny``)."""
+    from deepinfer_models.deepseek_v4.checkpoint_writer import write_tiny_v4_checkpoint
+
+    return write_tiny_v4_checkpoint(Path(out_dir), quant=quant, seed=seed)

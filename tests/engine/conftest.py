@@ -3,7 +3,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-torch.set_num_threads(1)  # tiny CPU ops: thread wake-ups cost more than they save
 
 from deepinfer_models.testing import write_tiny_v4_checkpoint
 

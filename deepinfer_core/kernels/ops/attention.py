@@ -33,7 +33,7 @@ def sparse_attention_sink(q: torch.Tensor, kv_a: torch.Tensor, idx_a: torch.Tens
     ok = torch.cat(valid, dim=1)  # [T, N]
     logits = torch.einsum("thd,tnd->thn", up(q), k) * scale
     logits = logits.masked_fill(~ok[:, None, :], float("-inf"))
-    sink = up(sinks).view(1, -1, 1).expand(q.shape[0], -1, 1)
+    sink = sinks.to(logits.dtype).view(1, -1, 1).expand(q.shape[0], -1, 1)
     full = torch.cat([logits, sink], dim=-1)
     p = (full - full.amax(dim=-1, keepdim=True)).softmax(dim=-1)[..., :-1]
     return down(torch.einsum("thn,tnd->thd", p, k), acc(q)).to(q.dtype)

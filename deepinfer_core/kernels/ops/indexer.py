@@ -18,7 +18,7 @@ def indexer_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, c
     # fp64 for fp32 inputs (see linalg.up): N depends on the batch, so must not the bits.
     k = up(keys[cand.clamp(min=0)])  # [T, N, Di]
     s = torch.einsum("thd,tnd->thn", up(q), k).relu() * score_scale
-    out = down((s * up(weights)[:, :, None]).sum(dim=1), acc(q))
+    out = down((s * weights.to(s.dtype)[:, :, None]).sum(dim=1), acc(q))
     return out.masked_fill(cand < 0, float("-inf"))
 
 
