@@ -49,9 +49,10 @@ class SamplingParams:
     of top logprobs per output token (the sampled token's logprob is always
     added; -1 = whole vocabulary); prompt_logprobs: the same for prompt tokens.
     Penalties follow vLLM: presence/frequency over output tokens in [-2, 2],
-    repetition over prompt+output tokens, > 0. structured_outputs is opaque
-    here (owned by the structured-outputs feature) and is shared, not copied,
-    by ``clone()``.
+    repetition over prompt+output tokens, > 0. structured_outputs: a
+    StructuredOutputsParams or a dict (json, json_object, regex, grammar, choice),
+    normalised by validate(); the grammar itself is compiled by the engine. It is
+    shared, not copied, by ``clone()``.
     """
 
     n: int = 1
@@ -112,6 +113,11 @@ class SamplingParams:
     def validate(self) -> None:
         """Raise ValueError/TypeError naming the first bad field; no-op when valid."""
         self._check_types()
+        if self.structured_outputs is not None:
+            from deepinfer_core.structured.params import StructuredOutputsParams
+
+            # normalise a dict like {"json": schema} once; shape errors name the field
+            object.__setattr__(self, "structured_outputs", StructuredOutputsParams.coerce(self.structured_outputs))
         if self.n < 1:
             raise ValueError(f"n must be at least 1, got {self.n}")
         if not math.isfinite(self.temperature):

@@ -21,6 +21,7 @@ from deepinfer_core.config import EngineConfig
 from deepinfer_core.engine.model_runner import ModelRunner, StepResult
 from deepinfer_core.engine.output_processor import OutputProcessor
 from deepinfer_core.hub import resolve_model_path
+from deepinfer_core.kernels.registry import get_registry
 from deepinfer_core.kv.manager import KVCacheManager
 from deepinfer_core.kv.spec import StateSpec
 from deepinfer_core.models import chat_encoding, model_loader, read_architecture, register_embedded_models
@@ -78,7 +79,9 @@ class LLMEngine:
             enable_chunked_prefill=config.enable_chunked_prefill, max_model_len=config.max_model_len), self.kv)
         eos = tuple(x for x in (self.tokenizer.eos_token_id,) if x is not None)
         self.eos_token_ids = eos
-        self.runner = ModelRunner(self.model, self.executor, Sampler(seed=config.seed), eos)
+        _, apply_bitmask = get_registry().resolve("structured.apply_bitmask", self.platform.default_providers,
+                                                  config.kernel_overrides or None)
+        self.runner = ModelRunner(self.model, self.executor, Sampler(seed=config.seed), eos, apply_bitmask)
         self.outputs = OutputProcessor(self.tokenizer)
         self._request_counter = itertools.count()
         self._children: dict[str, list[str]] = {}
@@ -128,8 +131,9 @@ class LLMEngine:
         if len(ids) >= self.config.max_model_len:
             raise InvalidRequestError(
                 f"prompt has {len(ids)} tokens but max_model_len is {self.config.max_model_len}")
+        compiled = None
         if params.structured_outputs is not None:
-            raise InvalidRequestError("structured outputs are not supported yet")
+            compiled = self._compile_grammar(params.structured_outputs)
         index = next(self._request_counter)
         base_seed = params.seed if params.seed is not None else _derived_seed(self.config.seed, index)
         arrival = time.monotonic() if arrival is None else arrival
@@ -149,10 +153,22 @@ class LLMEngine:
                 raise InvalidRequestError(str(exc)) from None
         for i, cid in enumerate(children):
             gen = make_generator(base_seed, i, device=self.platform.device())
-            self.runner.add_request(cid, params, ids, gen)
+            matcher = self.runner.grammar.matcher(compiled) if compiled is not None else None
+            self.runner.add_request(cid, params, ids, gen, matcher=matcher)
             self._emitted[cid] = 0
         self._children[request_id] = children
         self.outputs.add(request_id, text, ids, params, children)
+
+    def _compile_grammar(self, so_params):
+        """Compile (cached) when the request is added: never inside a model step."""
+        from deepinfer_core.structured.xgrammar_backend import GrammarBackend, GrammarError
+
+        if self.runner.grammar is None:
+            self.runner.grammar = GrammarBackend(self.tokenizer, self.vocab_size, list(self.eos_token_ids))
+        try:
+            return self.runner.grammar.compile(so_params)
+        except GrammarError as exc:
+            raise InvalidRequestError(str(exc)) from None
 
     def abort_request(self, request_id: str) -> None:
         for cid in self._children.get(request_id, []):
@@ -193,6 +209,8 @@ class LLMEngine:
         for cid, items in result.prompt_logprobs.items():
             self.outputs.add_prompt_logprobs(cid, items)
         updated = self.scheduler.update_from_output(so, result.sampled)
+        grammar_done = result.grammar_terminated
+        grammar_err = result.grammar_errors
         parents_touched = set()
         for req in updated:
             cid = req.request_id
@@ -209,9 +227,15 @@ class LLMEngine:
                 continue
             lps = [result.logprobs.get(cid)] * len(new) if new else []
             stop = self.outputs.add_tokens(cid, new, lps) if new else None
-            if stop is not None and not req.is_finished:
+            if cid in grammar_err and not req.is_finished:
+                self.scheduler.finish_request(cid, RequestStatus.FINISHED_ERROR)
+                self.outputs.finish(cid, "error", error=grammar_err[cid])
+            elif stop is not None and not req.is_finished:
                 self.scheduler.finish_request(cid, RequestStatus.FINISHED_STOPPED)
                 self.outputs.finish(cid, "stop", stop_reason=stop)
+            elif cid in grammar_done and not req.is_finished:  # the grammar is complete
+                self.scheduler.finish_request(cid, RequestStatus.FINISHED_STOPPED)
+                self.outputs.finish(cid, "stop", stop_reason=new[-1])
             elif req.is_finished:
                 self.outputs.finish(cid, req.status.finish_reason, stop_reason=req.stop_reason)
         done = []

@@ -8,6 +8,7 @@ scheduling) still gets the right placeholder ids and penalty history.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 
@@ -27,6 +28,7 @@ class RunnerRequest:
     prompt_token_ids: list[int]
     generator: torch.Generator
     output_token_ids: list[int] = field(default_factory=list)
+    matcher: Any = None  # xgrammar GrammarMatcher for structured outputs, advanced on this worker
 
 
 @dataclass
@@ -48,10 +50,17 @@ class StepResult:
     sampled: dict[str, list[int]] = field(default_factory=dict)
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
     prompt_logprobs: dict[str, list[PromptLogprob]] = field(default_factory=dict)
+    grammar_terminated: set[str] = field(default_factory=set)  # grammar complete after this token
+    grammar_errors: dict[str, str] = field(default_factory=dict)  # token rejected by the grammar
 
 
 class ModelRunner:
-    def __init__(self, model, executor: PagedExecutor, sampler: Sampler, eos_token_ids: tuple[int, ...]):
+    def __init__(self, model, executor: PagedExecutor, sampler: Sampler, eos_token_ids: tuple[int, ...],
+                 apply_bitmask: Callable | None = None, grammar=None):
+        """``apply_bitmask``: the resolved ``structured.apply_bitmask`` op; ``grammar``: a GrammarBackend
+        (None until the first structured request)."""
+        self.apply_bitmask = apply_bitmask
+        self.grammar = grammar
         self.model = model
         self.executor = executor
         self.sampler = sampler
@@ -59,8 +68,17 @@ class ModelRunner:
         self.requests: dict[str, RunnerRequest] = {}
 
     def add_request(self, req_id: str, params: SamplingParams, prompt_token_ids: list[int], generator: torch.Generator,
-                    output_token_ids: list[int] | None = None) -> None:
-        self.requests[req_id] = RunnerRequest(params, list(prompt_token_ids), generator, list(output_token_ids or []))
+                    output_token_ids: list[int] | None = None, matcher: Any = None) -> None:
+        self.requests[req_id] = RunnerRequest(params, list(prompt_token_ids), generator, list(output_token_ids or []),
+                                              matcher)
+
+    def rollback(self, req_id: str, num_tokens: int) -> None:
+        """Forget the last ``num_tokens`` sampled tokens (rejected speculative tokens): history and grammar."""
+        rr = self.requests[req_id]
+        if num_tokens:
+            del rr.output_token_ids[-num_tokens:]
+            if rr.matcher is not None:
+                rr.matcher.rollback(num_tokens)
 
     def drop(self, req_id: str) -> None:
         self.requests.pop(req_id, None)
@@ -102,6 +120,12 @@ class ModelRunner:
         if sample_rows:
             logits = self.model.compute_logits(hidden[sample_rows])
             rrs = [self.requests[r] for r in sample_reqs]
+            # A terminated matcher belongs to a request that finished in the step before this one
+            # (async scheduling planned this step first): its output here is discarded anyway.
+            constrained = [i for i, r in enumerate(rrs) if r.matcher is not None and not r.matcher.is_terminated()]
+            if constrained:  # requests without constraints pay nothing
+                bitmask = self.grammar.fill_bitmask([rrs[i].matcher for i in constrained], constrained, len(rrs))
+                logits = self.apply_bitmask(logits, bitmask)
             meta = SamplingMetadata(
                 params=[r.params for r in rrs], output_token_ids=[r.output_token_ids for r in rrs],
                 prompt_token_ids=[r.prompt_token_ids for r in rrs], generators=[r.generator for r in rrs],
@@ -110,6 +134,11 @@ class ModelRunner:
             tokens = out.token_ids.tolist()
             for i, (rid, rr) in enumerate(zip(sample_reqs, rrs)):
                 rr.output_token_ids.append(tokens[i])
+                if rr.matcher is not None and not rr.matcher.is_terminated():
+                    if not rr.matcher.accept_token(tokens[i]):
+                        result.grammar_errors[rid] = f"token {tokens[i]} was rejected by the request's grammar"
+                    elif rr.matcher.is_terminated():
+                        result.grammar_terminated.add(rid)
                 result.sampled[rid] = [tokens[i]]
                 lp = out.row_logprobs(i)
                 if lp is not None:

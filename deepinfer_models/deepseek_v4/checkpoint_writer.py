@@ -46,11 +46,15 @@ def tiny_v4_config(**overrides) -> DeepseekV4Config:
     Uses the real vocabulary (129280) so the real tokenizer applies. Any field
     of ``DeepseekV4Config`` can be overridden; the result is validated.
     """
+    # index_n_heads=32: with few heads, ReLU zeroes every head for some entries and exact
+    # score ties at the top-k boundary become common; tie order is implementation-defined
+    # (we take the lower position, torch.topk something else), which would make oracle
+    # comparisons depend on tie-breaking rather than on the math.
     base = dict(
         vocab_size=129280, hidden_size=64, num_hidden_layers=4, compress_ratios=(0, 4, 128, 4),
         num_attention_heads=4, num_key_value_heads=1, head_dim=64, qk_rope_head_dim=16, q_lora_rank=32,
         o_groups=2, o_lora_rank=16, sliding_window=16, n_routed_experts=8, num_experts_per_tok=2,
-        moe_intermediate_size=32, n_shared_experts=1, index_n_heads=8, index_head_dim=32, index_topk=8,
+        moe_intermediate_size=32, n_shared_experts=1, index_n_heads=32, index_head_dim=32, index_topk=8,
         num_hash_layers=1, hc_mult=4, hc_sinkhorn_iters=20, num_nextn_predict_layers=0,
         rope_theta=10000.0, compress_rope_theta=160000.0,
         rope_scaling={"type": "yarn", "factor": 16, "original_max_position_embeddings": 64,

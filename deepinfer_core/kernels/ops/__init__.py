@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import importlib
 
-FAMILIES = ("norm", "rope", "attention", "compress", "indexer", "mhc", "moe", "gemm", "sampling")
+FAMILIES = ("norm", "rope", "attention", "compress", "indexer", "mhc", "moe", "gemm", "sampling", "structured")
 
 
 def register_builtin_ops(registry) -> None:
