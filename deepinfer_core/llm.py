@@ -38,7 +38,8 @@ class LLM:
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, enable_chunked_prefill: bool = True,
                  async_scheduling: bool = True, block_size: int = 64, kv_cache_memory_bytes: int | None = None,
                  gpu_memory_utilization: float = 0.9, seed: int = 0, tokenizer: str | None = None,
-                 revision: str | None = None, kernel_overrides: dict | None = None, platform=None):
+                 revision: str | None = None, kernel_overrides: dict | None = None, platform=None,
+                 batch_invariant: bool = False):
         register_embedded_models()
         model_dir = resolve_model_path(model, revision)
         try:
@@ -50,7 +51,8 @@ class LLM:
                            enable_chunked_prefill=enable_chunked_prefill, async_scheduling=async_scheduling,
                            block_size=block_size, kv_cache_memory_bytes=kv_cache_memory_bytes,
                            gpu_memory_utilization=gpu_memory_utilization, seed=seed,
-                           kernel_overrides=dict(kernel_overrides or {}), tokenizer=tokenizer, revision=revision)
+                           kernel_overrides=dict(kernel_overrides or {}), tokenizer=tokenizer, revision=revision,
+                           batch_invariant=batch_invariant)
         self.llm_engine = LLMEngine(cfg, platform=platform, model_dir=model_dir)
         self._counter = 0
 

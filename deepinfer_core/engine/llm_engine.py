@@ -21,6 +21,7 @@ from deepinfer_core.config import EngineConfig
 from deepinfer_core.engine.model_runner import ModelRunner, StepResult
 from deepinfer_core.engine.output_processor import OutputProcessor
 from deepinfer_core.hub import resolve_model_path
+from deepinfer_core.kernels.mode import batch_invariant_enabled, kernel_mode
 from deepinfer_core.kernels.registry import get_registry
 from deepinfer_core.kv.manager import KVCacheManager
 from deepinfer_core.kv.spec import StateSpec
@@ -59,8 +60,10 @@ class LLMEngine:
         loader = model_loader(self.architecture)
         device = self.platform.device()
         t0 = time.perf_counter()
-        self.model = loader(self.model_dir, dtype=config.dtype, device=device, platform=self.platform,
-                            kernel_overrides=config.kernel_overrides or None, block_size=config.block_size)
+        self.batch_invariant = config.batch_invariant or batch_invariant_enabled()
+        with kernel_mode(batch_invariant=self.batch_invariant):
+            self.model = loader(self.model_dir, dtype=config.dtype, device=device, platform=self.platform,
+                                kernel_overrides=config.kernel_overrides or None, block_size=config.block_size)
         logger.info("loaded %s (%s) in %.1fs", self.model_dir, self.architecture, time.perf_counter() - t0)
         self.tokenizer = load_tokenizer(config.tokenizer or self.model_dir)
         self.chat_encoding = chat_encoding(self.architecture)
@@ -80,7 +83,7 @@ class LLMEngine:
         eos = tuple(x for x in (self.tokenizer.eos_token_id,) if x is not None)
         self.eos_token_ids = eos
         _, apply_bitmask = get_registry().resolve("structured.apply_bitmask", self.platform.default_providers,
-                                                  config.kernel_overrides or None)
+                                                  config.kernel_overrides or None, batch_invariant=self.batch_invariant)
         self.runner = ModelRunner(self.model, self.executor, Sampler(seed=config.seed), eos, apply_bitmask)
         self.outputs = OutputProcessor(self.tokenizer)
         self._request_counter = itertools.count()
@@ -154,7 +157,7 @@ class LLMEngine:
         for i, cid in enumerate(children):
             gen = make_generator(base_seed, i, device=self.platform.device())
             matcher = self.runner.grammar.matcher(compiled) if compiled is not None else None
-            self.runner.add_request(cid, params, ids, gen, matcher=matcher)
+            self.runner.add_request(cid, params, ids, gen, matcher=matcher, seed=base_seed, seq_index=i)
             self._emitted[cid] = 0
         self._children[request_id] = children
         self.outputs.add(request_id, text, ids, params, children)

@@ -15,7 +15,8 @@ import torch
 from deepinfer_core.request import PLACEHOLDER_TOKEN_ID
 from deepinfer_core.runner.context import SeqSlice
 from deepinfer_core.runner.executor import PagedExecutor
-from deepinfer_core.runner.sampler import Sampler, SamplingMetadata, TokenLogprobs, compute_logprobs, gather_logprobs
+from deepinfer_core.runner.sampler import (Sampler, SamplingMetadata, TokenLogprobs, compute_logprobs, gather_logprobs,
+                                           position_seed)
 from deepinfer_core.sampling_params import SamplingParams
 from deepinfer_core.sched_output import SchedulerOutput
 
@@ -29,6 +30,8 @@ class RunnerRequest:
     generator: torch.Generator
     output_token_ids: list[int] = field(default_factory=list)
     matcher: Any = None  # xgrammar GrammarMatcher for structured outputs, advanced on this worker
+    seed: int = 0  # the request's seed (or one derived from the engine seed) ...
+    seq_index: int = 0  # ... and which of its n sequences this is: the random stream is keyed by position
 
 
 @dataclass
@@ -68,9 +71,10 @@ class ModelRunner:
         self.requests: dict[str, RunnerRequest] = {}
 
     def add_request(self, req_id: str, params: SamplingParams, prompt_token_ids: list[int], generator: torch.Generator,
-                    output_token_ids: list[int] | None = None, matcher: Any = None) -> None:
+                    output_token_ids: list[int] | None = None, matcher: Any = None, seed: int = 0,
+                    seq_index: int = 0) -> None:
         self.requests[req_id] = RunnerRequest(params, list(prompt_token_ids), generator, list(output_token_ids or []),
-                                              matcher)
+                                              matcher, seed, seq_index)
 
     def rollback(self, req_id: str, num_tokens: int) -> None:
         """Forget the last ``num_tokens`` sampled tokens (rejected speculative tokens): history and grammar."""
@@ -126,6 +130,10 @@ class ModelRunner:
             if constrained:  # requests without constraints pay nothing
                 bitmask = self.grammar.fill_bitmask([rrs[i].matcher for i in constrained], constrained, len(rrs))
                 logits = self.apply_bitmask(logits, bitmask)
+            for r in rrs:  # draw for position p from a stream keyed by (seed, sequence, p)
+                if not r.params.greedy:
+                    r.generator.manual_seed(position_seed(r.seed, r.seq_index,
+                                                          len(r.prompt_token_ids) + len(r.output_token_ids)))
             meta = SamplingMetadata(
                 params=[r.params for r in rrs], output_token_ids=[r.output_token_ids for r in rrs],
                 prompt_token_ids=[r.prompt_token_ids for r in rrs], generators=[r.generator for r in rrs],

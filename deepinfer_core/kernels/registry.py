@@ -35,8 +35,13 @@ class KernelRegistry:
         self._loaded[(spec.name, REFERENCE)] = spec.reference
         return spec
 
-    def register_impl(self, op: str, provider: str, target: str, supports: str | None = None) -> None:
-        """Register a lazy ``module:attr`` implementation of ``op`` for ``provider``."""
+    def register_impl(self, op: str, provider: str, target: str, supports: str | None = None,
+                      batch_invariant: bool = False) -> None:
+        """Register a lazy ``module:attr`` implementation of ``op`` for ``provider``.
+
+        ``batch_invariant``: the provider promises results independent of batch size and
+        composition; only such providers (and the references) run in batch-invariant mode.
+        """
         if op not in self._ops:
             raise KeyError(f"cannot register provider {provider!r} for unknown op {op!r}")
         if not PROVIDER_RE.match(provider):
@@ -48,7 +53,7 @@ class KernelRegistry:
                 f"op {op!r} already has a {provider!r} implementation "
                 f"({self._impls[op][provider].target}); duplicate registration of {target!r}"
             )
-        self._impls[op][provider] = ImplSpec(op, provider, target, supports)
+        self._impls[op][provider] = ImplSpec(op, provider, target, supports, batch_invariant)
 
     # -- queries ------------------------------------------------------------
     def op(self, name: str) -> OpSpec:
@@ -74,19 +79,32 @@ class KernelRegistry:
             self._loaded[key] = self._impls[op][provider].load()
         return self._loaded[key]
 
-    def resolve(self, op: str, preferred: Iterable[str] = (), overrides: dict[str, str] | None = None) -> tuple[str, Callable[..., Any]]:
+    def resolve(self, op: str, preferred: Iterable[str] = (), overrides: dict[str, str] | None = None,
+                batch_invariant: bool | None = None) -> tuple[str, Callable[..., Any]]:
         """Pick the provider for ``op``: override, then ``preferred`` order, then reference.
 
         Returns ``(provider, callable)``. Call once at load time and keep the callable.
+        In batch-invariant mode (argument, else ``kernel_mode``/``DEEPINFER_BATCH_INVARIANT``)
+        providers that do not declare ``batch_invariant`` are skipped with a warning, and an
+        explicit override naming one is refused.
         """
+        from deepinfer_core.kernels.mode import batch_invariant_enabled
+
         self.op(op)
+        bi = batch_invariant_enabled() if batch_invariant is None else batch_invariant
         if os.environ.get("DEEPINFER_KERNELS", "").strip().lower() == REFERENCE:
             return REFERENCE, self._loaded[(op, REFERENCE)]
         if overrides and op in overrides:
             provider = overrides[op]
+            if bi and provider != REFERENCE and not self._impls[op].get(provider, ImplSpec(op, provider, "")).batch_invariant:
+                raise ValueError(f"kernel override {op}={provider!r} is not batch-invariant and is refused in "
+                                 f"batch-invariant mode (use a batch-invariant provider or 'reference')")
             return provider, self.impl(op, provider)
         for provider in preferred:
             if provider in self._impls[op]:
+                if bi and not self._impls[op][provider].batch_invariant:
+                    logger.warning("batch-invariant mode: provider %r of %s is not batch-invariant; not used", provider, op)
+                    continue
                 return provider, self.impl(op, provider)
         return REFERENCE, self._loaded[(op, REFERENCE)]
 

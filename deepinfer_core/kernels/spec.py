@@ -60,6 +60,9 @@ class ImplSpec:
     provider: str
     target: str
     supports: str | None = None
+    # True when the kernel's reduction order never depends on how many tokens share the
+    # step or where a token sits in it (see docs/determinism.md).
+    batch_invariant: bool = False
 
     def load(self) -> Callable[..., Any]:
         return _load_target(self.target)

@@ -57,6 +57,17 @@ def derive_seed(seed: int, seq_index: int = 0) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
+def position_seed(seed: int, seq_index: int, position: int) -> int:
+    """Seed of the draw for the token at ``position`` of sequence ``seq_index`` of a request.
+
+    Keying the random stream by (seed, sequence, position) rather than by how many
+    draws were made keeps a seeded request's tokens independent of batch slot,
+    preemption/recompute and (later) rejected speculative tokens.
+    """
+    digest = hashlib.blake2b(f"deepinfer.sample:{seed}:{seq_index}:{position}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
 def make_generator(seed: int, seq_index: int = 0, device: torch.device | str | None = None) -> torch.Generator:
     """The generator of sequence ``seq_index`` (0..n-1) of a request with ``seed``.
 

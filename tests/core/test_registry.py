@@ -68,3 +68,21 @@ def test_reference_passes_its_own_conformance():
     for op in reg.ops():
         if reg.op(op).input_gen is not None:
             assert check_impl(op, "reference", dtypes=(torch.float32,), seeds=(0,)) > 0
+
+
+def test_batch_invariant_mode_skips_and_refuses_non_invariant_providers(monkeypatch, caplog):
+    from deepinfer_core.kernels.mode import kernel_mode
+
+    monkeypatch.delenv("DEEPINFER_KERNELS", raising=False)
+    r = _reg()
+    r.register_impl("norm.twice", "fast", "tests.core.test_registry:_double")
+    r.register_impl("norm.twice", "stable", "tests.core.test_registry:_double", batch_invariant=True)
+    assert r.resolve("norm.twice", preferred=("fast", "stable"))[0] == "fast"
+    with kernel_mode(batch_invariant=True):
+        assert r.resolve("norm.twice", preferred=("fast", "stable"))[0] == "stable"
+        assert "not batch-invariant" in caplog.text
+        assert r.resolve("norm.twice", preferred=("fast",))[0] == "reference"
+        with pytest.raises(ValueError, match="refused in batch-invariant mode"):
+            r.resolve("norm.twice", overrides={"norm.twice": "fast"})
+    monkeypatch.setenv("DEEPINFER_BATCH_INVARIANT", "1")
+    assert r.resolve("norm.twice", preferred=("fast", "stable"))[0] == "stable"

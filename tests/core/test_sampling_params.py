@@ -109,7 +109,9 @@ def test_edge_values_are_accepted():
 
 
 def test_clone_is_independent():
-    obj = object()
+    from deepinfer_core.structured import StructuredOutputsParams
+
+    obj = StructuredOutputsParams(regex="[a-z]+")
     p = SamplingParams(stop=["a"], stop_token_ids=[1], seed=5, structured_outputs=obj)
     c = p.clone()
     assert c == p and c is not p

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import importlib
 
-FAMILIES = ("norm", "rope", "attention", "compress", "indexer", "mhc", "moe", "gemm", "sampling", "structured")
+FAMILIES = ("norm", "rope", "attention", "compress", "indexer", "mhc", "moe", "gemm", "sampling", "structured",
+            "candidates", "engram")
 
 
 def register_builtin_ops(registry) -> None:
