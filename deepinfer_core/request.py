@@ -100,6 +100,7 @@ class Request:
         self.num_inflight_tokens = 0
         self.num_output_placeholders = 0
         self.num_preemptions = 0
+        self.cached_until = 0  # positions below this come from the prefix cache: no cache writes
         self.stop_reason: int | None = None  # the stop/eos token id that finished it
         self.error: str | None = None  # why it ended in FINISHED_ERROR
         self.seq = -1  # add order, set by the scheduler

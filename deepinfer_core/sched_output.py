@@ -28,6 +28,8 @@ class ScheduledRequest:
     - ``samples``: the chunk ends at the last known token, so the runner samples
       one token for this request (otherwise it is a middle prefill chunk).
     - ``epoch``: the request's preemption count when scheduled (stale-step check).
+    - ``cached_until``: positions below it were served by a prefix-cache hit; the
+      runner recomputes them only to rebuild per-request state and writes no KV for them.
     """
 
     req_id: str
@@ -39,6 +41,7 @@ class ScheduledRequest:
     is_prefill: bool
     samples: bool
     epoch: int = 0
+    cached_until: int = 0
 
 
 @dataclass(frozen=True)

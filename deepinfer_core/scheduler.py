@@ -211,17 +211,25 @@ class Scheduler:
             req = self.waiting[0]
             if req.num_output_placeholders:
                 break  # a stale step's sampled token is still in flight; resume once it arrived
+            hit = self._try_prefix_hit(req)
             n = self._num_new_tokens(req, budget)
-            if n == 0:
-                break
-            if not self.kv.allocate_slots(req, n):
-                if self.running:
-                    break  # running requests will free blocks
-                n = self._fit_alone(req, n)
+            if hit and (n == 0 or not self.kv.allocate_slots(req, n)):
+                self._undo_prefix_hit(req)  # admit it the ordinary way (or not at all) below
+                hit, n = 0, self._num_new_tokens(req, budget)
+            if not hit:
                 if n == 0:
-                    if req.is_finished:
-                        continue  # _fit_alone failed it for good
                     break
+                if not self.kv.allocate_slots(req, n):
+                    if self.running:
+                        break  # running requests will free blocks
+                    n = self._fit_alone(req, n)
+                    if n == 0:
+                        if req.is_finished:
+                            continue  # _fit_alone failed it for good
+                        break
+            if req.num_computed_tokens == 0 or hit:
+                self.kv.num_query_tokens += req.num_tokens
+                self.kv.num_hit_tokens += hit
             self.waiting.pop(0)
             req.status = RequestStatus.RUNNING
             bisect.insort(self.running, req, key=_priority)
@@ -320,12 +328,29 @@ class Scheduler:
             self._failed.append(req)
         return 0
 
+    def _try_prefix_hit(self, req: Request) -> int:
+        """Serve the longest cached prefix of a request that holds no blocks; returns tokens skipped."""
+        if not self.kv.enable_caching or req.num_computed_tokens or self.kv.has_request(req.request_id):
+            return 0
+        h, r, tables = self.kv.find_prefix(req)
+        if h == 0 or h - r <= 0 or not self.kv.allocate_prefix(req, tables):
+            return 0
+        req.num_computed_tokens = h - r
+        req.cached_until = h
+        return h - r
+
+    def _undo_prefix_hit(self, req: Request) -> None:
+        self.kv.free(req)
+        req.num_computed_tokens = 0
+        req.cached_until = 0
+
     def _preempt(self, req: Request, preempted: list[str]) -> None:
         """Recompute preemption; the caller already removed ``req`` from ``running``."""
         self.kv.free(req)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
         req.num_inflight_tokens = 0
+        req.cached_until = 0
         req.num_preemptions += 1  # new epoch: older in-flight steps become stale
         bisect.insort(self.waiting, req, key=_priority)
         preempted.append(req.request_id)
@@ -367,6 +392,7 @@ class Scheduler:
                 is_prefill=n > 1 or c < req.num_prompt_tokens,
                 samples=samples,
                 epoch=req.num_preemptions,
+                cached_until=req.cached_until,
             )
             req.num_computed_tokens += n
             req.num_inflight_tokens += n

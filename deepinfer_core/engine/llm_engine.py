@@ -76,7 +76,9 @@ class LLMEngine:
         self.executor = PagedExecutor(self.model, num_blocks, config.max_num_seqs, device)
         groups = [self.executor.group_specs[g] for g in range(len(self.executor.group_specs))]
         states = [s for s in specs.values() if isinstance(s, StateSpec)]
-        self.kv = KVCacheManager(groups, states, num_blocks, config.max_num_seqs)
+        replay = getattr(self.model, "prefix_replay_tokens", lambda: 0)()
+        self.kv = KVCacheManager(groups, states, num_blocks, config.max_num_seqs,
+                                 enable_caching=config.enable_prefix_caching, replay_tokens=replay)
         self.scheduler = Scheduler(SchedulerConfig(
             max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
             enable_chunked_prefill=config.enable_chunked_prefill, max_model_len=config.max_model_len), self.kv)
@@ -92,6 +94,12 @@ class LLMEngine:
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="deepinfer-step") if config.async_scheduling else None
         self._inflight: tuple[SchedulerOutput, Future] | None = None
         logger.info("KV cache: %d blocks x %d B per block id (%d groups)", num_blocks, per_block, len(groups))
+
+    def prefix_cache_stats(self) -> dict[str, float]:
+        """Prefix-cache metrics since start: tokens looked up, tokens served, hit rate, evictions."""
+        q, h = self.kv.num_query_tokens, self.kv.num_hit_tokens
+        return {"query_tokens": q, "hit_tokens": h, "hit_rate": h / q if q else 0.0,
+                "cached_blocks": self.kv.pool.num_cached_blocks, "evictions": self.kv.pool.num_evictions}
 
     def _default_budget(self) -> int:
         if self.platform.device_type == "cpu":

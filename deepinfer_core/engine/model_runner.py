@@ -101,7 +101,8 @@ class ModelRunner:
             if toks and toks[-1] == PLACEHOLDER_TOKEN_ID:
                 toks = toks[:-1] + [self.requests[s.req_id].output_token_ids[-1]]
             ids.extend(toks)
-            slices.append(SeqSlice(s.num_computed_tokens, s.num_scheduled_tokens, s.block_tables, s.state_slot))
+            slices.append(SeqSlice(s.num_computed_tokens, s.num_scheduled_tokens, s.block_tables, s.state_slot,
+                                   s.cached_until))
         hidden = self.executor.run(torch.tensor(ids, dtype=torch.long), slices)
 
         # rows to turn into logits: the last row of every sampling request, and prompt rows

@@ -12,14 +12,15 @@ Block 0 is reserved as the *null block*: block tables use it as a placeholder
 for positions whose KV was freed (behind a sliding window) and the runner may
 use it as padding. It is never allocated, never freed and has no ref count.
 
-Prefix-caching hooks (not used yet): every block can carry a hash of the token
-ids it holds (``set_block_hash``); ``incref`` lets a second request share a
-block. A block's hash is cleared when it is handed out again. No lookup by hash
-exists yet; that is the prefix cache's job when it lands.
+Prefix caching: a full, computed block can carry a hash of the token ids that
+produced it (``set_block_hash``, chained over the blocks before it). A hashed
+block whose last owner frees it stays findable (``lookup``) on the free list,
+which is kept in LRU order: ``allocate`` takes the least recently freed block and
+evicts its hash. ``touch`` takes a cached block back for a new owner (prefix hit).
 """
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict
 from collections.abc import Iterable
 
 NULL_BLOCK_ID = 0
@@ -45,7 +46,9 @@ class BlockPool:
         self.num_blocks = num_blocks
         self._ref_counts = [0] * num_blocks
         self._hashes: list[int | None] = [None] * num_blocks
-        self._free: deque[int] = deque(range(1, num_blocks))
+        self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_blocks))
+        self._by_hash: dict[int, int] = {}
+        self.num_evictions = 0
 
     # -- queries ---------------------------------------------------------------
     @property
@@ -77,10 +80,15 @@ class BlockPool:
             raise ValueError(f"number of blocks to allocate must be a non-negative int, got {n!r}")
         if n > len(self._free):
             raise NoFreeBlocksError(f"asked for {n} blocks but only {len(self._free)} of {self.num_usable_blocks} are free")
-        ids = [self._free.popleft() for _ in range(n)]
+        ids = [self._free.popitem(last=False)[0] for _ in range(n)]
         for b in ids:
             self._ref_counts[b] = 1
-            self._hashes[b] = None
+            h = self._hashes[b]
+            if h is not None:  # evict the cached content of the least recently freed block
+                self._hashes[b] = None
+                if self._by_hash.get(h) == b:
+                    del self._by_hash[h]
+                self.num_evictions += 1
         return ids
 
     def incref(self, block_ids: Iterable[int]) -> None:
@@ -108,15 +116,40 @@ class BlockPool:
                 raise ValueError(f"block {b} is already free (double free)")
             self._ref_counts[b] -= 1
             if self._ref_counts[b] == 0:
-                self._free.append(b)
+                self._free[b] = None  # most recently freed: evicted last
 
     # -- prefix-caching hooks --------------------------------------------------
     def set_block_hash(self, block_id: int, block_hash: int) -> None:
-        """Record the hash of the (full) block's token ids; cleared when the block is reused."""
+        """Record the hash of the (full, computed) block's content; cleared when the block is reallocated.
+
+        If another block already holds the same content, the existing mapping is kept
+        (both blocks stay valid; only one is findable).
+        """
         self._check_id(block_id)
         if block_id == NULL_BLOCK_ID or self._ref_counts[block_id] == 0:
             raise ValueError(f"block {block_id} is not allocated; only an allocated block can carry a hash")
+        if self._hashes[block_id] is not None:
+            return
         self._hashes[block_id] = block_hash
+        self._by_hash.setdefault(block_hash, block_id)
+
+    def lookup(self, block_hash: int) -> int | None:
+        """The block holding the content with ``block_hash`` (allocated or cached-free), or None."""
+        return self._by_hash.get(block_hash)
+
+    def touch(self, block_id: int) -> None:
+        """Add an owner to a block found by ``lookup``: taken off the free list if it was cached-free."""
+        self._check_id(block_id)
+        if block_id == NULL_BLOCK_ID or self._hashes[block_id] is None:
+            raise ValueError(f"block {block_id} holds no cached content")
+        if self._ref_counts[block_id] == 0:
+            del self._free[block_id]
+        self._ref_counts[block_id] += 1
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks whose content is findable by hash (owned or free-but-cached)."""
+        return len(self._by_hash)
 
     def get_block_hash(self, block_id: int) -> int | None:
         self._check_id(block_id)

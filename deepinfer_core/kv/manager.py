@@ -30,9 +30,16 @@ Requests are duck-typed: the manager reads ``request_id``, ``num_computed_tokens
 (``num_computed_tokens`` minus tokens still in flight). ``deepinfer_core.request.Request``
 provides them.
 
-Prefix caching is not implemented; its hooks are in ``BlockPool`` (block hashes,
-``incref``). Because tables are position-indexed, a future prefix hit only has to
-pre-fill leading entries with shared ids before ``allocate_slots``.
+Prefix caching (``enable_caching``): every full block whose tokens are processed
+gets a chained hash of (group, previous block's hash, its token ids) and stays
+findable after it is freed (LRU, ``block_pool.py``). Sliding-window blocks are
+cached too: a hit at ``h`` tokens reuses every compressed block below ``h`` and
+the sliding blocks that cover the last window before the replayed tokens, so the
+restored state is exactly what a cold prefill computes. Only ``replay_tokens``
+tokens before ``h`` (the model's compressor overlap span; at least one when
+``h`` is the whole known sequence, so that logits exist) are recomputed, to rebuild
+the per-request compressor state; their cache writes are suppressed. Resume
+after preemption takes the same path. See docs/prefix_caching.md.
 """
 from __future__ import annotations
 
@@ -101,12 +108,15 @@ def num_blocks_from_memory_budget(
 class _RequestBlocks:
     """One request's tables (one per group), the first live index of each, and its state slot."""
 
-    __slots__ = ("tables", "first_live", "state_slot")
+    __slots__ = ("tables", "first_live", "state_slot", "num_hashed", "hashes")
 
     def __init__(self, num_groups: int, state_slot: int) -> None:
         self.tables: list[list[int]] = [[] for _ in range(num_groups)]
         # Entries below first_live[g] are null (freed behind the window).
         self.first_live: list[int] = [0] * num_groups
+        # Leading entries already carrying their prefix-cache hash, per group.
+        self.num_hashed: list[int] = [0] * num_groups
+        self.hashes: list[list[int]] = [[] for _ in range(num_groups)]
         self.state_slot = state_slot
 
 
@@ -124,6 +134,8 @@ class KVCacheManager:
         state_specs: Sequence[StateSpec],
         num_blocks: int,
         max_num_seqs: int,
+        enable_caching: bool = False,
+        replay_tokens: int = 0,
     ) -> None:
         for g, spec in enumerate(group_specs):
             if not isinstance(spec, (SlidingWindowSpec, CompressedSpec)):
@@ -143,6 +155,11 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks)
         self._reqs: dict[str, _RequestBlocks] = {}
         self._free_slots: deque[int] = deque(range(max_num_seqs))
+        self.enable_caching = enable_caching
+        self.replay_tokens = replay_tokens
+        self.align = math.lcm(*(spec.block_size for spec in self.group_specs)) if self.group_specs else 1
+        self.num_query_tokens = 0  # prefix-cache metrics: tokens looked up ...
+        self.num_hit_tokens = 0  # ... and tokens not recomputed thanks to a hit
 
     @classmethod
     def from_memory_budget(
@@ -225,6 +242,7 @@ class KVCacheManager:
         if rb is None:
             rb = _RequestBlocks(len(self.group_specs), self._free_slots.popleft())
             self._reqs[req.request_id] = rb
+        self.cache_full_blocks(req)
         self._free_skipped(rb, req.num_processed_tokens)
         new_ids = iter(self.pool.allocate(needed))
         total = req.num_computed_tokens + num_new_tokens
@@ -239,10 +257,15 @@ class KVCacheManager:
     def free_skipped_blocks(self, req: KVRequest) -> int:
         """Return sliding-window blocks behind the window of ``num_processed_tokens``; count freed."""
         rb = self._reqs.get(req.request_id)
-        return 0 if rb is None else self._free_skipped(rb, req.num_processed_tokens)
+        if rb is None:
+            return 0
+        self.cache_full_blocks(req)
+        return self._free_skipped(rb, req.num_processed_tokens)
 
     def free(self, req: KVRequest) -> None:
         """Return every block and the state slot of the request; a no-op if it holds none."""
+        if req.request_id in self._reqs:
+            self.cache_full_blocks(req)
         rb = self._reqs.pop(req.request_id, None)
         if rb is None:
             return
@@ -321,3 +344,82 @@ class KVCacheManager:
                     freed += 1
             rb.first_live[g] = max(rb.first_live[g], skip)
         return freed
+
+
+    # -- prefix caching ----------------------------------------------------------
+    def _hashes(self, token_ids: Sequence[int], g: int, num_blocks: int, known: list[int] | None = None) -> list[int]:
+        """Chained hashes of the first ``num_blocks`` full blocks of group ``g`` (extends ``known``)."""
+        bs = self.group_specs[g].block_size
+        out = list(known or [])
+        parent = out[-1] if out else hash(("deepinfer.kv", g, self.group_specs[g]))
+        for i in range(len(out), num_blocks):
+            parent = hash((parent, tuple(token_ids[i * bs:(i + 1) * bs])))
+            out.append(parent)
+        return out
+
+    def cache_full_blocks(self, req) -> None:
+        """Give every full, processed, live block of ``req`` its hash (no-op with caching off)."""
+        if not self.enable_caching:
+            return
+        rb = self._reqs.get(req.request_id)
+        if rb is None:
+            return
+        tokens = req.all_token_ids
+        processed = min(req.num_processed_tokens, len(tokens))
+        for g, spec in enumerate(self.group_specs):
+            full = min(processed // spec.block_size, len(rb.tables[g]))
+            if full <= rb.num_hashed[g]:
+                continue
+            rb.hashes[g] = hashes = self._hashes(tokens, g, full, rb.hashes[g])
+            for i in range(rb.num_hashed[g], full):
+                b = rb.tables[g][i]
+                if b != NULL_BLOCK_ID:
+                    self.pool.set_block_hash(b, hashes[i])
+            rb.num_hashed[g] = full
+
+    def find_prefix(self, req) -> tuple[int, int, dict[int, list[int]] | None]:
+        """Longest cached prefix of ``req``'s known tokens: ``(hit tokens h, replay R, tables)``.
+
+        ``h`` is a multiple of every group's block size; the tables hold the cached ids
+        (null where no future query reads). Returns ``(0, 0, None)`` on a miss.
+        """
+        tokens = req.all_token_ids
+        n = len(tokens)
+        top = n // self.align * self.align
+        if not self.enable_caching or top == 0:
+            return 0, 0, None
+        hashes = {g: self._hashes(tokens, g, top // spec.block_size) for g, spec in enumerate(self.group_specs)}
+        for h in range(top, 0, -self.align):
+            r = max(self.replay_tokens, 1 if h == n else 0)
+            if h - r < 0:
+                continue
+            tables: dict[int, list[int]] = {}
+            for g, spec in enumerate(self.group_specs):
+                nb = h // spec.block_size
+                lo = 0
+                if isinstance(spec, SlidingWindowSpec):  # only the window before the replayed tokens
+                    lo = max(0, h - r - spec.window + 1) // spec.block_size
+                ids = [self.pool.lookup(x) for x in hashes[g][lo:nb]]
+                if any(b is None for b in ids):
+                    break
+                tables[g] = [NULL_BLOCK_ID] * lo + ids
+            else:
+                return h, r, tables
+        return 0, 0, None
+
+    def allocate_prefix(self, req, tables: dict[int, list[int]]) -> bool:
+        """Take the cached blocks of a hit for a request that holds nothing yet (False: no state slot)."""
+        if req.request_id in self._reqs:
+            raise ValueError(f"request {req.request_id!r} already holds blocks; prefix hits apply to fresh requests")
+        if not self._free_slots:
+            return False
+        rb = _RequestBlocks(len(self.group_specs), self._free_slots.popleft())
+        for g, table in tables.items():
+            for b in table:
+                if b != NULL_BLOCK_ID:
+                    self.pool.touch(b)
+            rb.tables[g] = list(table)
+            rb.first_live[g] = next((i for i, b in enumerate(table) if b != NULL_BLOCK_ID), len(table))
+            rb.num_hashed[g] = len(table)
+        self._reqs[req.request_id] = rb
+        return True

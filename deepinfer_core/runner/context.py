@@ -37,6 +37,7 @@ class SeqSlice:
     num_tokens: int
     block_tables: dict[int, list[int]]
     state_slot: int = 0
+    no_write_before: int = 0  # prefix-cache hit: KV of positions below is shared and already written
 
 
 @dataclass
@@ -78,7 +79,8 @@ def _sliding_meta(spec: SlidingWindowSpec, slices: list[SeqSlice], gid: int) -> 
     for s in slices:
         table = torch.tensor(s.block_tables[gid], dtype=torch.long)
         p = torch.arange(s.start_pos, s.start_pos + s.num_tokens)
-        writes.append(table[p // bs] * bs + p % bs)
+        w = table[p // bs] * bs + p % bs
+        writes.append(torch.where(p < s.no_write_before, torch.full_like(w, -1), w))
         q = p[:, None] - back[None, :]  # positions max(0, p-W+1) .. p
         rows = table[q.clamp(min=0) // bs] * bs + q.clamp(min=0) % bs
         reads.append(torch.where(q >= 0, rows, torch.full_like(rows, -1)))
@@ -94,7 +96,7 @@ def _compressed_meta(spec: CompressedSpec, slices: list[SeqSlice], gid: int) -> 
         table = torch.tensor(s.block_tables[gid] or [0], dtype=torch.long)
         p = torch.arange(s.start_pos, s.start_pos + s.num_tokens)
         own = table[((p // r) * r // bs).clamp(max=len(table) - 1)] * epb + (p // r) % epb
-        writes.append(torch.where((p + 1) % r == 0, own, torch.full_like(own, -1)))
+        writes.append(torch.where(((p + 1) % r == 0) & (p >= s.no_write_before), own, torch.full_like(own, -1)))
         gg = g[None, :].expand(len(p), -1)
         rows = table[(gg * r // bs).clamp(max=len(table) - 1)] * epb + gg % epb
         reads.append(torch.where(gg < ((p + 1) // r)[:, None], rows, torch.full_like(rows, -1)))

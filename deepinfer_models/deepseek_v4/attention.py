@@ -86,7 +86,9 @@ class AttentionV4:
         kv = rope(self.k["norm.rms"](self.wkv(x), self.kv_norm, self.eps), pos, self.inv_freq)
         swa = ctx.caches[self.swa_name]
         swa_meta = ctx.meta(self.swa_name)
-        swa[swa_meta.write_slots] = kv.to(swa.dtype)
+        w = swa_meta.write_slots
+        keep = w >= 0  # -1: no write (a position served from the prefix cache)
+        swa[w[keep]] = kv[keep].to(swa.dtype)
         cmp_cache, cmp_idx = None, None
         if self.compressor is not None:
             self.compressor(x, ctx)

@@ -85,7 +85,9 @@ class Compressor:
                 normed = self.k["norm.rms"](pooled, self.norm_w, self.eps)
                 entry = self.k["rope.interleaved"](normed, w * r, self.inv_freq)
                 tok_rows = torch.tensor([rows.start + (p - s0) for p in closing], device=x.device)
-                cache[meta.write_slots[tok_rows]] = entry.to(cache.dtype)
+                slots = meta.write_slots[tok_rows]
+                keep = slots >= 0  # -1: the entry is already in a shared prefix-cache block
+                cache[slots[keep]] = entry[keep].to(cache.dtype)
             # keep the last `ring` positions' projections for windows closing later
             keep = torch.arange(max(s0, e - ring), e, device=x.device)
             if keep.numel():

@@ -99,6 +99,15 @@ class DeepseekV4ForCausalLM:
             out.update(layer["attn"].specs())
         return out
 
+    def prefix_replay_tokens(self) -> int:
+        """Tokens before a prefix-cache hit boundary to recompute so that compressor state is exact.
+
+        Hits are aligned to every cache group's block size, hence to every compress ratio:
+        an HCA window never straddles the boundary, a CSA (overlapping) compressor still
+        needs the a-halves of the last window before it: ``ratio`` tokens.
+        """
+        return max((4 for layer in self.layers if layer["attn"].ratio == 4), default=0)
+
     # -- forward -------------------------------------------------------------
     def _mix(self, residual: torch.Tensor, hc: tuple) -> tuple:
         cfg = self.cfg
