@@ -5,8 +5,9 @@ metadata only. Nothing under this package is imported until the registry
 resolves an op to one of these providers, so registering never imports triton.
 One provider family per module (``triton_norm.py``, ``flashmla.py``, ...).
 
-No kernels exist yet: every op resolves to core's ``reference`` on this
-platform until a module is added here and listed in :data:`IMPLS`.
+Providers: ``triton`` (Triton kernels, one module per op family) and
+``aten`` (vendor libraries through torch's CUDA operators: cuBLAS, CUTLASS
+grouped GEMM). Ops listed nowhere here run core's reference on the device.
 """
 from __future__ import annotations
 
@@ -14,7 +15,19 @@ from typing import Any
 
 # (op, provider, target, supports-target or None). Providers are tried in the
 # order of NvidiaPlatform.default_providers.
-IMPLS: tuple[tuple[str, str, str, str | None], ...] = ()
+_K = "deepinfer_nvidia.kernels"
+IMPLS: tuple[tuple[str, str, str, str | None], ...] = (
+    ("norm.rms", "triton", f"{_K}.triton_norm:rms", f"{_K}.triton_norm:supports_rms"),
+    ("norm.rms_unweighted", "triton", f"{_K}.triton_norm:rms_unweighted", f"{_K}.triton_norm:supports_rms_unweighted"),
+    ("rope.interleaved", "triton", f"{_K}.triton_rope:rope", f"{_K}.triton_rope:supports"),
+    ("attention.sparse_sink", "triton", f"{_K}.triton_attention:sparse_sink", f"{_K}.triton_attention:supports"),
+    ("index.scores", "triton", f"{_K}.triton_indexer:scores", f"{_K}.triton_indexer:supports"),
+    ("mhc.mix", "triton", f"{_K}.triton_mhc:mix", f"{_K}.triton_mhc:supports"),
+    ("gemm.fp8_block", "triton", f"{_K}.triton_gemm:gemm_fp8_block", f"{_K}.triton_gemm:supports_fp8"),
+    ("gemm.mxfp4", "triton", f"{_K}.triton_gemm:gemm_mxfp4", f"{_K}.triton_gemm:supports_mxfp4"),
+    ("gemm.dense", "aten", f"{_K}.aten_ops:gemm_dense", f"{_K}.aten_ops:supports_dense"),
+    ("moe.experts", "aten", f"{_K}.aten_ops:moe_experts", f"{_K}.aten_ops:supports_experts"),
+)
 
 
 def register(registry: Any) -> list[tuple[str, str]]:

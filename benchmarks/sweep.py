@@ -1,0 +1,540 @@
+"""Decode / prefill sweep of a full-width DeepSeek-V4 slice on one GPU, against the roofline.
+
+    python benchmarks/sweep.py --out DIR [--arch v4] [--layers 2] [--ratios 4,128]
+        [--decode 1,8,64,256] [--context 4096] [--prefill 1024,8192] [--providers triton,reference]
+        [--hf-batch 32] [--budget-s 400]
+
+What it builds: the real V4-Flash widths (hidden 4096, 64 heads x 512, q_lora 1024,
+256 experts top-6, moe_inter 2048, vocab 129280) with ``--layers`` layers whose
+compress ratios are ``--ratios`` (layer 0 a hash-routed MoE layer), random weights
+in the native layout (e4m3 + UE8M0 128x128 block scales for the dense linears,
+MXFP4 experts: the ``fp4`` preset of the checkpoint writer) generated directly
+on the GPU (the CPU writer would spend minutes quantising 768 experts per layer).
+
+What it measures, per provider (``triton`` = the nvidia platform's kernels plus
+the ``aten`` grouped-GEMM experts and cuBLAS dense GEMMs; ``reference`` = core's
+torch references on the same GPU), through ``PagedExecutor`` (metadata built on
+the CPU every step, as the engine does):
+- decode: one token for each of B requests whose caches already hold
+  ``--context`` tokens (cache contents random, so no prefill is needed), logits
+  included;
+- prefill: one request of L tokens, logits of the last token.
+Each row: median step time, tokens/s, the roofline time (bytes the step must
+read at least: native-layout weights actually touched, routed experts counted by
+the expected number of distinct experts for B*6 uniform picks, plus the KV rows
+attention and the indexer read; over the copy bandwidth measured in this run),
+and for prefill the fraction of the dense bf16 peak measured in this run.
+Also: HF transformers' eager ``DeepseekV4ForCausalLM`` (bf16, same slice) decode
+at ``--hf-batch`` as the peer, and a torch-profiler table of one triton decode
+step and one prefill step. Writes ``sweep.json``, ``sweep.png``, ``profile.txt``.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from deepinfer_core.kernels.ops.quant import quant_fp8_block  # noqa: E402
+from deepinfer_core.runner.context import SeqSlice  # noqa: E402
+from deepinfer_core.runner.executor import PagedExecutor  # noqa: E402
+from deepinfer_core.runner.simple_driver import SimpleBlockAllocator  # noqa: E402
+from deepinfer_models.deepseek_v4.checkpoint_writer import QUANT_PRESETS  # noqa: E402
+from deepinfer_models.deepseek_v4.config import DeepseekV4Config  # noqa: E402
+from deepinfer_models.deepseek_v4.model import DeepseekV4ForCausalLM  # noqa: E402
+from deepinfer_models.deepseek_v4.weights import expected_tensors  # noqa: E402
+
+T0 = time.time()
+# Ops the triton run takes from the ``aten`` provider (cuBLAS / CUTLASS grouped GEMM);
+# the nvidia platform's default provider list is ("triton",).
+ATEN_OVERRIDES = {"gemm.dense": "aten", "moe.experts": "aten"}
+
+
+DEV = "cuda"
+
+
+def sync() -> None:
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.time() - T0:7.1f}s] {msg}", flush=True)
+
+
+# -- architecture ------------------------------------------------------------------------------
+def v4_slice(layers: int, ratios: list[int], quant: str) -> DeepseekV4Config:
+    """V4-Flash widths (the config defaults) with ``layers`` layers."""
+    ratios = (ratios * layers)[:layers]
+    return DeepseekV4Config(
+        num_hidden_layers=layers, compress_ratios=tuple(ratios), num_hash_layers=min(1, layers),
+        num_nextn_predict_layers=0, quant=QUANT_PRESETS[quant],
+        rope_scaling={"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536,
+                      "beta_fast": 32, "beta_slow": 1})
+
+
+ARCHS = {"v4": v4_slice}
+
+
+def arch_config(name: str, layers: int, ratios: list[int], quant: str) -> DeepseekV4Config:
+    if name not in ARCHS:
+        raise SystemExit(f"--arch {name!r}: known architectures {sorted(ARCHS)} (V4.1 lands with its model code; "
+                         f"add a slice builder to ARCHS then)")
+    return ARCHS[name](layers, ratios, quant)
+
+
+# -- weights -----------------------------------------------------------------------------------
+_E2M1_RMS = math.sqrt(sum(v * v for v in (0, .5, 1, 1.5, 2, 3, 4, 6)) / 8)  # rms of a uniform random code
+
+
+def build_weights(cfg: DeepseekV4Config, device: str, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random tensors in the native layout of ``cfg`` (names/shapes/dtypes from ``expected_tensors``), on device.
+
+    Linear weights have std ~ 1/sqrt(fan_in); MXFP4 experts are uniform random codes with one
+    power-of-two scale chosen for that std; fp8 linears are quantised from Gaussians.
+    """
+    specs = expected_tensors(cfg)
+    g = torch.Generator(device=device).manual_seed(seed)
+    block = tuple(cfg.quant.weight_block_size)
+    out: dict[str, torch.Tensor] = {}
+
+    def randn(shape, std=1.0, mean=0.0):
+        return torch.randn(shape, generator=g, device=device) * std + mean
+
+    for name, spec in specs.items():
+        shape, dt, role = spec.shape, spec.dtypes[0], spec.role
+        leaf = name.rsplit(".", 1)[-1]
+        stem = name[: -len(".weight")] if name.endswith(".weight") else name
+        if role in ("fp8_scale", "mxfp4_scale"):
+            continue
+        if role == "fp8_weight":
+            out[name], out[stem + ".scale"] = quant_fp8_block(randn(shape, shape[1] ** -0.5), block,
+                                                              cfg.quant.scale_fmt)
+        elif role == "mxfp4_weight":
+            n, half = shape
+            k = 2 * half
+            out[name] = torch.randint(0, 256, shape, generator=g, device=device, dtype=torch.uint8)
+            e = round(math.log2(1.0 / (math.sqrt(k) * _E2M1_RMS)))
+            out[stem + ".scale"] = torch.full((n, k // 32), e + 127, device=device,
+                                              dtype=torch.uint8).view(torch.float8_e8m0fnu)
+        elif role == "index":
+            out[name] = torch.rand(shape[0], cfg.n_routed_experts, generator=g, device=device).argsort(dim=1)[
+                :, : shape[1]].to(dt)
+        elif name.endswith("norm.weight"):
+            out[name] = randn(shape, 0.1, 1.0).to(dt)
+        elif leaf == "attn_sink":
+            out[name] = randn(shape).to(dt)
+        elif leaf == "ape":
+            out[name] = randn(shape, 0.5).to(dt)
+        elif leaf.endswith("_fn"):
+            out[name] = randn(shape, shape[1] ** -0.5).to(dt)
+        elif leaf.endswith("_base"):
+            out[name] = randn(shape, 0.5).to(dt)
+        elif leaf.endswith("_scale"):
+            out[name] = (torch.rand(shape, generator=g, device=device) + 0.5).to(dt)
+        elif leaf == "bias":
+            out[name] = randn(shape, 0.1).to(dt)
+        elif name == "embed.weight":
+            out[name] = randn(shape).to(dt)
+        else:
+            out[name] = randn(shape, shape[1] ** -0.5).to(dt)
+    missing = set(specs) - set(out)
+    if missing:
+        raise AssertionError(f"weights not built: {sorted(missing)[:5]}")
+    return out
+
+
+# -- bytes and flops -------------------------------------------------------------------------------
+def expected_distinct(picks: int, experts: int, k: int) -> float:
+    """Expected number of distinct experts hit by ``picks`` tokens choosing k of E uniformly."""
+    return experts * (1.0 - (1.0 - k / experts) ** picks)
+
+
+def weight_bytes(w: dict[str, torch.Tensor], cfg: DeepseekV4Config, tokens: int) -> dict[str, float]:
+    """Native-layout bytes a step of ``tokens`` tokens must read: dense weights once, touched experts once."""
+    per_expert = {}
+    dense = 0
+    for name, t in w.items():
+        nb = t.numel() * t.element_size()
+        if ".ffn.experts." in name:
+            layer = int(name.split(".")[1])
+            if name.split(".")[4] == "0":
+                per_expert[layer] = per_expert.get(layer, 0) + nb
+        elif name == "embed.weight":
+            dense += tokens * t.shape[1] * t.element_size()
+        elif name.endswith("gate.tid2eid"):
+            dense += tokens * t.shape[1] * t.element_size()
+        else:
+            dense += nb
+    touched = expected_distinct(tokens, cfg.n_routed_experts, cfg.num_experts_per_tok)
+    experts = sum(per_expert.values()) * touched
+    return {"dense": dense, "experts": experts, "distinct_experts": touched}
+
+
+def kv_bytes(cfg: DeepseekV4Config, batch: int, ctx: int, elt: int = 2) -> float:
+    """KV bytes one decode step reads: window rows, attended compressed rows, all visible index keys."""
+    total = 0.0
+    p = ctx  # position of the new token
+    for i in range(cfg.num_hidden_layers):
+        r = cfg.ratio(i)
+        total += min(p + 1, cfg.sliding_window) * cfg.head_dim * elt
+        vis = (p + 1) // r if r else 0
+        if r == 4:
+            total += min(vis, cfg.index_topk) * cfg.head_dim * elt + vis * cfg.index_head_dim * elt
+        elif r:
+            total += vis * cfg.head_dim * elt
+    return batch * total
+
+
+def prefill_flops(w: dict[str, torch.Tensor], cfg: DeepseekV4Config, L: int) -> float:
+    """Matmul FLOPs of one L-token prefill (logits of the last token only)."""
+    per_tok = 0
+    for name, t in w.items():
+        if t.dim() != 2 or name.endswith(".scale") or name in ("embed.weight", "head.weight") or "tid2eid" in name:
+            continue
+        if ".ffn.experts." in name:
+            continue
+        n, k = t.shape
+        if t.dtype == torch.uint8:
+            k *= 2
+        per_tok += n * k
+    per_expert = 3 * cfg.moe_intermediate_size * cfg.hidden_size
+    per_tok += cfg.num_hidden_layers * cfg.num_experts_per_tok * per_expert
+    fl = 2.0 * L * per_tok + 2.0 * cfg.vocab_size * cfg.hidden_size
+    h, d = cfg.num_attention_heads, cfg.head_dim
+    for i in range(cfg.num_hidden_layers):
+        r = cfg.ratio(i)
+        for p in range(0, L, max(1, L // 64)):  # average attended slots over positions
+            n = min(p + 1, cfg.sliding_window)
+            vis = (p + 1) // r if r else 0
+            n += min(vis, cfg.index_topk) if r == 4 else vis
+            fl += 4.0 * h * d * n * max(1, L // 64)
+            if r == 4:
+                fl += 2.0 * cfg.index_n_heads * cfg.index_head_dim * vis * max(1, L // 64)
+    return fl
+
+
+# -- ceilings ------------------------------------------------------------------------------------
+def ceilings() -> dict[str, float]:
+    if DEV != "cuda":  # smoke runs on the CPU: rough numbers, only so the arithmetic runs
+        a = torch.randn(16 << 20)
+        t0 = time.perf_counter()
+        a.clone()
+        bw = 2 * a.numel() * 4 / (time.perf_counter() - t0)
+        x = torch.randn(512, 512)
+        t0 = time.perf_counter()
+        x @ x
+        return {"copy_bw": bw, "bf16_peak": 2 * 512 ** 3 / (time.perf_counter() - t0)}
+    from triton.testing import do_bench
+
+    a = torch.randn(512 << 20, device="cuda")
+    b = torch.empty_like(a)
+    ms = do_bench(lambda: b.copy_(a), warmup=50, rep=300, return_mode="median")
+    bw = 2 * a.numel() * 4 / (ms * 1e-3)
+    del a, b
+    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = do_bench(lambda: x @ y, warmup=50, rep=300, return_mode="median")
+    peak = 2 * 8192 ** 3 / (ms * 1e-3)
+    del x, y
+    torch.cuda.empty_cache()
+    return {"copy_bw": bw, "bf16_peak": peak}
+
+
+# -- running ---------------------------------------------------------------------------------------
+def make_model(cfg, weights, provider: str):
+    if provider == "reference":
+        return DeepseekV4ForCausalLM(cfg, weights, dtype=torch.bfloat16, device=DEV, platform=None)
+    from deepinfer_nvidia.platform import NvidiaPlatform
+
+    return DeepseekV4ForCausalLM(cfg, weights, dtype=torch.bfloat16, device="cuda", platform=NvidiaPlatform(),
+                                 kernel_overrides=ATEN_OVERRIDES)
+
+
+def setup_step(model, cfg, batch: int, ctx: int, new_tokens: int):
+    """An executor whose caches look like ``batch`` requests that already hold ``ctx`` tokens."""
+    specs = model.kv_cache_specs()
+    from deepinfer_core.runner.executor import group_specs
+
+    gspecs, _, _ = group_specs(specs)
+    need = sum(batch * -(-(ctx + new_tokens) // s.block_size) for s in gspecs.values()) + 2
+    ex = PagedExecutor(model, num_blocks=need, max_num_seqs=batch, device=DEV)
+    for t in ex.caches.values():
+        t.normal_()
+    alloc = SimpleBlockAllocator(ex)
+    slices = [SeqSlice(ctx, new_tokens, alloc.tables_for(i, ctx + new_tokens), state_slot=i) for i in range(batch)]
+    ids = torch.randint(0, cfg.vocab_size, (batch * new_tokens,), device=DEV)
+    return ex, slices, ids
+
+
+def time_step(model, ex, slices, ids, last_only: bool, warmup: int, reps: int) -> dict[str, float]:
+    def step():
+        h = ex.run(ids, slices)
+        return model.compute_logits(h[-1:] if last_only else h)
+
+    for _ in range(warmup):
+        step()
+    sync()
+    times, ctx_times = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - t0)
+    for _ in range(min(reps, 3)):
+        t0 = time.perf_counter()
+        ex.context(slices)
+        sync()
+        ctx_times.append(time.perf_counter() - t0)
+    return {"ms": statistics.median(times) * 1e3, "ms_min": min(times) * 1e3,
+            "metadata_ms": statistics.median(ctx_times) * 1e3}
+
+
+def profile_step(model, ex, slices, ids, last_only: bool, title: str, fh) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    def step():
+        h = ex.run(ids, slices)
+        return model.compute_logits(h[-1:] if last_only else h)
+
+    step()
+    sync()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        step()
+        sync()
+        wall = time.perf_counter() - t0
+    ka = prof.key_averages()
+    dev_us = sum(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) for e in ka)
+    fh.write(f"\n=== {title}: wall {wall * 1e3:.2f} ms (profiled), GPU kernel time {dev_us / 1e3:.2f} ms ===\n")
+    fh.write(ka.table(sort_by="self_device_time_total", row_limit=30) + "\n")
+    fh.write(ka.table(sort_by="self_cpu_time_total", row_limit=15) + "\n")
+    fh.flush()
+    log(f"profile {title}: wall {wall * 1e3:.1f} ms, GPU busy {dev_us / 1e3:.1f} ms")
+
+
+def run_hf(cfg: DeepseekV4Config, batch: int, prompt: int, results: dict) -> None:
+    """HF transformers eager DeepseekV4ForCausalLM, bf16 random weights, decode time per step."""
+    try:
+        import transformers
+        from transformers import DeepseekV4ForCausalLM as HF
+
+        from tests.oracle.hf_v4 import hf_config_from_native
+    except Exception as exc:  # noqa: BLE001 - recorded, not fatal
+        results["hf"] = {"error": f"{type(exc).__name__}: {exc}"}
+        log(f"HF peer unavailable: {exc}")
+        return
+    hcfg = hf_config_from_native(dataclasses.replace(cfg, quant=QUANT_PRESETS["none"]))
+    hcfg._attn_implementation = "eager"
+    hcfg.use_cache = True
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(DEV):
+            model = HF(hcfg).eval()
+    finally:
+        torch.set_default_dtype(old)
+    ids = torch.randint(0, cfg.vocab_size, (batch, prompt), device=DEV)
+
+    def gen(n):
+        sync()
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                           do_sample=False, pad_token_id=0)
+        sync()
+        return time.perf_counter() - t0
+
+    try:
+        gen(2)
+        a, b = gen(2), gen(10)
+        step = (b - a) / 8
+        results["hf"] = {"version": transformers.__version__, "batch": batch, "prompt": prompt,
+                         "decode_ms": step * 1e3, "tok_s": batch / step, "prefill_plus_2_ms": a * 1e3}
+        log(f"HF eager: batch {batch} decode {step * 1e3:.1f} ms/step, {batch / step:.0f} tok/s")
+    except Exception as exc:  # noqa: BLE001
+        results["hf"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+        log(f"HF peer failed: {exc}")
+    del model
+    if DEV == "cuda":
+        torch.cuda.empty_cache()
+
+
+def plot(results: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in results["rows"] if "ms" in r]
+    labels = sorted({r["label"] for r in rows}, key=lambda s: (s.split()[0], int(s.split()[1].split("=")[1])))
+    provs = sorted({r["provider"] for r in rows})
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(labels)), 4.5))
+    width = 0.8 / (len(provs) + 1)
+    for j, p in enumerate(provs):
+        ys = [next((r["ms"] for r in rows if r["label"] == lab and r["provider"] == p), float("nan")) for lab in labels]
+        ax.bar([i + j * width for i in range(len(labels))], ys, width, label=p)
+    roof = [next((r["roofline_ms"] for r in rows if r["label"] == lab), float("nan")) for lab in labels]
+    ax.bar([i + len(provs) * width for i in range(len(labels))], roof, width, label="roofline (bytes / copy BW)")
+    ax.set_yscale("log")
+    ax.set_ylabel("ms per step")
+    ax.set_xticks([i + width for i in range(len(labels))])
+    ax.set_xticklabels(labels, rotation=20)
+    ax.set_title(f"DeepSeek-V4 slice, {results['config']['layers']} layers, {results.get('device', '')}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--arch", default="v4")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--ratios", default="4,128")
+    ap.add_argument("--quant", default="fp4", choices=sorted(QUANT_PRESETS))
+    ap.add_argument("--decode", default="1,8,64,256")
+    ap.add_argument("--context", type=int, default=4096)
+    ap.add_argument("--prefill", default="1024,8192")
+    ap.add_argument("--providers", default="triton,reference")
+    ap.add_argument("--reference-max-batch", type=int, default=64)
+    ap.add_argument("--reference-max-prefill", type=int, default=1024)
+    ap.add_argument("--hf-batch", type=int, default=32)
+    ap.add_argument("--hf-prompt", type=int, default=128)
+    ap.add_argument("--device", default="cuda", help="cuda; cpu only for a smoke run of the script (--tiny)")
+    ap.add_argument("--tiny", action="store_true", help="tiny widths (the test checkpoint's), for smoke runs")
+    ap.add_argument("--budget-s", type=float, default=400.0, help="stop starting new measurements after this")
+    args = ap.parse_args()
+    global DEV
+    DEV = args.device
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = arch_config(args.arch, args.layers, [int(r) for r in args.ratios.split(",")], args.quant)
+    if args.tiny:
+        from deepinfer_models.deepseek_v4.checkpoint_writer import tiny_v4_config
+
+        t = tiny_v4_config()
+        cfg = dataclasses.replace(t, num_hidden_layers=cfg.num_hidden_layers, compress_ratios=cfg.compress_ratios,
+                                  num_hash_layers=cfg.num_hash_layers, quant=cfg.quant, vocab_size=1024,
+                                  hidden_size=128, moe_intermediate_size=64)
+    results: dict = {"config": {"arch": args.arch, "layers": cfg.num_hidden_layers,
+                                "ratios": list(cfg.compress_ratios), "quant": args.quant, "context": args.context,
+                                "hidden": cfg.hidden_size, "heads": cfg.num_attention_heads,
+                                "head_dim": cfg.head_dim, "experts": cfg.n_routed_experts,
+                                "top_k": cfg.num_experts_per_tok, "vocab": cfg.vocab_size},
+                     "device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu", "torch": torch.__version__, "rows": []}
+    results.update(ceilings())
+    log(f"copy {results['copy_bw'] / 1e12:.2f} TB/s, bf16 dense {results['bf16_peak'] / 1e12:.0f} TFLOP/s")
+    weights = build_weights(cfg, DEV)
+    sync()
+    log(f"weights built: {sum(t.numel() * t.element_size() for t in weights.values()) / 1e9:.1f} GB native")
+
+    def save():
+        with open(out / "sweep.json", "w") as fh:
+            json.dump(results, fh, indent=1)
+
+    prof_fh = open(out / "profile.txt", "w")
+    decode = [int(b) for b in args.decode.split(",") if b]
+    prefill = [int(p) for p in args.prefill.split(",") if p]
+    for provider in args.providers.split(","):
+        model = make_model(cfg, weights, provider)
+        sync()
+        mem = torch.cuda.memory_allocated() / 1e9 if DEV == "cuda" else 0.0
+        log(f"model built for provider {provider}; GPU memory {mem:.1f} GB")
+        configs = [("decode", b, args.context) for b in decode]
+        if provider == "triton" and args.hf_batch not in decode:
+            configs.append(("decode", args.hf_batch, args.hf_prompt))
+        configs += [("prefill", L, 0) for L in prefill]
+        for kind, n, ctx in configs:
+            if provider == "reference" and ((kind == "decode" and n > args.reference_max_batch)
+                                            or (kind == "prefill" and n > args.reference_max_prefill)):
+                continue
+            if time.time() - T0 > args.budget_s:
+                log(f"budget reached; skipping {provider} {kind} {n}")
+                results["rows"].append({"provider": provider, "kind": kind, "n": n, "skipped": "budget"})
+                continue
+            label = f"decode B={n}" + (f" ctx={ctx}" if ctx != args.context else "") if kind == "decode" \
+                else f"prefill L={n}"
+            try:
+                batch, new = (n, 1) if kind == "decode" else (1, n)
+                ex, slices, ids = setup_step(model, cfg, batch, ctx, new)
+                slow = provider == "reference"
+                m = time_step(model, ex, slices, ids, kind == "prefill", warmup=1 if slow else 2,
+                              reps=2 if slow else 5)
+            except torch.OutOfMemoryError as exc:  # recorded; the next config may still fit
+                results["rows"].append({"provider": provider, "kind": kind, "n": n, "error": f"OOM: {exc}"[:300]})
+                log(f"{provider} {label}: OOM")
+                if DEV == "cuda":
+                    torch.cuda.empty_cache()
+                continue
+            tokens = n
+            wb = weight_bytes(weights, cfg, tokens)
+            kvb = kv_bytes(cfg, n, ctx) if kind == "decode" else 0.0
+            roof_bytes = wb["dense"] + wb["experts"] + kvb
+            row = {"provider": provider, "kind": kind, "n": n, "context": ctx, "label": label, **m,
+                   "tok_s": tokens / (m["ms"] * 1e-3), "bytes": roof_bytes, "kv_bytes": kvb,
+                   "distinct_experts": wb["distinct_experts"],
+                   "roofline_ms": roof_bytes / results["copy_bw"] * 1e3}
+            row["x_roofline"] = row["ms"] / row["roofline_ms"]
+            if kind == "prefill":
+                fl = prefill_flops(weights, cfg, n)
+                row["flops"] = fl
+                row["frac_peak"] = fl / (m["ms"] * 1e-3) / results["bf16_peak"]
+            results["rows"].append(row)
+            save()
+            extra = f", {row['frac_peak'] * 100:.1f}% of bf16 peak" if kind == "prefill" else ""
+            log(f"{provider:9s} {label:22s} {m['ms']:9.2f} ms (meta {m['metadata_ms']:.2f}) "
+                f"{row['tok_s']:10.0f} tok/s  roofline {row['roofline_ms']:.3f} ms  x{row['x_roofline']:.1f}{extra}")
+            if provider == "triton" and ((kind == "decode" and n == 64) or (kind == "prefill" and n == prefill[0])):
+                try:
+                    profile_step(model, ex, slices, ids, kind == "prefill", f"{provider} {label}", prof_fh)
+                except Exception as exc:  # noqa: BLE001 - the profile is a diagnostic
+                    log(f"profiler failed: {exc}")
+            del ex, slices, ids
+            if DEV == "cuda":
+                torch.cuda.empty_cache()
+        del model
+        if DEV == "cuda":
+            torch.cuda.empty_cache()
+    prof_fh.close()
+    del weights
+    if DEV == "cuda":
+        torch.cuda.empty_cache()
+    if args.hf_batch and time.time() - T0 < args.budget_s + 60:
+        run_hf(cfg, args.hf_batch, args.hf_prompt, results)
+        ours = next((r for r in results["rows"] if r.get("provider") == "triton" and r.get("kind") == "decode"
+                     and r.get("n") == args.hf_batch and "ms" in r and r.get("context") == args.hf_prompt), None)
+        if ours and "decode_ms" in results.get("hf", {}):
+            results["hf"]["speedup_triton"] = results["hf"]["decode_ms"] / ours["ms"]
+    save()
+    try:
+        plot(results, str(out / "sweep.png"))
+    except Exception as exc:  # noqa: BLE001
+        log(f"plot failed: {exc}")
+    # -- the table, last -------------------------------------------------------------------------
+    print(f"\n{results['device']}  copy {results['copy_bw'] / 1e12:.2f} TB/s  bf16 {results['bf16_peak'] / 1e12:.0f} "
+          f"TFLOP/s  layers={cfg.num_hidden_layers} ratios={list(cfg.compress_ratios)} ctx={args.context}")
+    print(f"{'provider':10s} {'config':24s} {'ms/step':>9s} {'meta ms':>8s} {'tok/s':>10s} {'roof ms':>8s} "
+          f"{'x roof':>7s} {'%peak':>6s}")
+    for r in results["rows"]:
+        if "ms" not in r:
+            print(f"{r['provider']:10s} {r['kind']} {r['n']}: {r.get('skipped') or r.get('error')}")
+            continue
+        pk = f"{r['frac_peak'] * 100:5.1f}" if "frac_peak" in r else "     -"
+        print(f"{r['provider']:10s} {r['label']:24s} {r['ms']:9.2f} {r['metadata_ms']:8.2f} {r['tok_s']:10.0f} "
+              f"{r['roofline_ms']:8.3f} {r['x_roofline']:7.1f} {pk}")
+    if "hf" in results:
+        print("HF peer:", json.dumps(results["hf"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""Provider ``aten``: ops served by vendor libraries through torch's CUDA operators.
+
+Not Triton kernels, so they carry their own provider name: cuBLAS for
+``gemm.dense`` (one GEMM instead of the reference's 8-row tiles, which exist
+only to make the CPU reference batch-invariant), and CUTLASS grouped GEMMs
+(``torch._grouped_mm``, SM90 bf16) for ``moe.experts`` with no host sync and
+no Python loop over experts. Neither is batch-invariant in the last bits:
+cuBLAS picks its kernel by shape. The conformance harness checks them against
+the references with the ops' tolerances like any other provider.
+"""
+from __future__ import annotations
+
+import torch
+
+from deepinfer_core.kernels.ops.gemm import _check_x, dense
+from deepinfer_core.kernels.ops.moe import clamped_swiglu, experts_dense
+from deepinfer_nvidia.kernels._common import FLOATS, hand_off, on_cuda
+
+
+def supports_dense(x: torch.Tensor, w: torch.Tensor) -> bool:
+    return on_cuda(x, w) and x.dtype in FLOATS and w.is_floating_point()
+
+
+def gemm_dense(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``gemm.dense``: ``x [T, K] @ w [N, K]^T -> [T, N]`` in x.dtype (w cast to x.dtype), one cuBLAS GEMM.
+
+    fp32 operands run in full fp32 (torch's default ``allow_tf32=False`` for matmul).
+    """
+    if not supports_dense(x, w):
+        return hand_off("gemm.dense", f"operands {x.dtype}/{w.dtype} on {x.device} not covered", dense, x, w)
+    if w.dim() != 2:
+        raise ValueError(f"gemm.dense: w must be [N, K], got shape {tuple(w.shape)}")
+    _check_x(x, w.shape[1], "gemm.dense")
+    return x @ w.to(x.dtype).t()
+
+
+def _grouped_mm_available() -> bool:
+    if not hasattr(torch, "_grouped_mm") or not torch.cuda.is_available():
+        return False
+    return torch.cuda.get_device_capability() >= (9, 0)
+
+
+def supports_experts(x, weights, ids, w1, w3, w2, limit) -> bool:
+    """CUDA bf16 x with bf16 [E, F, D] / [E, D, F] expert stacks on SM90+, D and F multiples of 8."""
+    return (on_cuda(x, weights, ids, w1, w3, w2) and x.dtype == torch.bfloat16
+            and w1.dtype == w3.dtype == w2.dtype == torch.bfloat16 and w1.dim() == 3 and x.dim() == 2
+            and x.shape[1] % 8 == 0 and w1.shape[1] % 8 == 0 and _grouped_mm_available())
+
+
+def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor,
+                w2: torch.Tensor, limit: float) -> torch.Tensor:
+    """``moe.experts`` with grouped GEMMs: tokens sorted by expert, three grouped products, weighted combine.
+
+    x [T, D] bf16; weights [T, k] fp32; ids [T, k] int; w1, w3 [E, F, D]; w2 [E, D, F]. Returns [T, D] bf16.
+    Only the experts that received tokens are read (empty groups launch no tiles).
+    """
+    if not supports_experts(x, weights, ids, w1, w3, w2, limit):
+        return hand_off("moe.experts", f"operands x {x.dtype} w {w1.dtype} on {x.device} not covered",
+                        experts_dense, x, weights, ids, w1, w3, w2, limit)
+    t, d = x.shape
+    e, f, d1 = w1.shape
+    if d1 != d or w3.shape != w1.shape or w2.shape != (e, d, f):
+        raise ValueError(f"moe.experts: x [T, {d}] needs w1/w3 [E, F, {d}] and w2 [E, {d}, F]; got "
+                         f"{tuple(w1.shape)}, {tuple(w3.shape)}, {tuple(w2.shape)}")
+    if ids.shape != weights.shape or ids.shape[0] != t:
+        raise ValueError(f"moe.experts: ids {tuple(ids.shape)} and weights {tuple(weights.shape)} must both be [{t}, k]")
+    k = ids.shape[1]
+    if t == 0 or k == 0:
+        return torch.zeros_like(x)
+    flat = ids.reshape(-1).long()
+    order = torch.argsort(flat, stable=True)
+    tok = order // k
+    offs = torch.cumsum(torch.bincount(flat, minlength=e), 0).to(torch.int32)
+    xs = x.index_select(0, tok)  # [T*k, D], grouped by expert
+    h1 = torch._grouped_mm(xs, w1.transpose(1, 2), offs=offs)
+    h3 = torch._grouped_mm(xs, w3.transpose(1, 2), offs=offs)
+    h = clamped_swiglu(h1, h3, limit)
+    y = torch._grouped_mm(h, w2.transpose(1, 2), offs=offs)  # [T*k, D]
+    y = y.float() * weights.reshape(-1).float().index_select(0, order)[:, None]
+    out = torch.zeros(t, d, dtype=torch.float32, device=x.device)
+    out.index_add_(0, tok, y)
+    return out.to(x.dtype)

@@ -1,0 +1,191 @@
+"""Triton sparse shared-KV MQA with per-head sinks (``attention.sparse_sink``).
+
+Every query token attends to an explicit list of cache rows in up to two flat
+caches (the layer's sliding window, then the selected compressed entries). One
+KV vector per row serves as key and value (MQA: one KV head for all H heads).
+
+Work split: a program owns one token and ``BLOCK_H`` heads, and, for long slot
+lists at small batch, one of ``SPLITS`` slices of the slot list (flash-decoding:
+each split keeps its own running max / sum / accumulator, a second small kernel
+merges them). Per chunk of ``BLOCK_N`` slots it gathers the K rows by index
+(``-1`` rows are masked, never loaded), computes ``S = Q K^T`` on the tensor
+cores with fp32 accumulation, and updates an online softmax whose running max
+starts at the head's sink logit with running sum 1: the sink enters only the
+denominator, and a row with no valid slot ends as ``0 / 1 = 0`` like the
+reference. ``O += P K`` reuses the gathered tile, so K is read once per chunk.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from deepinfer_core.kernels.ops.attention import sparse_attention_sink
+from deepinfer_nvidia.kernels._common import FLOATS, dot_precision, hand_off, next_pow2, on_cuda
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _attend(q, kv_ptr, idx_ptr, t, n_slots, n_lo, n_hi, D, qk_scale, m_i, l_i, acc,
+            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PREC: tl.constexpr):
+    """Fold slots [n_lo, n_hi) of one cache into the running (m_i, l_i, acc) (log2 domain)."""
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < D
+    for start in range(n_lo, n_hi, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)
+        idx = tl.load(idx_ptr + t.to(tl.int64) * n_slots + n, mask=n < n_hi, other=-1)
+        valid = idx >= 0
+        k = tl.load(kv_ptr + idx[:, None] * D + d[None, :], mask=valid[:, None] & dmask[None, :], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(k.dtype), k, input_precision=PREC)
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _attn_kernel(q_ptr, kva_ptr, idxa_ptr, kvb_ptr, idxb_ptr, sink_ptr, o_ptr, ml_ptr,
+                 H, D, Na, Nb, qk_scale, per_split,
+                 HAS_B: tl.constexpr, SPLITS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_D: tl.constexpr, PREC: tl.constexpr):
+    t = tl.program_id(0)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    sp = tl.program_id(2)
+    hmask = h < H
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < D
+    qoff = (t.to(tl.int64) * H + h[:, None]) * D + d[None, :]
+    q = tl.load(q_ptr + qoff, mask=hmask[:, None] & dmask[None, :], other=0.0)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    if sp == 0:
+        # the sink: running max = sink logit, running sum = exp(0) = 1
+        m_i = tl.load(sink_ptr + h, mask=hmask, other=0.0).to(tl.float32) * 1.4426950408889634
+        l_i = tl.full([BLOCK_H], 1.0, dtype=tl.float32)
+    else:
+        m_i = tl.full([BLOCK_H], -1.0e30, dtype=tl.float32)  # finite: exp2(m - m_new) stays defined
+        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    # The concatenated slot list [a | b] is cut into SPLITS equal ranges.
+    lo = sp * per_split
+    hi = lo + per_split
+    m_i, l_i, acc = _attend(q, kva_ptr, idxa_ptr, t, Na, tl.minimum(lo, Na), tl.minimum(hi, Na), D, qk_scale,
+                            m_i, l_i, acc, BLOCK_N, BLOCK_D, PREC)
+    if HAS_B:
+        m_i, l_i, acc = _attend(q, kvb_ptr, idxb_ptr, t, Nb, tl.maximum(lo - Na, 0), tl.maximum(tl.minimum(hi - Na, Nb), 0),
+                                D, qk_scale, m_i, l_i, acc, BLOCK_N, BLOCK_D, PREC)
+    if SPLITS == 1:
+        o = acc / l_i[:, None]
+        tl.store(o_ptr + qoff, o.to(o_ptr.dtype.element_ty), mask=hmask[:, None] & dmask[None, :])
+    else:
+        # partials: acc [SPLITS, T, H, D] fp32 in o_ptr, (m, l) [SPLITS, T, H, 2] in ml_ptr
+        T = tl.num_programs(0)
+        poff = ((sp * T + t).to(tl.int64) * H + h[:, None]) * D + d[None, :]
+        tl.store(o_ptr + poff, acc, mask=hmask[:, None] & dmask[None, :])
+        moff = ((sp * T + t).to(tl.int64) * H + h) * 2
+        tl.store(ml_ptr + moff, m_i, mask=hmask)
+        tl.store(ml_ptr + moff + 1, l_i, mask=hmask)
+
+
+@triton.jit
+def _merge_kernel(part_ptr, ml_ptr, o_ptr, T, H, D, SPLITS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """o[t, h] = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s over the splits."""
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < D
+    s = tl.arange(0, SPLITS)
+    moff = ((s * T + t).to(tl.int64) * H + h) * 2
+    m = tl.load(ml_ptr + moff)
+    l = tl.load(ml_ptr + moff + 1)
+    mx = tl.max(m, axis=0)
+    w = tl.exp2(m - mx)
+    den = tl.sum(w * l, axis=0)
+    poff = ((s[:, None] * T + t).to(tl.int64) * H + h) * D + d[None, :]
+    part = tl.load(part_ptr + poff, mask=dmask[None, :], other=0.0)
+    o = tl.sum(part * w[:, None], axis=0) / den
+    tl.store(o_ptr + (t.to(tl.int64) * H + h) * D + d, o.to(o_ptr.dtype.element_ty), mask=dmask)
+
+
+def supports(q, kv_a, idx_a, kv_b, idx_b, sinks, scale) -> bool:
+    """CUDA q [T, H, D] (fp32/bf16/fp16, 16 <= D <= 512) with caches of q's dtype, int64 index lists."""
+    if not on_cuda(q, kv_a, idx_a, kv_b, idx_b, sinks):
+        return False
+    if q.dtype not in FLOATS or q.dim() != 3 or not 16 <= q.shape[-1] <= 512:
+        return False
+    caches = [kv_a] + ([kv_b] if kv_b is not None else [])
+    if any(c.dtype != q.dtype or c.dim() != 2 for c in caches):
+        return False
+    idxs = [idx_a] + ([idx_b] if idx_b is not None else [])
+    return all(i.dtype == torch.int64 and i.dim() == 2 for i in idxs)
+
+
+def _check(q, kv_a, idx_a, kv_b, idx_b, sinks) -> None:
+    t, h, d = q.shape
+    for name, c in (("kv_a", kv_a), ("kv_b", kv_b)):
+        if c is not None and c.shape[1] != d:
+            raise ValueError(f"attention.sparse_sink: {name} rows have {c.shape[1]} dims, q has D={d}")
+    for name, i in (("idx_a", idx_a), ("idx_b", idx_b)):
+        if i is not None and i.shape[0] != t:
+            raise ValueError(f"attention.sparse_sink: {name} has {i.shape[0]} rows for {t} query tokens")
+    if sinks.shape != (h,):
+        raise ValueError(f"attention.sparse_sink: sinks must have shape [{h}], got {tuple(sinks.shape)}")
+
+
+def sparse_sink(q: torch.Tensor, kv_a: torch.Tensor, idx_a: torch.Tensor, kv_b: torch.Tensor | None,
+                idx_b: torch.Tensor | None, sinks: torch.Tensor, scale: float,
+                block_h: int | None = None, block_n: int | None = None, splits: int | None = None) -> torch.Tensor:
+    """``attention.sparse_sink`` (see the reference): returns [T, H, D] in q.dtype.
+
+    ``block_h`` / ``block_n`` / ``splits`` override the launch heuristics (benchmarks only).
+    """
+    if not supports(q, kv_a, idx_a, kv_b, idx_b, sinks, scale):
+        return hand_off("attention.sparse_sink", f"operands q {q.dtype} {tuple(q.shape)} on {q.device} not covered",
+                        sparse_attention_sink, q, kv_a, idx_a, kv_b, idx_b, sinks, scale)
+    _check(q, kv_a, idx_a, kv_b, idx_b, sinks)
+    t, h, d = q.shape
+    has_b = kv_b is not None and idx_b is not None and idx_b.shape[1] > 0
+    na = idx_a.shape[1]
+    nb = idx_b.shape[1] if has_b else 0
+    out = torch.empty_like(q)
+    if t == 0 or h == 0:
+        return out
+    q = q.contiguous()
+    kv_a, idx_a = kv_a.contiguous(), idx_a.contiguous()
+    if has_b:
+        kv_b, idx_b = kv_b.contiguous(), idx_b.contiguous()
+    block_d = next_pow2(d)
+    # Measured on the H200 (docs/performance.md): 64 heads per program (K gathered once per token)
+    # wins at prefill and at batch 1-2; 16 wins around batch 8.
+    bh = block_h or (64 if (t >= 64 or t <= 2) and block_d <= 512 and q.dtype != torch.float32 else 16)
+    bn = block_n or (32 if block_d >= 256 else 64)
+    if q.dtype == torch.float32 and block_d >= 512:
+        bn = min(bn, 16)  # fp32 tiles of 512 dims: keep shared memory in bounds
+    hb = triton.cdiv(h, bh)
+    total = na + nb
+    if splits is None:
+        # Enough programs to cover the SMs at decode; none at prefill.
+        splits = 1
+        while t * hb * splits < 264 and total // (splits * 2) >= 2 * bn and splits < 16:
+            splits *= 2
+    per_split = triton.cdiv(total, splits)
+    per_split = triton.cdiv(per_split, bn) * bn
+    prec = dot_precision(q.dtype)
+    kvb, idxb = (kv_b, idx_b) if has_b else (kv_a, idx_a)
+    warps = 4 if block_d <= 128 else 8
+    qk_scale = float(scale) * _LOG2E
+    if splits == 1:
+        _attn_kernel[(t, hb, 1)](q, kv_a, idx_a, kvb, idxb, sinks.float().contiguous(), out, out, h, d, na, nb,
+                                 qk_scale, per_split, HAS_B=has_b, SPLITS=1, BLOCK_H=bh, BLOCK_N=bn,
+                                 BLOCK_D=block_d, PREC=prec, num_warps=warps)
+        return out
+    part = torch.empty(splits, t, h, d, dtype=torch.float32, device=q.device)
+    ml = torch.empty(splits, t, h, 2, dtype=torch.float32, device=q.device)
+    _attn_kernel[(t, hb, splits)](q, kv_a, idx_a, kvb, idxb, sinks.float().contiguous(), part, ml, h, d, na, nb,
+                                  qk_scale, per_split, HAS_B=has_b, SPLITS=splits, BLOCK_H=bh, BLOCK_N=bn,
+                                  BLOCK_D=block_d, PREC=prec, num_warps=warps)
+    _merge_kernel[(t, h)](part, ml, out, t, h, d, SPLITS=splits, BLOCK_D=block_d, num_warps=4)
+    return out

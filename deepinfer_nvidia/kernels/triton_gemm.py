@@ -1,0 +1,276 @@
+"""Triton GEMMs over quantised weights: ``gemm.fp8_block`` and ``gemm.mxfp4``.
+
+Both compute ``y [T, N] = x [T, K] @ W^T`` with W dequantised tile by tile
+inside the kernel (first version: dequantise to x's dtype, then a bf16/fp16
+tensor-core ``tl.dot`` with fp32 accumulation; fp32 activations use full-fp32
+dots). The weight is read once per output column tile in its stored form
+(1 byte per element for FP8, half a byte for MXFP4), which is what decode is
+bound by. This reproduces the reference's numerics exactly up to summation
+order: the reference also rounds the dequantised weight to x.dtype before the
+product (exact for UE8M0 and MXFP4 scales, one rounding for fp32 scales).
+
+FP8 block scales: ``scale[n // bn, k // bk]`` fp32 or UE8M0 (raw bytes ``b``
+meaning ``2^(b-127)``); K tiles never straddle a scale block (``BLOCK_K``
+divides ``bk``). MXFP4: byte ``j`` of a row holds elements ``2j`` (low nibble)
+and ``2j+1`` (high nibble), one UE8M0 scale per 32 elements.
+
+Small T (decode) uses split-K: ``SPLIT_K`` programs share a column tile, each
+summing a K range into fp32 partials that one reduction sums in fixed order,
+so the weight read is spread over enough SMs to reach the memory bandwidth.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from deepinfer_core.kernels.ops.gemm import _check_x, fp8_block, mxfp4
+from deepinfer_core.kernels.ops.quant import MXFP4_GROUP, QuantFormatError, fp8_block_scale_shape
+from deepinfer_nvidia.kernels._common import FLOATS, dot_precision, hand_off, on_cuda
+
+_SMS = 132  # H200; only used to size split-K, a wrong value costs speed, never correctness
+
+
+_SM_CACHE: dict = {}
+
+
+def _sm_count(device) -> int:
+    """Multiprocessor count of ``device`` (cached: the query costs microseconds per call)."""
+    n = _SM_CACHE.get(device)
+    if n is None:
+        try:
+            n = torch.cuda.get_device_properties(device).multi_processor_count
+        except Exception:  # noqa: BLE001 - only a sizing hint
+            n = _SMS
+        _SM_CACHE[device] = n
+    return n
+
+
+@triton.jit
+def _ue8m0(b):
+    """UE8M0 byte (int32) -> fp32 2^(b-127); byte 0 is the denormal 2^-127."""
+    bits = tl.where(b == 0, 0x00400000, b << 23)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _fp8_gemm_kernel(x_ptr, q_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_ym, s_cols, bn_blk, bk_blk, k_per_split,
+                     SCALE_E8M0: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, PREC: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mmask = rm < M
+    nmask = rn < N
+    srow = (rn // bn_blk) * s_cols
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    k_lo = pid_k * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        kmask = rk < k_hi
+        x = tl.load(x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :],
+                    mask=mmask[:, None] & kmask[None, :], other=0.0)
+        w8 = tl.load(q_ptr + rn[:, None].to(tl.int64) * K + rk[None, :], mask=nmask[:, None] & kmask[None, :],
+                     other=0.0)
+        if SCALE_E8M0:
+            sc = _ue8m0(tl.load(s_ptr + srow + k0 // bk_blk, mask=nmask, other=127).to(tl.int32))
+        else:
+            sc = tl.load(s_ptr + srow + k0 // bk_blk, mask=nmask, other=1.0)
+        w = (w8.to(tl.float32) * sc[:, None]).to(x.dtype)
+        acc += tl.dot(x, tl.trans(w), input_precision=PREC)
+    if SPLIT_K == 1:
+        tl.store(y_ptr + rm[:, None].to(tl.int64) * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
+                 mask=mmask[:, None] & nmask[None, :])
+    else:
+        off = (pid_k * M + rm[:, None]).to(tl.int64) * N + rn[None, :]
+        tl.store(y_ptr + off, acc, mask=mmask[:, None] & nmask[None, :])
+
+
+@triton.jit
+def _mxfp4_gemm_kernel(x_ptr, p_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_ym, k_per_split,
+                       SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       PREC: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mmask = rm < M
+    nmask = rn < N
+    HALF: tl.constexpr = BLOCK_K // 2
+    GROUPS: tl.constexpr = BLOCK_K // 32
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    k_lo = pid_k * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        kmask = rk < k_hi
+        x = tl.load(x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :],
+                    mask=mmask[:, None] & kmask[None, :], other=0.0)
+        rj = k0 // 2 + tl.arange(0, HALF)
+        byte = tl.load(p_ptr + rn[:, None].to(tl.int64) * (K // 2) + rj[None, :],
+                       mask=nmask[:, None] & (rj[None, :] < k_hi // 2), other=0).to(tl.int32)
+        # e2m1 code c: sign c>>3, exponent (c>>1)&3, mantissa c&1; value (1+m/2)*2^(e-1), or m/2 when e == 0
+        codes = tl.join(byte & 0xF, (byte >> 4) & 0xF)  # [BN, HALF, 2]: element 2j, then 2j+1
+        codes = tl.reshape(codes, [BLOCK_N, BLOCK_K])
+        e = (codes >> 1) & 3
+        m = (codes & 1).to(tl.float32)
+        mag = tl.where(e == 0, 0.5 * m, (1.0 + 0.5 * m) * (1 << tl.maximum(e - 1, 0)).to(tl.float32))
+        val = tl.where((codes & 8) != 0, -mag, mag)
+        rg = k0 // 32 + tl.arange(0, GROUPS)
+        sb = tl.load(s_ptr + rn[:, None].to(tl.int64) * (K // 32) + rg[None, :],
+                     mask=nmask[:, None] & (rg[None, :] < k_hi // 32), other=127).to(tl.int32)
+        sc = _ue8m0(sb)  # [BN, GROUPS]
+        sc = tl.reshape(tl.broadcast_to(sc[:, :, None], [BLOCK_N, GROUPS, 32]), [BLOCK_N, BLOCK_K])
+        w = (val * sc).to(x.dtype)
+        acc += tl.dot(x, tl.trans(w), input_precision=PREC)
+    if SPLIT_K == 1:
+        tl.store(y_ptr + rm[:, None].to(tl.int64) * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
+                 mask=mmask[:, None] & nmask[None, :])
+    else:
+        off = (pid_k * M + rm[:, None]).to(tl.int64) * N + rn[None, :]
+        tl.store(y_ptr + off, acc, mask=mmask[:, None] & nmask[None, :])
+
+
+def _tiles(m: int, n: int, k: int, dtype: torch.dtype, device, k_align: int):
+    """(BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, warps, stages) for an [M, K] x [N, K]^T product."""
+    fp32 = dtype == torch.float32
+    if m <= 16:
+        bm, bn = 16, 64
+    elif m <= 64:
+        bm, bn = 64, 64
+    else:
+        bm, bn = 128, 128
+    bk = 32 if fp32 else 128
+    bk = min(bk, k_align)
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    split = 1
+    k_blocks = triton.cdiv(k, bk)
+    sms = _sm_count(device)
+    while tiles * split < sms and k_blocks // (split * 2) >= 4 and split < 16:
+        split *= 2
+    warps = 4 if bm * bn <= 64 * 64 else 8
+    stages = 3 if (fp32 or bm >= 128) else 4
+    return bm, bn, bk, split, warps, stages
+
+
+def _finish(part: torch.Tensor, m: int, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """Sum split-K partials [S, M, N] (fp32) in fixed order and cast."""
+    return part.sum(dim=0).to(dtype)
+
+
+@triton.jit
+def _fp8_dequant_kernel(q_ptr, s_ptr, w_ptr, N, K, s_cols, bn_blk, bk_blk, SCALE_E8M0: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """w [N, K] (x dtype) = q * scale[n // bn, k // bk]: one pass, 1 byte read + 2 written per element."""
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask = (rn[:, None] < N) & (rk[None, :] < K)
+    sidx = (rn[:, None] // bn_blk) * s_cols + rk[None, :] // bk_blk
+    if SCALE_E8M0:
+        sc = _ue8m0(tl.load(s_ptr + sidx, mask=mask, other=127).to(tl.int32))
+    else:
+        sc = tl.load(s_ptr + sidx, mask=mask, other=1.0)
+    off = rn[:, None].to(tl.int64) * K + rk[None, :]
+    w = tl.load(q_ptr + off, mask=mask, other=0.0).to(tl.float32) * sc
+    tl.store(w_ptr + off, w.to(w_ptr.dtype.element_ty), mask=mask)
+
+
+# Rows from which a prefill-sized product dequantises the weight once and runs cuBLAS:
+# measured on the H200 (docs/performance.md), the in-kernel-dequant bf16 dot reached
+# 230-260 TFLOP/s at T=1024 where cuBLAS reaches ~700 on the same shapes.
+DEQUANT_ROWS = 512
+
+
+# -- gemm.fp8_block --------------------------------------------------------------------
+def supports_fp8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, block) -> bool:
+    """CUDA x (fp32/bf16/fp16) with an e4m3 q and fp32 or UE8M0 scales; block bk a multiple of 16."""
+    if not on_cuda(x, q, scale) or x.dtype not in FLOATS or q.dtype != torch.float8_e4m3fn:
+        return False
+    if scale.dtype not in (torch.float32, torch.float8_e8m0fnu, torch.uint8):
+        return False
+    try:
+        bn, bk = int(block[0]), int(block[1])
+    except (TypeError, ValueError, IndexError):
+        return False
+    return bk % 16 == 0 and bn > 0
+
+
+def gemm_fp8_block(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, block) -> torch.Tensor:
+    """``gemm.fp8_block``: x [T, K] @ dequant(q [N, K], scale)^T -> [T, N] in x.dtype."""
+    if not supports_fp8(x, q, scale, block):
+        return hand_off("gemm.fp8_block", f"operands x {x.dtype} q {q.dtype} scale {scale.dtype} on {x.device} "
+                        f"block {block!r} not covered", fp8_block, x, q, scale, block)
+    if q.dim() != 2:
+        raise ValueError(f"gemm.fp8_block: q must be [N, K], got shape {tuple(q.shape)}")
+    _check_x(x, q.shape[1], "gemm.fp8_block")
+    n, k = q.shape
+    bn_blk, bk_blk = int(block[0]), int(block[1])
+    want = fp8_block_scale_shape(n, k, (bn_blk, bk_blk))
+    if tuple(scale.shape) != want:
+        raise QuantFormatError(f"fp8 block scale for weight [{n}, {k}] with block ({bn_blk}, {bk_blk}) must have "
+                               f"shape {list(want)}, got {list(scale.shape)}")
+    m = x.shape[0]
+    if m == 0:
+        return x.new_zeros(0, n)
+    x = x if x.stride(1) == 1 else x.contiguous()
+    q = q.contiguous()
+    e8 = scale.dtype != torch.float32
+    s = (scale.view(torch.uint8) if scale.dtype == torch.float8_e8m0fnu else scale).contiguous()
+    if m >= DEQUANT_ROWS and x.dtype != torch.float32:
+        w = torch.empty(n, k, dtype=x.dtype, device=x.device)
+        _fp8_dequant_kernel[(triton.cdiv(n, 64), triton.cdiv(k, 128))](q, s, w, n, k, want[1], bn_blk, bk_blk,
+                                                                      SCALE_E8M0=e8, BLOCK_N=64, BLOCK_K=128,
+                                                                      num_warps=4)
+        return x @ w.t()
+    bm, bn, bk, split, warps, stages = _tiles(m, n, k, x.dtype, x.device, bk_blk & -bk_blk)
+    k_per = triton.cdiv(triton.cdiv(k, split), bk) * bk
+    split = triton.cdiv(k, k_per)
+    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), split)
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device) if split == 1 else \
+        torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    _fp8_gemm_kernel[grid](x, q, s, y, m, n, k, x.stride(0), n, want[1], bn_blk, bk_blk, k_per,
+                           SCALE_E8M0=e8, SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                           PREC=dot_precision(x.dtype), num_warps=warps, num_stages=stages)
+    return y if split == 1 else _finish(y, m, n, x.dtype)
+
+
+# -- gemm.mxfp4 ------------------------------------------------------------------------
+def supports_mxfp4(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> bool:
+    """CUDA x (fp32/bf16/fp16), packed uint8/int8 [N, K/2], UE8M0 scale [N, K/32]."""
+    return (on_cuda(x, packed, scale) and x.dtype in FLOATS and packed.dtype in (torch.uint8, torch.int8)
+            and scale.dtype in (torch.float8_e8m0fnu, torch.uint8))
+
+
+def gemm_mxfp4(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``gemm.mxfp4``: x [T, K] @ dequant_mxfp4(packed [N, K/2], scale [N, K/32])^T -> [T, N] in x.dtype."""
+    if not supports_mxfp4(x, packed, scale):
+        return hand_off("gemm.mxfp4", f"operands x {x.dtype} packed {packed.dtype} scale {scale.dtype} on "
+                        f"{x.device} not covered", mxfp4, x, packed, scale)
+    if packed.dim() != 2:
+        raise ValueError(f"gemm.mxfp4: packed must be [N, K/2], got shape {tuple(packed.shape)}")
+    _check_x(x, 2 * packed.shape[1], "gemm.mxfp4")
+    n, half = packed.shape
+    k = 2 * half
+    if k % MXFP4_GROUP or tuple(scale.shape) != (n, k // MXFP4_GROUP):
+        raise QuantFormatError(f"MXFP4 scale for packed [{n}, {half}] (K={k}) must have shape "
+                               f"[{n}, {k // MXFP4_GROUP}] with K divisible by {MXFP4_GROUP}, got {list(scale.shape)}")
+    m = x.shape[0]
+    if m == 0:
+        return x.new_zeros(0, n)
+    x = x if x.stride(1) == 1 else x.contiguous()
+    p = packed.view(torch.uint8).contiguous()
+    s = scale.view(torch.uint8).contiguous()
+    bm, bn, bk, split, warps, stages = _tiles(m, n, k, x.dtype, x.device, 128)
+    bk = max(bk, 32)  # one scale group at least
+    k_per = triton.cdiv(triton.cdiv(k, split), bk) * bk
+    split = triton.cdiv(k, k_per)
+    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), split)
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device) if split == 1 else \
+        torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    _mxfp4_gemm_kernel[grid](x, p, s, y, m, n, k, x.stride(0), n, k_per, SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn,
+                             BLOCK_K=bk, PREC=dot_precision(x.dtype), num_warps=warps, num_stages=stages)
+    return y if split == 1 else _finish(y, m, n, x.dtype)

@@ -1,0 +1,139 @@
+"""Triton mHC mix weights (``mhc.mix``): fused RMS + projection, then gates and Sinkhorn.
+
+Two launches instead of the reference's ~70 small ops:
+
+1. ``_proj_kernel``: ``BLOCK_T`` tokens x one K range per program (split-K when
+   few tokens, so the 24 x n*D fp32 ``fn`` matrix is streamed by many SMs). It
+   reads the flattened residual once, accumulates ``sum(x^2)`` and the
+   projection ``x . fn^T`` (full-fp32 dot) into fp32 partials.
+2. ``_gate_kernel``: one program per token sums the partials in fixed order,
+   applies the RMS factor (``fn . (x * r) == (fn . x) * r``), the sigmoid gates,
+   the row softmax of the n x n block and ``sinkhorn_iters`` Sinkhorn
+   normalisations, all in registers.
+
+n (hc_mult) must be a power of two (V4 uses 4) so the n x n block is a
+register tile without padding inside the softmax.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from deepinfer_core.kernels.ops.mhc import mhc_mix
+from deepinfer_nvidia.kernels._common import FLOATS, hand_off, next_pow2, on_cuda
+
+
+@triton.jit
+def _proj_kernel(x_ptr, fn_ptr, part_ptr, ss_ptr, T, K, R, k_per_split,
+                 NR: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_t = tl.program_id(0)
+    sp = tl.program_id(1)
+    rt = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    rr = tl.arange(0, NR)
+    tmask = rt < T
+    rmask = rr < R
+    acc = tl.zeros([BLOCK_T, NR], dtype=tl.float32)
+    ss = tl.zeros([BLOCK_T], dtype=tl.float32)
+    k_lo = sp * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        kmask = rk < k_hi
+        x = tl.load(x_ptr + rt[:, None].to(tl.int64) * K + rk[None, :], mask=tmask[:, None] & kmask[None, :],
+                    other=0.0).to(tl.float32)
+        f = tl.load(fn_ptr + rr[:, None].to(tl.int64) * K + rk[None, :], mask=rmask[:, None] & kmask[None, :],
+                    other=0.0)
+        ss += tl.sum(x * x, axis=1)
+        acc += tl.dot(x, tl.trans(f), input_precision="ieee")
+    off = (sp * T + rt[:, None]).to(tl.int64) * NR + rr[None, :]
+    tl.store(part_ptr + off, acc, mask=tmask[:, None])
+    tl.store(ss_ptr + sp * T + rt, ss, mask=tmask)
+
+
+@triton.jit
+def _gate_kernel(part_ptr, ss_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, T, K, n, norm_eps, hc_eps,
+                 iters, NR: tl.constexpr, NP: tl.constexpr, SPLITS: tl.constexpr):
+    t = tl.program_id(0)
+    s = tl.arange(0, SPLITS)
+    ss = tl.sum(tl.load(ss_ptr + s * T + t), axis=0)
+    r = 1.0 / tl.sqrt(ss / K + norm_eps)
+    sc0 = tl.load(scale_ptr)
+    sc1 = tl.load(scale_ptr + 1)
+    sc2 = tl.load(scale_ptr + 2)
+    i = tl.arange(0, NP)
+    imask = i < n
+    prow = (s[:, None] * T + t).to(tl.int64) * NR  # [SPLITS, 1]
+    # pre / post: columns [0, n) and [n, 2n) of the projection
+    m_pre = tl.sum(tl.load(part_ptr + prow + i[None, :], mask=imask[None, :], other=0.0), axis=0) * r
+    m_post = tl.sum(tl.load(part_ptr + prow + n + i[None, :], mask=imask[None, :], other=0.0), axis=0) * r
+    b_pre = tl.load(base_ptr + i, mask=imask, other=0.0)
+    b_post = tl.load(base_ptr + n + i, mask=imask, other=0.0)
+    pre = tl.sigmoid(m_pre * sc0 + b_pre) + hc_eps
+    post = 2.0 * tl.sigmoid(m_post * sc1 + b_post)
+    tl.store(pre_ptr + t * n + i, pre, mask=imask)
+    tl.store(post_ptr + t * n + i, post, mask=imask)
+    # comb: columns [2n, 2n + n*n) as an n x n block, rows i, columns j
+    j = tl.arange(0, NP)
+    cmask = imask[:, None] & (j[None, :] < n)
+    cidx = 2 * n + i[:, None] * n + j[None, :]
+    prow3 = (s[:, None, None] * T + t).to(tl.int64) * NR
+    m_c = tl.sum(tl.load(part_ptr + prow3 + cidx[None, :, :], mask=cmask[None, :, :], other=0.0), axis=0) * r
+    z = m_c * sc2 + tl.load(base_ptr + cidx, mask=cmask, other=0.0)
+    z = tl.where(cmask, z, float("-inf"))
+    z = tl.exp(z - tl.max(z, axis=1)[:, None])
+    z = tl.where(cmask, z, 0.0)
+    c = z / tl.where(imask, tl.sum(z, axis=1), 1.0)[:, None]
+    c = tl.where(cmask, c + hc_eps, 0.0)
+    c = c / (tl.sum(c, axis=0)[None, :] + hc_eps)
+    for _ in range(iters - 1):
+        c = c / (tl.sum(c, axis=1)[:, None] + hc_eps)
+        c = c / (tl.sum(c, axis=0)[None, :] + hc_eps)
+    tl.store(comb_ptr + t * n * n + i[:, None] * n + j[None, :], c, mask=cmask)
+
+
+def supports(residual, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters) -> bool:
+    """CUDA residual [T, n, D] (fp32/bf16/fp16, n a power of two <= 8) with fp32 fn/base/scale."""
+    if not on_cuda(residual, fn, base, scale) or residual.dtype not in FLOATS or residual.dim() != 3:
+        return False
+    n = residual.shape[1]
+    return (n & (n - 1)) == 0 and 1 <= n <= 8 and fn.dtype == base.dtype == scale.dtype == torch.float32
+
+
+def mix(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_eps: float,
+        hc_eps: float, sinkhorn_iters: int):
+    """``mhc.mix``: returns fp32 ``pre [T, n]``, ``post [T, n]``, ``comb [T, n, n]`` (see the reference)."""
+    if not supports(residual, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters):
+        return hand_off("mhc.mix", f"operands residual {residual.dtype} {tuple(residual.shape)} on "
+                        f"{residual.device} not covered", mhc_mix, residual, fn, base, scale, norm_eps, hc_eps,
+                        sinkhorn_iters)
+    t, n, d = residual.shape
+    rows, kdim = (2 + n) * n, n * d
+    if fn.shape != (rows, kdim) or base.shape != (rows,) or scale.shape != (3,):
+        raise ValueError(f"mhc.mix: for residual [T, {n}, {d}] expected fn [{rows}, {kdim}], base [{rows}], "
+                         f"scale [3]; got {tuple(fn.shape)}, {tuple(base.shape)}, {tuple(scale.shape)}")
+    if int(sinkhorn_iters) < 1:
+        raise ValueError(f"mhc.mix: sinkhorn_iters must be >= 1, got {sinkhorn_iters}")
+    dev = residual.device
+    pre = torch.empty(t, n, dtype=torch.float32, device=dev)
+    post = torch.empty(t, n, dtype=torch.float32, device=dev)
+    comb = torch.empty(t, n, n, dtype=torch.float32, device=dev)
+    if t == 0:
+        return pre, post, comb
+    x = residual.contiguous()
+    nr = max(16, next_pow2(rows))
+    bt = 16 if t <= 16 else 32
+    bk = 128
+    tiles = triton.cdiv(t, bt)
+    splits = 1
+    while tiles * splits < 132 and kdim // (splits * 2) >= 4 * bk and splits < 64:
+        splits *= 2
+    k_per = triton.cdiv(triton.cdiv(kdim, splits), bk) * bk
+    part = torch.empty(splits, t, nr, dtype=torch.float32, device=dev)
+    ss = torch.empty(splits, t, dtype=torch.float32, device=dev)
+    _proj_kernel[(tiles, splits)](x, fn.contiguous(), part, ss, t, kdim, rows, k_per, NR=nr, BLOCK_T=bt,
+                                  BLOCK_K=bk, num_warps=4)
+    _gate_kernel[(t,)](part, ss, base.contiguous(), scale.contiguous(), pre, post, comb, t, kdim, n,
+                       float(norm_eps), float(hc_eps), int(sinkhorn_iters), NR=nr, NP=max(2, n), SPLITS=splits,
+                       num_warps=1)
+    return pre, post, comb
