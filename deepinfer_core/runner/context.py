@@ -72,60 +72,76 @@ class StepContext:
         return self.groups[self.cache_group[cache_name]]
 
 
-def _sliding_meta(spec: SlidingWindowSpec, slices: list[SeqSlice], gid: int) -> tuple[torch.Tensor, torch.Tensor]:
+@dataclass
+class _TokenIndex:
+    """Per-token views of the slices (device): request index, position, the request's first
+    position in this step and its no-write boundary."""
+
+    seq: torch.Tensor
+    pos: torch.Tensor
+    start: torch.Tensor
+    no_write_before: torch.Tensor
+
+
+def _tables(slices: list[SeqSlice], gid: int, device: torch.device) -> torch.Tensor:
+    """Block tables of group ``gid`` as one padded [B, max_blocks] tensor (one host-to-device copy)."""
+    width = max((len(s.block_tables[gid]) for s in slices), default=0) or 1
+    rows = [s.block_tables[gid] + [0] * (width - len(s.block_tables[gid])) for s in slices]
+    return torch.tensor(rows, dtype=torch.long).to(device)
+
+
+def _sliding_meta(spec: SlidingWindowSpec, tok: _TokenIndex, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     bs, w = spec.block_size, spec.window
-    writes, reads = [], []
-    back = torch.arange(w - 1, -1, -1)
-    for s in slices:
-        table = torch.tensor(s.block_tables[gid], dtype=torch.long)
-        p = torch.arange(s.start_pos, s.start_pos + s.num_tokens)
-        w = table[p // bs] * bs + p % bs
-        writes.append(torch.where(p < s.no_write_before, torch.full_like(w, -1), w))
-        q = p[:, None] - back[None, :]  # positions max(0, p-W+1) .. p
-        rows = table[q.clamp(min=0) // bs] * bs + q.clamp(min=0) % bs
-        reads.append(torch.where(q >= 0, rows, torch.full_like(rows, -1)))
-    return torch.cat(writes), torch.cat(reads)
+    p = tok.pos
+    own = table[tok.seq, p // bs] * bs + p % bs
+    writes = torch.where(p < tok.no_write_before, torch.full_like(own, -1), own)
+    q = p[:, None] - torch.arange(w - 1, -1, -1, device=p.device)[None, :]  # positions p-W+1 .. p
+    qc = q.clamp(min=0)
+    rows = table[tok.seq[:, None], qc // bs] * bs + qc % bs
+    return writes, torch.where(q >= 0, rows, torch.full_like(rows, -1))
 
 
-def _compressed_meta(spec: CompressedSpec, slices: list[SeqSlice], gid: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _compressed_meta(spec: CompressedSpec, tok: _TokenIndex, table: torch.Tensor, width: int
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     r, epb, bs = spec.ratio, spec.entries_per_block, spec.block_size
-    width = max(((s.start_pos + s.num_tokens) // r for s in slices), default=0)
-    g = torch.arange(width)
-    writes, reads = [], []
-    for s in slices:
-        table = torch.tensor(s.block_tables[gid] or [0], dtype=torch.long)
-        p = torch.arange(s.start_pos, s.start_pos + s.num_tokens)
-        own = table[((p // r) * r // bs).clamp(max=len(table) - 1)] * epb + (p // r) % epb
-        writes.append(torch.where(((p + 1) % r == 0) & (p >= s.no_write_before), own, torch.full_like(own, -1)))
-        gg = g[None, :].expand(len(p), -1)
-        rows = table[(gg * r // bs).clamp(max=len(table) - 1)] * epb + gg % epb
-        reads.append(torch.where(gg < ((p + 1) // r)[:, None], rows, torch.full_like(rows, -1)))
-    return torch.cat(writes), torch.cat(reads)
+    p = tok.pos
+    last = table.shape[1] - 1
+    own = table[tok.seq, ((p // r) * r // bs).clamp(max=last)] * epb + (p // r) % epb
+    writes = torch.where(((p + 1) % r == 0) & (p >= tok.no_write_before), own, torch.full_like(own, -1))
+    g = torch.arange(width, device=p.device)[None, :]
+    rows = table[tok.seq[:, None], (g * r // bs).clamp(max=last)] * epb + g % epb
+    return writes, torch.where(g < ((p + 1) // r)[:, None], rows, torch.full_like(rows, -1))
 
 
 def build_step_context(slices: list[SeqSlice], group_specs: dict[int, KVCacheSpec], cache_group: dict[str, int],
                        caches: dict[str, torch.Tensor], device: torch.device) -> StepContext:
-    """Build the step's metadata (index math on the CPU, one copy per tensor to ``device``)."""
-    positions: list[int] = []
-    token_seq: list[int] = []
-    for i, s in enumerate(slices):
-        positions.extend(range(s.start_pos, s.start_pos + s.num_tokens))
-        token_seq.extend([i] * s.num_tokens)
+    """Build the step's metadata: a few small host-to-device copies, then index math on ``device``
+    for all requests at once (no per-token or per-request Python loops)."""
+    counts = torch.tensor([s.num_tokens for s in slices], dtype=torch.long)
+    info = torch.tensor([[s.start_pos, s.no_write_before, s.state_slot] for s in slices] or [[0, 0, 0]],
+                        dtype=torch.long).to(device)
+    counts_d = counts.to(device)
+    seq = torch.repeat_interleave(torch.arange(len(slices), device=device), counts_d)
+    first_row = torch.cumsum(counts_d, 0) - counts_d
+    pos = info[seq, 0] + torch.arange(int(counts.sum()), device=device) - first_row[seq]
+    tok = _TokenIndex(seq, pos, info[seq, 0], info[seq, 1])
     groups: dict[int, GroupMetadata] = {}
     for gid, spec in group_specs.items():
+        table = _tables(slices, gid, device)
         if isinstance(spec, SlidingWindowSpec):
-            w, r = _sliding_meta(spec, slices, gid)
+            w, r = _sliding_meta(spec, tok, table)
         elif isinstance(spec, CompressedSpec):
-            w, r = _compressed_meta(spec, slices, gid)
+            width = max(((s.start_pos + s.num_tokens) // spec.ratio for s in slices), default=0)
+            w, r = _compressed_meta(spec, tok, table, width)
         else:
             raise TypeError(f"group {gid} has non-paged spec {spec!r}")
-        groups[gid] = GroupMetadata(spec, w.to(device), r.to(device))
-    return StepContext(
-        positions=torch.tensor(positions, dtype=torch.long).to(device),
-        token_seq=torch.tensor(token_seq, dtype=torch.long).to(device),
-        slices=slices, groups=groups, cache_group=cache_group, caches=caches,
-        state_slots=torch.tensor([s.state_slot for s in slices], dtype=torch.long).to(device),
-    )
+        groups[gid] = GroupMetadata(spec, w, r)
+    ctx = StepContext(positions=pos, token_seq=seq, slices=slices, groups=groups, cache_group=cache_group,
+                      caches=caches, state_slots=info[:len(slices), 2])
+    ctx.extras["token_start"] = tok.start
+    ctx.extras["seq_first_row"] = first_row
+    ctx.extras["seq_end"] = info[:len(slices), 0] + counts_d
+    return ctx
 
 
 def is_state(spec: KVCacheSpec) -> bool:

@@ -9,6 +9,23 @@ from deepinfer_core.kv.spec import CompressedSpec, SlidingWindowSpec
 from deepinfer_core.runner.context import StepContext
 from deepinfer_models.deepseek_v4.compressor import Compressor
 from deepinfer_models.deepseek_v4.config import DeepseekV4Config
+from deepinfer_models.layers.linear import Linear
+
+
+def split_grouped_linear(wo_a: Linear, groups: int, device) -> list:
+    """The grouped output projection as one Linear per head group (rows ``g*o_lora .. (g+1)*o_lora``).
+
+    FP8 weights whose block rows align with the groups are sliced in their native layout (weight
+    rows and scale rows); otherwise the weight is dequantised once here, never per forward.
+    """
+    n = wo_a.out_features // groups
+    if wo_a.fmt == "fp8" and n % wo_a.block[0] == 0:
+        sb = n // wo_a.block[0]
+        return [Linear(f"{wo_a.name}[{g}]", wo_a.weight[g * n:(g + 1) * n], wo_a.scale[g * sb:(g + 1) * sb], "fp8",
+                       wo_a.block, {"gemm.fp8_block": wo_a._fn}, None) for g in range(groups)]
+    dense = wo_a.dequantized(wo_a.compute_dtype)
+    return [Linear(f"{wo_a.name}[{g}]", dense[g * n:(g + 1) * n], None, "dense", None,
+                   {"gemm.dense": wo_a.dense_fn}, wo_a.compute_dtype) for g in range(groups)]
 
 
 class Indexer:
@@ -51,7 +68,8 @@ class AttentionV4:
         self.h, self.d = cfg.num_attention_heads, cfg.head_dim
         self.eps = cfg.rms_norm_eps
         self.wq_a, self.wq_b = make_linear(f"{p}.wq_a"), make_linear(f"{p}.wq_b")
-        self.wkv, self.wo_a, self.wo_b = make_linear(f"{p}.wkv"), make_linear(f"{p}.wo_a"), make_linear(f"{p}.wo_b")
+        self.wkv, self.wo_b = make_linear(f"{p}.wkv"), make_linear(f"{p}.wo_b")
+        self.wo_a_groups = split_grouped_linear(make_linear(f"{p}.wo_a"), cfg.o_groups, w[f"{p}.wo_a.weight"].device)
         self.q_norm = w[f"{p}.q_norm.weight"].float()
         self.kv_norm = w[f"{p}.kv_norm.weight"].float()
         self.sinks = w[f"{p}.attn_sink"].float()
@@ -101,8 +119,6 @@ class AttentionV4:
                 cmp_idx = visible
         o = self.k["attention.sparse_sink"](q, swa, swa_meta.read_idx, cmp_cache, cmp_idx, self.sinks, self.d ** -0.5)
         o = rope(o, pos, self.inv_freq, inverse=True)
-        g = self.cfg.o_groups
-        wo_a = self.wo_a.dequantized(x.dtype).view(g, -1, self.h * self.d // g)  # [G, o_lora, H*d/G]
-        og = o.reshape(t, g, -1)
-        z = torch.cat([self.k["gemm.dense"](og[:, i], wo_a[i]) for i in range(g)], dim=-1)
+        og = o.reshape(t, self.cfg.o_groups, -1)
+        z = torch.cat([lin(og[:, i]) for i, lin in enumerate(self.wo_a_groups)], dim=-1)
         return self.wo_b(z)

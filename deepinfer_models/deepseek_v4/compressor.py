@@ -46,49 +46,47 @@ class Compressor:
         return {self.cache_name: self.cache_spec, self.state_name: self.state_spec}
 
     def __call__(self, x: torch.Tensor, ctx: StepContext) -> None:
-        """Project x [T, D], emit the entries of windows closing in this step into the cache."""
+        """Project x [T, D], emit the entries of windows closing in this step into the cache.
+
+        All requests at once: every slot of a closing window is gathered either from this
+        step's projections (position inside the request's chunk) or from the request's ring
+        (an earlier position), then pooled, normed, rotated and written.
+        """
         pos = ctx.positions
+        t = x.shape[0]
         xf = x.float()
         kv = self.k["gemm.dense"](xf, self.wkv)
         sc = self.k["gemm.dense"](xf, self.wgate) + self.ape[pos % self.ratio]
         cache = ctx.caches[self.cache_name]
-        state = ctx.caches[self.state_name]
+        state = ctx.caches[self.state_name]  # [slots, ring, 2*width] fp32: kv | score
         meta = ctx.meta(self.cache_name)
-        r, d, ring = self.ratio, self.d_c, self.ring
-        row0 = 0
-        for i, s in enumerate(ctx.slices):
-            rows = slice(row0, row0 + s.num_tokens)
-            row0 += s.num_tokens
-            s0, e = s.start_pos, s.start_pos + s.num_tokens
-            slot = s.state_slot
-            h0 = max(0, s0 - ring)
-            hist_pos = torch.arange(h0, s0, device=x.device)
-            hist = state[slot, hist_pos % ring] if s0 > h0 else state.new_zeros(0, 2 * self.width)
-            ext_kv = torch.cat([hist[:, : self.width], kv[rows]], dim=0)
-            ext_sc = torch.cat([hist[:, self.width:], sc[rows]], dim=0)
-            closing = [p for p in range(s0, e) if (p + 1) % r == 0]
-            if closing:
-                w = torch.tensor([p // r for p in closing], device=x.device)
-                # positions of the b-half (or whole) slots: window w; a-half: window w-1
-                cur = w[:, None] * r + torch.arange(r, device=x.device)[None, :]  # [Nw, r]
-                if self.overlap:
-                    prev = cur - r
-                    ok_prev = prev >= 0
-                    pk = ext_kv[(prev - h0).clamp(min=0)][..., :d]
-                    ps = ext_sc[(prev - h0).clamp(min=0)][..., :d].masked_fill(~ok_prev[..., None], float("-inf"))
-                    ck = ext_kv[cur - h0][..., d:]
-                    cs = ext_sc[cur - h0][..., d:]
-                    pool_kv, pool_sc = torch.cat([pk, ck], dim=1), torch.cat([ps, cs], dim=1)
-                else:
-                    pool_kv, pool_sc = ext_kv[cur - h0], ext_sc[cur - h0]
-                pooled = self.k["compress.softmax_pool"](pool_kv.to(x.dtype), pool_sc)
-                normed = self.k["norm.rms"](pooled, self.norm_w, self.eps)
-                entry = self.k["rope.interleaved"](normed, w * r, self.inv_freq)
-                tok_rows = torch.tensor([rows.start + (p - s0) for p in closing], device=x.device)
-                slots = meta.write_slots[tok_rows]
-                keep = slots >= 0  # -1: the entry is already in a shared prefix-cache block
-                cache[slots[keep]] = entry[keep].to(cache.dtype)
-            # keep the last `ring` positions' projections for windows closing later
-            keep = torch.arange(max(s0, e - ring), e, device=x.device)
-            if keep.numel():
-                state[slot, keep % ring] = torch.cat([kv[rows][keep - s0], sc[rows][keep - s0]], dim=-1)
+        r, d, ring, width = self.ratio, self.d_c, self.ring, self.width
+        seq, start = ctx.token_seq, ctx.extras["token_start"]
+        first_row, slots = ctx.extras["seq_first_row"], ctx.state_slots
+        rows_now = torch.cat([kv, sc], dim=-1)
+        closing = ((pos + 1) % r == 0).nonzero(as_tuple=True)[0]
+        if closing.numel():
+            w = pos[closing] // r
+            cur = w[:, None] * r + torch.arange(r, device=x.device)[None, :]  # window w: [Nw, r]
+            where = torch.cat([cur - r, cur], dim=1) if self.overlap else cur  # + a-halves of window w-1
+            s_of = seq[closing]
+            s0 = start[closing][:, None]
+            src = torch.where(where >= s0, first_row[s_of][:, None] + where - s0,
+                              t + slots[s_of][:, None] * ring + where % ring)
+            source = torch.cat([rows_now, state.view(-1, 2 * width)])
+            got = source[src]  # [Nw, S, 2*width]
+            g_kv, g_sc = got[..., :width], got[..., width:]
+            if self.overlap:
+                g_kv = torch.cat([g_kv[:, :r, :d], g_kv[:, r:, d:]], dim=1)
+                g_sc = torch.cat([g_sc[:, :r, :d], g_sc[:, r:, d:]], dim=1)
+            g_sc = g_sc.masked_fill((where < 0)[..., None], float("-inf"))  # slots before position 0
+            pooled = self.k["compress.softmax_pool"](g_kv.to(x.dtype), g_sc)
+            normed = self.k["norm.rms"](pooled, self.norm_w, self.eps)
+            entry = self.k["rope.interleaved"](normed, w * r, self.inv_freq)
+            out = meta.write_slots[closing]
+            keep = out >= 0  # -1: the entry is already in a shared prefix-cache block
+            cache[out[keep]] = entry[keep].to(cache.dtype)
+        # keep the last `ring` positions of every request's chunk for windows closing later
+        keep = (pos >= ctx.extras["seq_end"][seq] - ring).nonzero(as_tuple=True)[0]
+        if keep.numel():
+            state.view(-1, 2 * width)[slots[seq[keep]] * ring + pos[keep] % ring] = rows_now[keep]

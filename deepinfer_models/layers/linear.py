@@ -23,8 +23,10 @@ class Linear:
                  block: tuple[int, int] | None, kernels: dict[str, Callable], compute_dtype: torch.dtype):
         self.name, self.fmt, self.block = name, fmt, block
         self.scale = scale
+        self.compute_dtype = compute_dtype
+        self.dense_fn = kernels.get("gemm.dense")
         if fmt == "dense":
-            self.weight = weight.to(compute_dtype)
+            self.weight = weight.to(compute_dtype) if compute_dtype is not None else weight
             self._fn = kernels["gemm.dense"]
         elif fmt == "fp8":
             self.weight = weight
