@@ -18,7 +18,7 @@ from deepinfer_models.layers.linear import Linear
 KERNEL_OPS = (
     "norm.rms", "norm.rms_unweighted", "rope.interleaved", "attention.sparse_sink", "compress.softmax_pool",
     "index.scores", "index.topk", "mhc.mix", "mhc.collapse", "mhc.expand", "mhc.head_pre", "moe.route_topk",
-    "moe.route_hash", "moe.experts", "gemm.dense", "gemm.fp8_block", "gemm.mxfp4",
+    "moe.route_hash", "moe.experts", "moe.experts_fp8", "moe.experts_mxfp4", "gemm.dense", "gemm.fp8_block", "gemm.mxfp4",
 )
 
 

@@ -16,10 +16,16 @@ class MoEV4:
         self.is_hash = cfg.is_hash_layer(layer)
         self.tid2eid = w[f"{p}.gate.tid2eid"].long() if self.is_hash else None
         self.bias = None if self.is_hash else w[f"{p}.gate.bias"].float()
-        # Reference experts run on dequantised weights; device providers keep their own layout.
-        ex = [[make_linear(f"{p}.experts.{e}.{n}").dequantized(dtype) for e in range(cfg.n_routed_experts)]
-              for n in ("w1", "w3", "w2")]
-        self.w1, self.w3, self.w2 = (torch.stack(t) for t in ex)
+        # Experts stay in the checkpoint layout (stacked over experts); the op for that layout
+        # dequantises only the routed experts (a real V4 layer is 12.9 GB in bf16, 3.2 GB in MXFP4).
+        lins = {n: [make_linear(f"{p}.experts.{e}.{n}") for e in range(cfg.n_routed_experts)] for n in ("w1", "w3", "w2")}
+        self.fmt = lins["w1"][0].fmt
+        self.block = lins["w1"][0].block
+        self.experts = []
+        for n in ("w1", "w3", "w2"):
+            self.experts.append(torch.stack([lin.weight for lin in lins[n]]))
+            if self.fmt != "dense":
+                self.experts.append(torch.stack([lin.scale for lin in lins[n]]))
         self.s1, self.s3, self.s2 = (make_linear(f"{p}.shared_experts.{n}") for n in ("w1", "w3", "w2"))
 
     def __call__(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
@@ -30,6 +36,11 @@ class MoEV4:
             weights, ids = self.k["moe.route_hash"](logits, self.tid2eid[input_ids], cfg.routed_scaling_factor)
         else:
             weights, ids = self.k["moe.route_topk"](logits, self.bias, cfg.num_experts_per_tok, cfg.routed_scaling_factor)
-        routed = self.k["moe.experts"](x, weights, ids, self.w1, self.w3, self.w2, cfg.swiglu_limit)
+        if self.fmt == "dense":
+            routed = self.k["moe.experts"](x, weights, ids, *self.experts, cfg.swiglu_limit)
+        elif self.fmt == "fp8":
+            routed = self.k["moe.experts_fp8"](x, weights, ids, *self.experts, self.block, cfg.swiglu_limit)
+        else:
+            routed = self.k["moe.experts_mxfp4"](x, weights, ids, *self.experts, cfg.swiglu_limit)
         shared = self.s2(clamped_swiglu(self.s1(x), self.s3(x), cfg.swiglu_limit))
         return routed + shared

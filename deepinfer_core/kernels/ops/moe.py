@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from deepinfer_core.kernels.ops.linalg import down, linear_rows, up
+from deepinfer_core.kernels.ops.quant import dequant_fp8_block, dequant_mxfp4, quant_fp8_block, quant_mxfp4
 from deepinfer_core.kernels.ops.linalg import up as _up
 from deepinfer_core.kernels.spec import OpSpec, acc
 
@@ -41,6 +42,19 @@ def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.
     return F.silu(_up(g)).to(g.dtype) * up.clamp(min=-limit, max=limit)
 
 
+def _routed(x, weights, ids, expert_weights, limit) -> torch.Tensor:
+    """Shared body: ``expert_weights(e) -> (w1 [F, D], w3 [F, D], w2 [D, F])`` for routed experts only."""
+    out = torch.zeros(x.shape[0], x.shape[1], dtype=acc(x[:0]).dtype, device=x.device)
+    for e in ids.unique().tolist():
+        tok, slot = (ids == e).nonzero(as_tuple=True)
+        w1, w3, w2 = expert_weights(e)
+        xe = x[tok]
+        h = clamped_swiglu(linear_rows(xe, w1), linear_rows(xe, w3), limit)
+        ye = linear_rows(h, w2)
+        out.index_add_(0, tok, acc(ye) * acc(weights[tok, slot, None]))
+    return out.to(x.dtype)
+
+
 def experts_dense(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor,
                   w2: torch.Tensor, limit: float) -> torch.Tensor:
     """Routed experts on dense weights.
@@ -48,14 +62,33 @@ def experts_dense(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w1:
     x [T, D]; weights [T, k] fp32; ids [T, k]; w1, w3 [E, F, D]; w2 [E, D, F] (cast to x.dtype).
     Returns ``sum_j weights[t,j] * expert_{ids[t,j]}(x_t)`` [T, D] in x.dtype, accumulated in fp32.
     """
-    out = torch.zeros(x.shape[0], x.shape[1], dtype=acc(x[:0]).dtype, device=x.device)
-    for e in ids.unique().tolist():
-        tok, slot = (ids == e).nonzero(as_tuple=True)
-        xe = x[tok]
-        h = clamped_swiglu(linear_rows(xe, w1[e]), linear_rows(xe, w3[e]), limit)
-        ye = linear_rows(h, w2[e])
-        out.index_add_(0, tok, acc(ye) * acc(weights[tok, slot, None]))
-    return out.to(x.dtype)
+    return _routed(x, weights, ids, lambda e: (w1[e], w3[e], w2[e]), limit)
+
+
+def experts_fp8(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w1: torch.Tensor, s1: torch.Tensor,
+                w3: torch.Tensor, s3: torch.Tensor, w2: torch.Tensor, s2: torch.Tensor, block: tuple[int, int],
+                limit: float) -> torch.Tensor:
+    """Routed experts on FP8 block-scaled weights in the checkpoint layout (only routed experts dequantised).
+
+    w1, w3 [E, F, D] e4m3 with s1, s3 [E, ceil(F/bn), ceil(D/bk)]; w2 [E, D, F] with s2; block (bn, bk).
+    """
+    def get(e):
+        return (dequant_fp8_block(w1[e], s1[e], block), dequant_fp8_block(w3[e], s3[e], block),
+                dequant_fp8_block(w2[e], s2[e], block))
+
+    return _routed(x, weights, ids, get, limit)
+
+
+def experts_mxfp4(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w1: torch.Tensor, s1: torch.Tensor,
+                  w3: torch.Tensor, s3: torch.Tensor, w2: torch.Tensor, s2: torch.Tensor, limit: float) -> torch.Tensor:
+    """Routed experts on MXFP4 weights in the checkpoint layout (only routed experts dequantised).
+
+    w1, w3 [E, F, D/2] packed e2m1 (uint8) with UE8M0 s1, s3 [E, F, D/32]; w2 [E, D, F/2] with s2 [E, D, F/32].
+    """
+    def get(e):
+        return dequant_mxfp4(w1[e], s1[e]), dequant_mxfp4(w3[e], s3[e]), dequant_mxfp4(w2[e], s2[e])
+
+    return _routed(x, weights, ids, get, limit)
 
 
 def _gen_route(dtype, device, seed):
@@ -84,8 +117,33 @@ def _compare_route(out, ref, dtype):
     torch.testing.assert_close(wo.gather(1, oo), wr.gather(1, orr), atol=1e-5, rtol=1e-5)
 
 
+def _gen_experts_fp8(dtype, device, seed):
+    for (x, w, ids, w1, w3, w2, limit), _ in _gen_experts(torch.float32, "cpu", seed):
+        q = [quant_fp8_block(m, (16, 16)) for t in (w1, w3, w2) for m in t]
+        e = w1.shape[0]
+        packs = [(torch.stack([q[i * e + j][0] for j in range(e)]), torch.stack([q[i * e + j][1] for j in range(e)]))
+                 for i in range(3)]
+        yield (x.to(dtype).to(device), w.to(device), ids.to(device), *(t.to(device) for p in packs for t in p),
+               (16, 16), limit), {}
+
+
+def _gen_experts_mxfp4(dtype, device, seed):
+    for (x, w, ids, w1, w3, w2, limit), _ in _gen_experts(torch.float32, "cpu", seed):
+        if w1.shape[2] % 32 or w2.shape[2] % 32:
+            continue  # MXFP4 groups 32 consecutive K elements
+        e = w1.shape[0]
+        packs = []
+        for t in (w1, w3, w2):
+            q = [quant_mxfp4(t[j]) for j in range(e)]
+            packs.append((torch.stack([a for a, _ in q]), torch.stack([b for _, b in q])))
+        yield (x.to(dtype).to(device), w.to(device), ids.to(device), *(t.to(device) for p in packs for t in p),
+               limit), {}
+
+
 OPS = [
     OpSpec("moe.route_topk", route_topk, _gen_route, compare=_compare_route),
     OpSpec("moe.route_hash", route_hash, None),
     OpSpec("moe.experts", experts_dense, _gen_experts, tolerances={torch.bfloat16: (3e-2, 3e-2)}),
+    OpSpec("moe.experts_fp8", experts_fp8, _gen_experts_fp8, tolerances={torch.bfloat16: (3e-2, 3e-2)}),
+    OpSpec("moe.experts_mxfp4", experts_mxfp4, _gen_experts_mxfp4, tolerances={torch.bfloat16: (3e-2, 3e-2)}),
 ]
