@@ -27,6 +27,10 @@ IMPLS: tuple[tuple[str, str, str, str | None], ...] = (
     ("gemm.mxfp4", "triton", f"{_K}.triton_gemm:gemm_mxfp4", f"{_K}.triton_gemm:supports_mxfp4"),
     ("gemm.dense", "aten", f"{_K}.aten_ops:gemm_dense", f"{_K}.aten_ops:supports_dense"),
     ("moe.experts", "aten", f"{_K}.aten_ops:moe_experts", f"{_K}.aten_ops:supports_experts"),
+    ("moe.experts_fp8", "triton", f"{_K}.triton_moe:moe_experts_fp8", f"{_K}.triton_moe:supports"),
+    ("moe.experts_mxfp4", "triton", f"{_K}.triton_moe:moe_experts_mxfp4", f"{_K}.triton_moe:supports"),
+    ("moe.experts_fp8", "aten", f"{_K}.aten_ops:moe_experts_fp8", f"{_K}.aten_ops:supports_experts_quant"),
+    ("moe.experts_mxfp4", "aten", f"{_K}.aten_ops:moe_experts_mxfp4", f"{_K}.aten_ops:supports_experts_quant"),
 )
 
 

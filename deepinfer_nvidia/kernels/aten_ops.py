@@ -80,3 +80,48 @@ def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w1: t
     out = torch.zeros(t, d, dtype=torch.float32, device=x.device)
     out.index_add_(0, tok, y)
     return out.to(x.dtype)
+
+
+def _compact(ids: torch.Tensor, dequant) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """Dequantise only the routed experts into bf16 stacks; ids remapped to the compact order."""
+    used, remap = torch.unique(ids, return_inverse=True)
+    stacks = dequant(used)
+    return remap.reshape(ids.shape), stacks
+
+
+def supports_experts_quant(x, weights, ids, *rest) -> bool:
+    return on_cuda(x, weights, ids) and x.dtype == torch.bfloat16 and x.shape[1] % 8 == 0 and _grouped_mm_available()
+
+
+def moe_experts_fp8(x, weights, ids, w1, s1, w3, s3, w2, s2, block, limit):
+    """``moe.experts_fp8``: dequantise the routed experts' FP8 blocks to bf16, then grouped GEMMs."""
+    from deepinfer_core.kernels.ops.moe import experts_fp8
+    from deepinfer_core.kernels.ops.quant import dequant_fp8_block
+
+    if not supports_experts_quant(x, weights, ids):
+        return hand_off("moe.experts_fp8", f"operands x {x.dtype} on {x.device} not covered",
+                        experts_fp8, x, weights, ids, w1, s1, w3, s3, w2, s2, block, limit)
+
+    def dq(used):
+        return tuple(torch.stack([dequant_fp8_block(w[e], s[e], tuple(block)) for e in used.tolist()]).to(torch.bfloat16)
+                     for w, s in ((w1, s1), (w3, s3), (w2, s2)))
+
+    local, (d1, d3, d2) = _compact(ids, dq)
+    return moe_experts(x, weights, local, d1, d3, d2, limit)
+
+
+def moe_experts_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit):
+    """``moe.experts_mxfp4``: dequantise the routed experts' MXFP4 weights to bf16, then grouped GEMMs."""
+    from deepinfer_core.kernels.ops.moe import experts_mxfp4
+    from deepinfer_core.kernels.ops.quant import dequant_mxfp4
+
+    if not supports_experts_quant(x, weights, ids):
+        return hand_off("moe.experts_mxfp4", f"operands x {x.dtype} on {x.device} not covered",
+                        experts_mxfp4, x, weights, ids, w1, s1, w3, s3, w2, s2, limit)
+
+    def dq(used):
+        return tuple(dequant_mxfp4(w[used].flatten(0, 1), s[used].flatten(0, 1))
+                     .view(len(used), w.shape[1], -1).to(torch.bfloat16) for w, s in ((w1, s1), (w3, s3), (w2, s2)))
+
+    local, (d1, d3, d2) = _compact(ids, dq)
+    return moe_experts(x, weights, local, d1, d3, d2, limit)
