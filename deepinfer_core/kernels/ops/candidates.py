@@ -18,7 +18,8 @@ import torch
 from deepinfer_core.kernels.spec import OpSpec
 
 
-def candidate_blocks(scores: torch.Tensor, num_visible: torch.Tensor, block_size: int, topk_blocks: int) -> torch.Tensor:
+def candidate_blocks(scores: torch.Tensor, num_visible: torch.Tensor, block_size: int,
+                     topk_blocks: int) -> torch.Tensor:
     """Block ids to keep per query. scores [T, N] fp32; num_visible [T] int64 (visible entries
     are ``0 .. num_visible-1``). Returns int64 [T, topk_blocks], best first, -1 padded.
 

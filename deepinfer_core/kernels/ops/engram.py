@@ -35,7 +35,8 @@ def hash_ids(window: torch.Tensor, valid: torch.Tensor, token_map: torch.Tensor,
     nl, cols = primes.shape
     heads = cols // (n - 1)
     blocked = ~(valid.to(torch.long).cumprod(dim=1).bool())
-    v = torch.where(blocked, torch.full_like(window, pad_id), token_map[window.clamp(min=0, max=token_map.shape[0] - 1)])
+    mapped = token_map[window.clamp(min=0, max=token_map.shape[0] - 1)]
+    v = torch.where(blocked, torch.full_like(window, pad_id), mapped)
     prod = v[:, None, :] * multipliers.to(v.device)[None, :, :]  # [T, L, N]; < 2^63 by construction
     rolling = prod[..., 0]
     out = []
@@ -46,7 +47,8 @@ def hash_ids(window: torch.Tensor, valid: torch.Tensor, token_map: torch.Tensor,
     return torch.cat(out, dim=-1) + offsets.to(v.device)[None]
 
 
-def gather_rows(table: torch.Tensor, scale: torch.Tensor | None, ids: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+def gather_rows(table: torch.Tensor, scale: torch.Tensor | None, ids: torch.Tensor,
+                out_dtype: torch.dtype) -> torch.Tensor:
     """Dequantised table rows. table [R, hd] float8_e4m3fn (with scale [R, hd/32] UE8M0 as
     float8_e8m0fnu or raw uint8) or a float dtype (scale None); ids [...] int64 row ids.
     Returns ``table[ids] * 2^(scale[ids] - 127)`` per group of 32 values, shape [..., hd], ``out_dtype``.

@@ -1,0 +1,87 @@
+"""DeepSeek-V4.1 attention (MODEL_SPEC.md 3.7): V4's shared-KV MQA with sinks and grouped
+output projection, minus the per-head q norm, over the layer's own sliding window plus, on
+compressed layers, the entries of ``kv_src(L)``'s compressed cache at the top-k positions
+published by ``idx_src(L)``.
+
+Layer roles decide what a layer owns: every layer has its SWA cache; a kv source owns the
+compressor and the compressed cache (and the index keys if it is also an index source);
+an index source owns an indexer. Consumers own no compressed state at all.
+"""
+from __future__ import annotations
+
+import torch
+
+from deepinfer_core.kv.spec import KVCacheSpec, SlidingWindowSpec
+from deepinfer_core.runner.context import StepContext
+from deepinfer_models.deepseek_v4.attention import split_grouped_linear
+from deepinfer_models.deepseek_v41.compressor import CompressorV41, cache_name
+from deepinfer_models.deepseek_v41.config import DeepseekV41Config
+from deepinfer_models.deepseek_v41.indexer import IndexerV41
+from deepinfer_models.deepseek_v41.step import IndexShare, StepRows
+
+
+class AttentionV41:
+    def __init__(self, cfg: DeepseekV41Config, layer: int, w: dict, make_linear, rope: dict, kernels: dict,
+                 block_size: int, cache_dtype: torch.dtype):
+        p = f"layers.{layer}.attn"
+        self.cfg, self.k, self.layer = cfg, kernels, layer
+        self.ratio = cfg.ratio(layer)
+        self.inv_freq = rope["compress" if self.ratio else "main"]
+        self.h, self.d = cfg.num_attention_heads, cfg.head_dim
+        self.eps = cfg.rms_norm_eps
+        self.wq_a, self.wq_b = make_linear(f"{p}.wq_a"), make_linear(f"{p}.wq_b")
+        self.wkv, self.wo_b = make_linear(f"{p}.wkv"), make_linear(f"{p}.wo_b")
+        # wo_a is applied per head group (one Linear per group, kept in the checkpoint layout)
+        self.wo_a_groups = split_grouped_linear(make_linear(f"{p}.wo_a"), cfg.o_groups, w[f"{p}.wo_a.weight"].device)
+        self.q_norm = w[f"{p}.q_norm.weight"].float()
+        self.kv_norm = w[f"{p}.kv_norm.weight"].float()
+        self.sinks = w[f"{p}.attn_sink"].float()
+        self.swa_name = f"{p}.swa"
+        self.swa_spec = SlidingWindowSpec(entry_shape=(self.d,), dtype=cache_dtype, window=cfg.sliding_window,
+                                          block_size=block_size)
+        self.compressor = None
+        if cfg.is_kv_source(layer):
+            self.compressor = CompressorV41(cfg, layer, w, make_linear, self.inv_freq, kernels, block_size, cache_dtype)
+        self.indexer = None
+        if cfg.is_index_source(layer):
+            self.indexer = IndexerV41(cfg, layer, make_linear, self.inv_freq, kernels)
+        self.cmp_name = cache_name(cfg.kv_src(layer)) if self.ratio else None
+        self.topk_from = cfg.idx_src(layer) if self.ratio else None
+
+    def specs(self) -> dict[str, KVCacheSpec]:
+        out: dict[str, KVCacheSpec] = {self.swa_name: self.swa_spec}
+        if self.compressor is not None:
+            out.update(self.compressor.specs)
+        return out
+
+    def __call__(self, x: torch.Tensor, ctx: StepContext, rows: StepRows, share: IndexShare) -> torch.Tensor:
+        """x [T, D] (normed attention input) -> [T, D]."""
+        k = self.k
+        t, pos = x.shape[0], ctx.positions
+        rope = k["rope.interleaved"]
+        qr = k["norm.rms"](self.wq_a(x), self.q_norm, self.eps)
+        q = self.wq_b(qr).view(t, self.h, self.d)
+        if self.cfg.q_head_norm:  # V4 behaviour; V4.1-Flash has it off ("qr is normed before wq_b")
+            q = k["norm.rms_unweighted"](q, self.eps)
+        q = rope(q, pos, self.inv_freq)
+        kv = rope(k["norm.rms"](self.wkv(x), self.kv_norm, self.eps), pos, self.inv_freq)
+        swa = ctx.caches[self.swa_name]
+        swa_meta = ctx.meta(self.swa_name)
+        w = swa_meta.write_slots
+        keep = w >= 0  # -1: a position served by the prefix cache (its KV is already there)
+        swa[w[keep]] = kv[keep].to(swa.dtype)
+        if self.compressor is not None:
+            self.compressor(x, ctx, rows)
+        if self.indexer is not None:
+            share.topk[self.layer] = self.indexer(x, qr, ctx, share)
+        cmp_cache, cmp_idx = None, None
+        if self.ratio:
+            cmp_cache = ctx.caches[self.cmp_name]
+            visible = ctx.meta(self.cmp_name).read_idx  # [T, N] entry slots in position order
+            sel = share.topk[self.topk_from]  # positions, -1 padded
+            cmp_idx = torch.where(sel >= 0, visible.gather(1, sel.clamp(min=0)), torch.full_like(sel, -1))
+        o = k["attention.sparse_sink"](q, swa, swa_meta.read_idx, cmp_cache, cmp_idx, self.sinks, self.d ** -0.5)
+        o = rope(o, pos, self.inv_freq, inverse=True)
+        og = o.reshape(t, self.cfg.o_groups, -1)
+        z = torch.cat([lin(og[:, i]) for i, lin in enumerate(self.wo_a_groups)], dim=-1)
+        return self.wo_b(z)

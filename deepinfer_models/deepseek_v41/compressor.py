@@ -1,0 +1,128 @@
+"""DeepSeek-V4.1 KV compressor of a kv-source layer (ratio 1 or 2), paged (MODEL_SPEC.md 3.3).
+
+Per token t (attention input x_t, after ``attn_norm``): ``kv_t = wkv x_t`` and, for ratio 2,
+``z_t = wgate x_t``, both fp32. Entry g covers tokens ``[g*r, (g+1)*r)`` and is emitted when
+its last token is processed:
+
+- ratio 1: ``u_g = kv_g`` (one entry per token, no gate);
+- ratio 2: ``u_g = a * kv_2g + (1-a) * kv_2g+1`` with the per-channel 2-way softmax
+  ``a = softmax(z_2g, z_2g+1)[0]`` (no position bias, no overlap, unlike V4).
+
+``latent_g = norm(u_g)`` (fp32 RMSNorm, then the activation dtype). The compressed KV entry
+is ``latent_g`` rotated on its RoPE tail at position ``g*r`` (compress rope); if the layer is
+also an index source it writes the index key ``rope_{g*r}(k_norm(wk latent_g))`` too: index
+keys come from the *pre-RoPE* latent (MODEL_SPEC.md 3.5).
+
+Cross-step state (ratio 2 only): the pair ``(2g, 2g+1)`` may straddle two steps, so the
+projected ``kv | z`` rows of each request's last two positions live in a per-request
+``StateSpec`` ring indexed by ``p % 2``. Ratio 1 needs no state.
+"""
+from __future__ import annotations
+
+import torch
+
+from deepinfer_core.kv.spec import CompressedSpec, StateSpec
+from deepinfer_core.runner.context import StepContext
+from deepinfer_models.deepseek_v41.config import DeepseekV41Config
+from deepinfer_models.deepseek_v41.step import StepRows
+
+RING = 2  # positions kept per request for ratio 2
+
+
+def compressed_block_size(block_size: int, ratio: int) -> int:
+    """Token block size of a compressed group: the engine's block size rounded up to a multiple of the ratio."""
+    return -(-block_size // ratio) * ratio
+
+
+class CompressorV41:
+    """Compressor of kv-source ``layer``; owns the layer's compressed cache (and index-key cache)."""
+
+    def __init__(self, cfg: DeepseekV41Config, layer: int, w: dict, make_linear, inv_freq: torch.Tensor,
+                 kernels: dict, block_size: int, cache_dtype: torch.dtype):
+        p = f"layers.{layer}.attn"
+        self.k, self.eps = kernels, cfg.rms_norm_eps
+        self.ratio = cfg.ratio(layer)
+        self.d = cfg.head_dim
+        self.inv_freq = inv_freq
+        # Projections in fp32 (bf16 weights, fp32 outputs: MODEL_SPEC.md 3.3 step 1).
+        self.wkv = w[f"{p}.compressor.wkv.weight"].float()
+        self.wgate = w[f"{p}.compressor.wgate.weight"].float() if self.ratio == 2 else None
+        self.norm_w = w[f"{p}.compressor.norm.weight"].float()
+        bs = compressed_block_size(block_size, self.ratio)
+        self.cache_name = cache_name(layer)
+        self.specs = {self.cache_name: CompressedSpec(entry_shape=(self.d,), dtype=cache_dtype, ratio=self.ratio,
+                                                      block_size=bs)}
+        self.ring_name = None
+        if self.ratio == 2:
+            self.ring_name = f"{p}.cmp_ring"  # rows hold kv | z, fp32
+            self.specs[self.ring_name] = StateSpec(entry_shape=(RING, 2 * self.d), dtype=torch.float32)
+        self.keys_name = None
+        if cfg.owns_index_keys(layer):
+            self.wk = make_linear(f"{p}.indexer.wk")
+            self.k_norm = w[f"{p}.indexer.k_norm.weight"].float()
+            self.keys_name = keys_cache_name(layer)
+            self.specs[self.keys_name] = CompressedSpec(entry_shape=(cfg.index_head_dim,), dtype=cache_dtype,
+                                                        ratio=self.ratio, block_size=bs)
+
+    def __call__(self, x: torch.Tensor, ctx: StepContext, rows: StepRows) -> None:
+        """Project x [T, D]; write the entries (and index keys) of groups closing in this step."""
+        pos = ctx.positions
+        xf = x.float()
+        kv = self.k["gemm.dense"](xf, self.wkv)  # [T, d] fp32
+        closing = ((pos + 1) % self.ratio == 0).nonzero().squeeze(1)
+        if self.ratio == 1:
+            u = kv[closing]
+        else:
+            u = self._pool_pairs(kv, self.k["gemm.dense"](xf, self.wgate), closing, ctx, rows)
+        latent = self.k["norm.rms"](u, self.norm_w, self.eps).to(x.dtype)  # [G, d]
+        at = pos[closing] // self.ratio * self.ratio  # first position of each group
+        entry = self.k["rope.interleaved"](latent, at, self.inv_freq)
+        _write(ctx.caches[self.cache_name], ctx.meta(self.cache_name).write_slots[closing], entry)
+        if self.keys_name is not None:
+            key = self.k["norm.rms"](self.wk(latent), self.k_norm, self.eps)
+            key = self.k["rope.interleaved"](key, at, self.inv_freq)
+            _write(ctx.caches[self.keys_name], ctx.meta(self.keys_name).write_slots[closing], key)
+
+    def _pool_pairs(self, kv: torch.Tensor, z: torch.Tensor, closing: torch.Tensor, ctx: StepContext,
+                    rows: StepRows) -> torch.Tensor:
+        """Pooled ``u`` [G, d] of the pairs closed by the ``closing`` rows (odd positions)."""
+        pos = ctx.positions
+        ring = ctx.caches[self.ring_name]  # [slots, RING, 2d]
+        both = torch.cat([kv, z], dim=-1)  # [T, 2d]
+        prev = pos[closing] - 1
+        # the partner (even position) is in this step unless the step started at the closing token
+        here = (prev >= rows.start[closing])[:, None]
+        from_ring = ring[rows.slot[closing], prev % RING]
+        partner = torch.where(here, both[(closing - 1).clamp(min=0)], from_ring)
+        own = both[closing]
+        pair_kv = torch.stack([partner[:, : self.d], own[:, : self.d]], dim=1)  # [G, 2, d]
+        pair_z = torch.stack([partner[:, self.d:], own[:, self.d:]], dim=1)
+        u = self.k["compress.softmax_pool"](pair_kv, pair_z)
+        # keep the last two positions of every request for pairs closing in a later step
+        # (read above, written after: a 1-token step reads slot (p-1)%2 and writes p%2)
+        keep = self._tail_rows(ctx, rows)
+        ring[rows.slot[keep], pos[keep] % RING] = both[keep]
+        return u
+
+    @staticmethod
+    def _tail_rows(ctx: StepContext, rows: StepRows) -> torch.Tensor:
+        """Rows of the last min(RING, n) tokens of each slice (distinct (slot, p % RING) pairs)."""
+        last_pos = ctx.positions[rows.last]  # [B]
+        seq = ctx.token_seq
+        return (ctx.positions > last_pos[seq] - RING).nonzero().squeeze(1)
+
+
+def _write(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
+    """Store rows at their slots; slot -1 = not written (the entry lives in a shared prefix-cache block)."""
+    keep = slots >= 0
+    cache[slots[keep]] = rows[keep].to(cache.dtype)
+
+
+def cache_name(layer: int) -> str:
+    """Compressed-KV cache of kv-source ``layer``."""
+    return f"layers.{layer}.attn.cmp"
+
+
+def keys_cache_name(layer: int) -> str:
+    """Index-key cache of ``layer`` (a kv source that is also an index source)."""
+    return f"layers.{layer}.attn.index_keys"

@@ -1,0 +1,80 @@
+"""Engram layers of DeepSeek-V4.1 (MODEL_SPEC.md 3.9), paged.
+
+``EngramHasher`` computes, once per forward, the hash ids of every token for every Engram
+layer: the n-gram ending at position p needs the token ids at p-1 .. p-(N-1), which may lie
+in earlier steps, so each request keeps its last N-1 token ids in a per-request
+``StateSpec`` (oldest first); positions before 0 are "blocked" and hash as padding.
+
+``EngramLayer`` looks its ids up in the layer's table (FP8 rows with UE8M0 scales per 32
+values, or plain floats in unquantised checkpoints), projects the concatenated rows with
+``wkv`` to one key per hyper-connection stream plus a shared value, and adds the gated value
+to each stream. The table may stay in host memory (memory-mapped from the safetensors file,
+about 189 GiB on the real model): ids go to the table's device, only the gathered rows come back.
+"""
+from __future__ import annotations
+
+import torch
+
+from deepinfer_core.kv.spec import StateSpec
+from deepinfer_core.runner.context import StepContext
+from deepinfer_models.deepseek_v41.config import DeepseekV41Config
+from deepinfer_models.deepseek_v41.engram_hash import engram_multipliers, engram_offsets, engram_primes
+from deepinfer_models.deepseek_v41.step import StepRows
+
+HISTORY = "engram.history"
+GATE_CLAMP = 1e-6  # |dot| floor before the signed square root (both serving stacks)
+
+
+class EngramHasher:
+    """Hash ids ``[T, n_engram_layers, (N-1)*n_heads]`` (global rows of each layer's table)."""
+
+    def __init__(self, cfg: DeepseekV41Config, token_map: torch.Tensor, kernels: dict, device: torch.device):
+        self.k = kernels
+        self.n = cfg.engram_max_ngram_size
+        self.token_map = token_map.to(device=device, dtype=torch.long)
+        self.pad_id = int(self.token_map[cfg.engram_pad_token_id])
+        primes = engram_primes(len(cfg.engram_layer_ids), self.n, cfg.engram_n_heads, cfg.engram_vocab_size)
+        self.primes = torch.tensor(primes, dtype=torch.long, device=device)
+        self.offsets = torch.tensor(engram_offsets(primes), dtype=torch.long, device=device)
+        mult = engram_multipliers(tuple(cfg.engram_layer_ids), self.n, cfg.engram_compressed_vocab_size)
+        self.multipliers = torch.tensor(mult, dtype=torch.long, device=device)
+        self.spec = StateSpec(entry_shape=(self.n - 1,), dtype=torch.long)
+
+    def specs(self) -> dict[str, StateSpec]:
+        return {HISTORY: self.spec}
+
+    def __call__(self, input_ids: torch.Tensor, ctx: StepContext, rows: StepRows) -> torch.Tensor:
+        n = self.n
+        pos = ctx.positions
+        history = ctx.caches[HISTORY]  # [slots, N-1] token ids at positions start-(N-1) .. start-1
+        s = torch.arange(n, device=pos.device)
+        q = pos[:, None] - s[None, :]  # [T, N] position of each n-gram column
+        here = q >= rows.start[:, None]
+        t_rows = (torch.arange(pos.shape[0], device=pos.device)[:, None] - s[None, :]).clamp(min=0)
+        h_idx = (n - 1 - (rows.start[:, None] - q)).clamp(0, n - 2)
+        past = history[rows.slot].gather(1, h_idx)
+        window = torch.where(here, input_ids[t_rows], past)
+        ids = self.k["engram.hash_ids"](window, q >= 0, self.token_map, self.pad_id, self.multipliers,
+                                        self.primes, self.offsets)
+        # new history: the last N-1 ids of (history ++ chunk) = the last token's window, oldest first
+        history[ctx.state_slots] = window[rows.last, : n - 1].flip(1)
+        return ids
+
+
+class EngramLayer:
+    def __init__(self, cfg: DeepseekV41Config, layer: int, w: dict, make_linear, kernels: dict):
+        p = f"layers.{layer}.engram"
+        self.k, self.eps = kernels, cfg.rms_norm_eps
+        self.col = cfg.engram_layer_ids.index(layer)  # this layer's slot in the hasher's output
+        self.table = w[f"{p}.embed.weight"]
+        self.scale = w.get(f"{p}.embed.scale")
+        self.wkv = make_linear(f"{p}.wkv")
+        self.q_weight = w[f"{p}.q_weight"].float()
+        self.k_weight = w[f"{p}.k_weight"].float()
+
+    def __call__(self, residual: torch.Tensor, hash_ids: torch.Tensor) -> torch.Tensor:
+        """residual [T, n, D], hash_ids [T, L, C] -> residual with the gated value added to each stream."""
+        ids = hash_ids[:, self.col].to(self.table.device)
+        rows = self.k["engram.gather"](self.table, self.scale, ids, residual.dtype).to(residual.device)
+        kv = self.wkv(rows.reshape(rows.shape[0], -1))  # [T, (n+1)*D]
+        return self.k["engram.gate"](residual, kv, self.q_weight, self.k_weight, self.eps, GATE_CLAMP)

@@ -1,0 +1,119 @@
+"""DeepSeek-V4.1 for causal LM, written for the engine: the flattened tokens of many requests,
+their positions and the step's paged-cache metadata in, final hidden states out.
+
+Device-free: every numeric op is a registry kernel resolved once here. Reused from V4:
+the linear layers (``make_linear_factory``), the rope tables and the MoE (V4.1 routes every
+layer with the biased top-k, so ``MoEV4`` runs unchanged).
+"""
+from __future__ import annotations
+
+import torch
+
+from deepinfer_core.kernels.resolve import resolve_kernels
+from deepinfer_core.kv.spec import KVCacheSpec
+from deepinfer_core.runner.context import StepContext
+from deepinfer_models.deepseek_v4.model import KERNEL_OPS as V4_KERNEL_OPS
+from deepinfer_models.deepseek_v4.model import make_linear_factory, rope_tables
+from deepinfer_models.deepseek_v4.moe import MoEV4
+from deepinfer_models.deepseek_v41.attention import AttentionV41
+from deepinfer_models.deepseek_v41.config import DeepseekV41Config
+from deepinfer_models.deepseek_v41.engram import EngramHasher, EngramLayer
+from deepinfer_models.deepseek_v41.hyper import HCLayer, run_delayed_mhc
+from deepinfer_models.deepseek_v41.step import IndexShare, StepRows
+
+_OWN_OPS = (
+    "norm.rms", "norm.rms_unweighted", "rope.interleaved", "attention.sparse_sink", "compress.softmax_pool",
+    "index.scores", "index.topk", "index.candidate_blocks", "index.candidate_mask", "mhc.mix", "mhc.collapse",
+    "mhc.expand", "gemm.dense", "gemm.fp8_block", "gemm.mxfp4", "engram.hash_ids", "engram.gather", "engram.gate",
+)
+# The MoE is V4's: take whatever routing / expert ops it uses from V4's list.
+KERNEL_OPS = _OWN_OPS + tuple(op for op in V4_KERNEL_OPS if op.startswith("moe.") and op not in _OWN_OPS)
+
+
+class DeepseekV41ForCausalLM:
+    """The model. ``weights`` maps native checkpoint names to tensors (on ``device``, except
+    Engram tables that the loader may leave memory-mapped in host memory).
+
+    ``dtype`` is the activation dtype (bf16 in serving, fp32 in tests). ``token_map`` (int64
+    [vocab]) is the Engram token id -> compressed id map built from the checkpoint's
+    tokenizer; required iff the config has Engram layers.
+    """
+
+    kernel_ops = KERNEL_OPS
+
+    def __init__(self, cfg: DeepseekV41Config, weights: dict[str, torch.Tensor], dtype: torch.dtype = torch.bfloat16,
+                 device: torch.device | str = "cpu", platform=None, kernel_overrides: dict | None = None,
+                 block_size: int = 64, cache_dtype: torch.dtype | None = None, token_map: torch.Tensor | None = None):
+        self.cfg, self.dtype = cfg, dtype
+        self.device = torch.device(device)
+        self.k = resolve_kernels(self.kernel_ops, platform, kernel_overrides)
+        cache_dtype = cache_dtype or dtype
+        make_linear = make_linear_factory(weights, cfg, self.k, dtype)
+        rope = rope_tables(cfg, self.device)
+        self.embed = weights["embed.weight"].to(dtype)
+        self.head = weights["head.weight"].to(dtype)
+        self.norm_w = weights["norm.weight"].float()
+        self.hasher = None
+        if cfg.engram_layer_ids:
+            if token_map is None:
+                raise ValueError("this V4.1 config has Engram layers "
+                                 f"{list(cfg.engram_layer_ids)}: pass token_map (built from the checkpoint tokenizer)")
+            self.hasher = EngramHasher(cfg, token_map, self.k, self.device)
+        self.layers = []
+        for i in range(cfg.num_hidden_layers):
+            self.layers.append({
+                "attn_norm": weights[f"layers.{i}.attn_norm.weight"].float(),
+                "ffn_norm": weights[f"layers.{i}.ffn_norm.weight"].float(),
+                "hc": {sub: tuple(weights[f"layers.{i}.hc_{sub}_{n}"].float() for n in ("fn", "base", "scale"))
+                       for sub in ("attn", "ffn")},
+                "attn": AttentionV41(cfg, i, weights, make_linear, rope, self.k, block_size, cache_dtype),
+                "ffn": MoEV4(cfg, i, weights, make_linear, self.k, dtype),
+                "engram": EngramLayer(cfg, i, weights, make_linear, self.k) if cfg.is_engram_layer(i) else None,
+            })
+
+    # -- cache declaration ---------------------------------------------------------------
+    def kv_cache_specs(self) -> dict[str, KVCacheSpec]:
+        """Every cache the model needs, by name: SWA on every layer, compressed entries (and index
+        keys, ratio-2 ring) on kv sources only, the Engram token history per request."""
+        out: dict[str, KVCacheSpec] = {}
+        for layer in self.layers:
+            out.update(layer["attn"].specs())
+        if self.hasher is not None:
+            out.update(self.hasher.specs())
+        return out
+
+    def prefix_replay_tokens(self) -> int:
+        """Tokens before a prefix-cache hit to recompute so that per-request state is exact.
+
+        Hits are aligned to every group's block size, so a ratio-2 pair never straddles the hit
+        and the compressor ring needs nothing. The Engram history needs the N-1 ids before the
+        hit, and the last replayed token (whose logits are sampled when the hit covers the whole
+        sequence) needs its own N-1 predecessors inside the step: N tokens.
+        """
+        return self.cfg.engram_max_ngram_size if self.hasher is not None else 0
+
+    # -- forward -------------------------------------------------------------------------
+    def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        """input_ids [T] int64 -> final hidden states [T, D] in ``dtype`` (after the final norm)."""
+        k, cfg = self.k, self.cfg
+        rows = StepRows.from_context(ctx)
+        share = IndexShare()
+        hash_ids = self.hasher(input_ids, ctx, rows) if self.hasher is not None else None
+        eps = cfg.rms_norm_eps
+        stack = []
+        for layer in self.layers:
+            attn, ffn, engram = layer["attn"], layer["ffn"], layer["engram"]
+            stack.append(HCLayer(
+                hc_attn=layer["hc"]["attn"], hc_ffn=layer["hc"]["ffn"],
+                attn=lambda x, a=attn, w=layer["attn_norm"]: a(k["norm.rms"](x, w, eps), ctx, rows, share),
+                ffn=lambda x, f=ffn, w=layer["ffn_norm"]: f(k["norm.rms"](x, w, eps), input_ids),
+                inject=(lambda r, e=engram: e(r, hash_ids)) if engram is not None else None,
+            ))
+        x = self.embed[input_ids]
+        residual = x.unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()  # [T, n, D]
+        h = run_delayed_mhc(residual, stack, k, eps, cfg.hc_eps, cfg.hc_sinkhorn_iters)
+        return k["norm.rms"](h, self.norm_w, eps)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, D] -> fp32 logits [N, V]."""
+        return self.k["gemm.dense"](hidden, self.head).float()

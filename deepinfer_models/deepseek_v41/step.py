@@ -1,0 +1,47 @@
+"""Per-forward scratch of the V4.1 model, built once per step from the ``StepContext``.
+
+- ``StepRows``: per-token views of the request slices (first position of the token's
+  slice in this step, its state slot, the last row of each slice), so per-request state
+  (the ratio-2 compressor ring, the Engram history) is read and written with index math
+  instead of Python loops over requests.
+- ``IndexShare``: what index sources publish for later layers within one forward: the top-k
+  compressed positions of each index source (read by the compressed layers up to the next
+  index source) and the candidate blocks of the candidate source (read by later index
+  sources). Nothing here outlives the step (MODEL_SPEC.md 3.13).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from deepinfer_core.runner.context import StepContext
+
+
+@dataclass(frozen=True)
+class StepRows:
+    """Per-token slice facts, all int64 tensors on the step's device.
+
+    ``start [T]``: position of the first token of the token's slice in this step;
+    ``slot [T]``: the slice's state slot; ``last [B]``: row of each slice's last token.
+    """
+
+    start: torch.Tensor
+    slot: torch.Tensor
+    last: torch.Tensor
+
+    @classmethod
+    def from_context(cls, ctx: StepContext) -> "StepRows":
+        """From the per-token / per-slice tensors ``build_step_context`` leaves in ``ctx.extras``."""
+        start = ctx.extras["token_start"]  # [T]
+        first = ctx.extras["seq_first_row"]  # [B]
+        n = ctx.extras["seq_end"] - start[first]  # tokens of each slice
+        return cls(start=start, slot=ctx.state_slots[ctx.token_seq], last=first + n - 1)
+
+
+@dataclass
+class IndexShare:
+    """Top-k positions by index-source layer id ([T, k] int64, -1 padded) and the candidate blocks."""
+
+    topk: dict[int, torch.Tensor] = field(default_factory=dict)
+    candidates: torch.Tensor | None = None
