@@ -1,7 +1,7 @@
 """Run DeepInfer on the selected accelerator.
 
     DEEPINFER_ACCELERATOR=ascend python run.py          # fails clearly without deepinfer-ascend / torch_npu / an NPU
-    python run.py --model deepinfer/tiny-v4 --prompt "Hello"
+    python run.py --model deepinfer/tiny-v41 --prompt "Hello"
 
 The platform is chosen from DEEPINFER_ACCELERATOR (cpu, nvidia, ascend, or any installed plugin),
 else the single detected platform, else the CPU.

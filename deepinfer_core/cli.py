@@ -1,6 +1,6 @@
 """The ``deepinfer`` console script.
 
-    deepinfer generate --model deepinfer/tiny-v4 --prompt "Hello" --max-tokens 32
+    deepinfer generate --model deepinfer/tiny-v41 --prompt "Hello" --max-tokens 32
     deepinfer chat --model /path/to/DeepSeek-V4.1-Flash-1017 --message "Hi" --thinking
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="local checkpoint dir, hub id, or embedded name (deepinfer/tiny-v4); "
+    p.add_argument("--model", default=None, help="local checkpoint dir, hub id, or embedded name (deepinfer/tiny-v41, deepinfer/tiny-v4); "
                    "default: deepseek-ai/DeepSeek-V4.1-Flash-1017")
     p.add_argument("--dtype", default="auto", help="auto | bfloat16 | float32 | float16")
     p.add_argument("--max-model-len", type=int, default=4096)

@@ -30,7 +30,7 @@ class LLM:
     """``LLM(model=...)``: load once, then ``generate`` / ``chat`` batches.
 
     ``model`` is a local checkpoint directory, a Hugging Face hub id (downloaded into
-    the standard cache), or an embedded tiny checkpoint name such as ``deepinfer/tiny-v4``.
+    the standard cache), or an embedded tiny checkpoint name such as ``deepinfer/tiny-v41`` (or ``deepinfer/tiny-v4``).
     Unknown keyword arguments are rejected (no silent typos).
     """
 

@@ -1,7 +1,7 @@
 """Offline inference with DeepInfer (the original release's entry point).
 
     python examples/offline_inference.py                         # the default checkpoint
-    python examples/offline_inference.py --model deepinfer/tiny-v4   # embedded tiny model, no download
+    python examples/offline_inference.py --model deepinfer/tiny-v41  # embedded tiny V4.1, no download, no download
 
 The default model is deepseek-ai/DeepSeek-V4.1-Flash-1017 from the Hugging Face hub; pass a
 local directory with --model when the machine is offline.
