@@ -1,6 +1,6 @@
 """Prefix caching on shared-prefix workloads: tokens computed and time, with and without caching.
 
-    python benchmarks/prefix_cache.py                      # tiny generated V4 checkpoint, CPU
+    python benchmarks/prefix_cache.py                      # tiny generated V4.1 checkpoint, CPU (--family v4)
     python benchmarks/prefix_cache.py --model DIR --dtype bfloat16
 
 Workloads: (1) one long system prompt + many short questions; (2) a multi-turn chat where each
@@ -63,15 +63,17 @@ def main() -> None:
     ap.add_argument("--num-turns", type=int, default=6)
     ap.add_argument("--output-len", type=int, default=16)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--family", default="v41", choices=["v41", "v4"], help="tiny checkpoint family when --model is unset")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     model = args.model
     if model is None:
-        from deepinfer_models.testing import write_tiny_v4_checkpoint
+        from deepinfer_models.testing import write_tiny_v4_checkpoint, write_tiny_v41_checkpoint
 
         model = tempfile.mkdtemp(prefix="deepinfer_prefix_")
-        write_tiny_v4_checkpoint(model, quant="fp8", seed=0)
+        writer = write_tiny_v41_checkpoint if args.family == "v41" else write_tiny_v4_checkpoint
+        writer(model, quant="fp8", seed=0)
     print(f"model={model} dtype={args.dtype} threads={torch.get_num_threads()}")
     print(f"{'workload':<18}{'caching':>8}{'tokens fed':>12}{'seconds':>9}{'hit rate':>10}")
     for workload in ("system+questions", "multi-turn"):
