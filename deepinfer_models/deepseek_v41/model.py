@@ -95,19 +95,37 @@ class DeepseekV41ForCausalLM:
     # -- forward -------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """input_ids [T] int64 -> final hidden states [T, D] in ``dtype`` (after the final norm)."""
+        return self._forward(input_ids, ctx, None)
+
+    def forward_with_taps(self, input_ids: torch.Tensor, ctx: StepContext, tap_layer_ids
+                          ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """``forward`` plus, for each id in ``tap_layer_ids``, the mean over the hc streams of the
+        residual entering that layer (after its Engram injection): ``{layer: [T, D]}`` in
+        ``dtype``. These are the DSpark target features (docs/models/deepseek_v41.md, 3.12)."""
+        taps: dict[int, torch.Tensor] = {}
+        for L in tap_layer_ids:
+            if not 0 <= L < self.cfg.num_hidden_layers:
+                raise ValueError(f"tap layer {L} is out of range [0, {self.cfg.num_hidden_layers})")
+            taps[L] = None
+        return self._forward(input_ids, ctx, taps), taps
+
+    def _forward(self, input_ids: torch.Tensor, ctx: StepContext, taps: dict | None) -> torch.Tensor:
         k, cfg = self.k, self.cfg
         rows = StepRows.from_context(ctx)
         share = IndexShare()
         hash_ids = self.hasher(input_ids, ctx, rows) if self.hasher is not None else None
         eps = cfg.rms_norm_eps
         stack = []
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
             attn, ffn, engram = layer["attn"], layer["ffn"], layer["engram"]
+            inject = (lambda r, e=engram: e(r, hash_ids)) if engram is not None else None
+            if taps is not None and i in taps:  # read-only: record the stream, return it unchanged
+                inject = _tapping(inject, taps, i)
             stack.append(HCLayer(
                 hc_attn=layer["hc"]["attn"], hc_ffn=layer["hc"]["ffn"],
                 attn=lambda x, a=attn, w=layer["attn_norm"]: a(k["norm.rms"](x, w, eps), ctx, rows, share),
                 ffn=lambda x, f=ffn, w=layer["ffn_norm"]: f(k["norm.rms"](x, w, eps), input_ids),
-                inject=(lambda r, e=engram: e(r, hash_ids)) if engram is not None else None,
+                inject=inject,
             ))
         x = self.embed[input_ids]
         residual = x.unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()  # [T, n, D]
@@ -117,3 +135,13 @@ class DeepseekV41ForCausalLM:
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, D] -> fp32 logits [N, V]."""
         return self.k["gemm.dense"](hidden, self.head).float()
+
+
+def _tapping(inject, taps: dict, layer: int):
+    """Wrap a layer's (optional) Engram injection so the resulting stream's hc mean is recorded."""
+    def run(r: torch.Tensor) -> torch.Tensor:
+        if inject is not None:
+            r = inject(r)
+        taps[layer] = r.mean(dim=1)
+        return r
+    return run
