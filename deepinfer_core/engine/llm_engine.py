@@ -15,7 +15,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import torch
 
 from deepinfer_core.config import EngineConfig
 from deepinfer_core.engine.model_runner import ModelRunner, StepResult

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_core.kv.spec import CompressedSpec, SlidingWindowSpec
+from deepinfer_core.kv.spec import SlidingWindowSpec
 from deepinfer_core.runner.context import StepContext
 from deepinfer_models.deepseek_v4.compressor import Compressor
 from deepinfer_models.deepseek_v4.config import DeepseekV4Config
@@ -58,9 +58,13 @@ class Indexer:
         return self.k["index.topk"](scores, self.cfg.index_topk)
 
 
-class AttentionV4:
-    def __init__(self, cfg: DeepseekV4Config, layer: int, w: dict, make_linear, rope: dict, kernels: dict,
-                 block_size: int, cache_dtype: torch.dtype):
+class SharedKVAttention:
+    """What every DeepSeek-V4.x attention layer has: the low-rank query, the shared K=V projection
+    written to the layer's sliding-window cache, per-head sinks and the grouped output projection.
+    Subclasses add the compressed branch (V4: CSA/HCA; V4.1: kv/index sources)."""
+
+    def __init__(self, cfg, layer: int, w: dict, make_linear, rope: dict, kernels: dict, block_size: int,
+                 cache_dtype: torch.dtype):
         p = f"layers.{layer}.attn"
         self.cfg, self.k, self.layer = cfg, kernels, layer
         self.ratio = cfg.ratio(layer)
@@ -69,6 +73,7 @@ class AttentionV4:
         self.eps = cfg.rms_norm_eps
         self.wq_a, self.wq_b = make_linear(f"{p}.wq_a"), make_linear(f"{p}.wq_b")
         self.wkv, self.wo_b = make_linear(f"{p}.wkv"), make_linear(f"{p}.wo_b")
+        # wo_a is applied per head group (one Linear per group, kept in the checkpoint layout)
         self.wo_a_groups = split_grouped_linear(make_linear(f"{p}.wo_a"), cfg.o_groups, w[f"{p}.wo_a.weight"].device)
         self.q_norm = w[f"{p}.q_norm.weight"].float()
         self.kv_norm = w[f"{p}.kv_norm.weight"].float()
@@ -76,6 +81,13 @@ class AttentionV4:
         self.swa_name = f"{p}.swa"
         self.swa_spec = SlidingWindowSpec(entry_shape=(self.d,), dtype=cache_dtype, window=cfg.sliding_window,
                                           block_size=block_size)
+
+
+class AttentionV4(SharedKVAttention):
+    def __init__(self, cfg: DeepseekV4Config, layer: int, w: dict, make_linear, rope: dict, kernels: dict,
+                 block_size: int, cache_dtype: torch.dtype):
+        super().__init__(cfg, layer, w, make_linear, rope, kernels, block_size, cache_dtype)
+        p = f"layers.{layer}.attn"
         self.compressor = None
         self.indexer = None
         if self.ratio:

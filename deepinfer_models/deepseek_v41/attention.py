@@ -11,34 +11,19 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_core.kv.spec import KVCacheSpec, SlidingWindowSpec
+from deepinfer_core.kv.spec import KVCacheSpec
 from deepinfer_core.runner.context import StepContext
-from deepinfer_models.deepseek_v4.attention import split_grouped_linear
+from deepinfer_models.deepseek_v4.attention import SharedKVAttention
 from deepinfer_models.deepseek_v41.compressor import CompressorV41, cache_name
 from deepinfer_models.deepseek_v41.config import DeepseekV41Config
 from deepinfer_models.deepseek_v41.indexer import IndexerV41
 from deepinfer_models.deepseek_v41.step import IndexShare, StepRows
 
 
-class AttentionV41:
+class AttentionV41(SharedKVAttention):
     def __init__(self, cfg: DeepseekV41Config, layer: int, w: dict, make_linear, rope: dict, kernels: dict,
                  block_size: int, cache_dtype: torch.dtype):
-        p = f"layers.{layer}.attn"
-        self.cfg, self.k, self.layer = cfg, kernels, layer
-        self.ratio = cfg.ratio(layer)
-        self.inv_freq = rope["compress" if self.ratio else "main"]
-        self.h, self.d = cfg.num_attention_heads, cfg.head_dim
-        self.eps = cfg.rms_norm_eps
-        self.wq_a, self.wq_b = make_linear(f"{p}.wq_a"), make_linear(f"{p}.wq_b")
-        self.wkv, self.wo_b = make_linear(f"{p}.wkv"), make_linear(f"{p}.wo_b")
-        # wo_a is applied per head group (one Linear per group, kept in the checkpoint layout)
-        self.wo_a_groups = split_grouped_linear(make_linear(f"{p}.wo_a"), cfg.o_groups, w[f"{p}.wo_a.weight"].device)
-        self.q_norm = w[f"{p}.q_norm.weight"].float()
-        self.kv_norm = w[f"{p}.kv_norm.weight"].float()
-        self.sinks = w[f"{p}.attn_sink"].float()
-        self.swa_name = f"{p}.swa"
-        self.swa_spec = SlidingWindowSpec(entry_shape=(self.d,), dtype=cache_dtype, window=cfg.sliding_window,
-                                          block_size=block_size)
+        super().__init__(cfg, layer, w, make_linear, rope, kernels, block_size, cache_dtype)
         self.compressor = None
         if cfg.is_kv_source(layer):
             self.compressor = CompressorV41(cfg, layer, w, make_linear, self.inv_freq, kernels, block_size, cache_dtype)
