@@ -256,6 +256,11 @@ def make_model(cfg, weights, provider: str):
         return DeepseekV4ForCausalLM(cfg, weights, dtype=torch.bfloat16, device=DEV, platform=None)
     from deepinfer_nvidia.platform import NvidiaPlatform
 
+    if provider == "bi":  # batch-invariant mode: only providers registered batch_invariant=True, else references
+        from deepinfer_core.kernels.mode import kernel_mode
+
+        with kernel_mode(batch_invariant=True):
+            return DeepseekV4ForCausalLM(cfg, weights, dtype=torch.bfloat16, device="cuda", platform=NvidiaPlatform())
     return DeepseekV4ForCausalLM(cfg, weights, dtype=torch.bfloat16, device="cuda", platform=NvidiaPlatform(),
                                  kernel_overrides=ATEN_OVERRIDES)
 

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 from typing import Any
 
-# (op, provider, target, supports-target or None). Providers are tried in the
+# (op, provider, target, supports-target or None[, batch_invariant]). Providers are tried in the
 # order of NvidiaPlatform.default_providers.
 _K = "deepinfer_nvidia.kernels"
-IMPLS: tuple[tuple[str, str, str, str | None], ...] = (
-    ("norm.rms", "triton", f"{_K}.triton_norm:rms", f"{_K}.triton_norm:supports_rms"),
-    ("norm.rms_unweighted", "triton", f"{_K}.triton_norm:rms_unweighted", f"{_K}.triton_norm:supports_rms_unweighted"),
-    ("rope.interleaved", "triton", f"{_K}.triton_rope:rope", f"{_K}.triton_rope:supports"),
+IMPLS: tuple[tuple, ...] = (
+    # batch-invariant: one program per row (norm) or per element (rope); no reduction spans rows
+    ("norm.rms", "triton", f"{_K}.triton_norm:rms", f"{_K}.triton_norm:supports_rms", True),
+    ("norm.rms_unweighted", "triton", f"{_K}.triton_norm:rms_unweighted", f"{_K}.triton_norm:supports_rms_unweighted",
+     True),
+    ("rope.interleaved", "triton", f"{_K}.triton_rope:rope", f"{_K}.triton_rope:supports", True),
     ("attention.sparse_sink", "triton", f"{_K}.triton_attention:sparse_sink", f"{_K}.triton_attention:supports"),
     ("index.scores", "triton", f"{_K}.triton_indexer:scores", f"{_K}.triton_indexer:supports"),
     ("mhc.mix", "triton", f"{_K}.triton_mhc:mix", f"{_K}.triton_mhc:supports"),
@@ -42,7 +44,7 @@ def register(registry: Any) -> list[tuple[str, str]]:
     (op, provider): both are packaging bugs that must not pass silently.
     """
     done = []
-    for op, provider, target, supports in IMPLS:
-        registry.register_impl(op, provider, target, supports)
+    for op, provider, target, supports, *flags in IMPLS:
+        registry.register_impl(op, provider, target, supports, batch_invariant=bool(flags and flags[0]))
         done.append((op, provider))
     return done

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_core.kernels.ops.linalg import down, up
+from deepinfer_core.kernels.ops.linalg import down
 from deepinfer_core.kernels.spec import OpSpec, acc
 
 
@@ -26,12 +26,13 @@ def sparse_attention_sink(q: torch.Tensor, kv_a: torch.Tensor, idx_a: torch.Tens
     if kv_b is not None and idx_b is not None and idx_b.shape[1] > 0:
         keys.append(kv_b[idx_b.clamp(min=0)])
         valid.append(idx_b >= 0)
-    # One precision up (fp64 for fp32 inputs, see linalg.up): the number of gathered
-    # slots N depends on the batch, and BLAS/ATen reduction orders depend on N; in fp64
-    # those differences vanish when the result is rounded back.
-    k = up(torch.cat(keys, dim=1))  # [T, N, D]
+    # In fp64 whatever the input dtype: the number of gathered slots N depends on the
+    # batch, and BLAS reduction orders depend on N (seen on MKL and on cuBLAS); in fp64
+    # those differences vanish when the result is rounded back (fp32 accumulation was
+    # not enough for bf16 inputs on the H200).
+    k = torch.cat(keys, dim=1).double()  # [T, N, D]
     ok = torch.cat(valid, dim=1)  # [T, N]
-    logits = torch.einsum("thd,tnd->thn", up(q), k) * scale
+    logits = torch.einsum("thd,tnd->thn", q.double(), k) * scale
     logits = logits.masked_fill(~ok[:, None, :], float("-inf"))
     sink = sinks.to(logits.dtype).view(1, -1, 1).expand(q.shape[0], -1, 1)
     full = torch.cat([logits, sink], dim=-1)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_core.kernels.ops.linalg import down, up
+from deepinfer_core.kernels.ops.linalg import down
 from deepinfer_core.kernels.spec import OpSpec, acc
 
 
@@ -15,9 +15,9 @@ def indexer_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, c
     index-key cache; cand [T, N] int64 slots (-1 = not visible). Returns fp32 [T, N]:
     ``sum_h weights[t,h] * relu(q[t,h] . keys[cand[t,n]]) * score_scale``, ``-inf`` where cand < 0.
     """
-    # fp64 for fp32 inputs (see linalg.up): N depends on the batch, so must not the bits.
-    k = up(keys[cand.clamp(min=0)])  # [T, N, Di]
-    s = torch.einsum("thd,tnd->thn", up(q), k).relu() * score_scale
+    # fp64 whatever the input dtype (see attention.py): N depends on the batch, the bits must not.
+    k = keys[cand.clamp(min=0)].double()  # [T, N, Di]
+    s = torch.einsum("thd,tnd->thn", q.double(), k).relu() * score_scale
     out = down((s * weights.to(s.dtype)[:, :, None]).sum(dim=1), acc(q))
     return out.masked_fill(cand < 0, float("-inf"))
 
