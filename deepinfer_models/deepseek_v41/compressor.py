@@ -15,7 +15,7 @@ keys come from the *pre-RoPE* latent (MODEL_SPEC.md 3.5).
 
 Cross-step state (ratio 2 only): the pair ``(2g, 2g+1)`` may straddle two steps, so the
 projected ``kv | z`` rows of each request's last two positions live in a per-request
-``StateSpec`` ring indexed by ``p % 2``. Ratio 1 needs no state.
+``StateSpec`` ring indexed by ``p % RING``. Ratio 1 needs no state.
 """
 from __future__ import annotations
 
@@ -26,7 +26,10 @@ from deepinfer_core.runner.context import StepContext
 from deepinfer_models.deepseek_v41.config import DeepseekV41Config
 from deepinfer_models.deepseek_v41.step import StepRows
 
-RING = 2  # positions kept per request for ratio 2
+# Positions kept per request for ratio 2. Two would do for plain decoding; 8 (vLLM's
+# ``max(8, next_pow2(num_spec_tokens + 2))``) lets up to 6 rejected speculative positions be
+# written without overwriting a row a later pair still needs (rows are indexed by position).
+RING = 8
 
 
 def compressed_block_size(block_size: int, ratio: int) -> int:

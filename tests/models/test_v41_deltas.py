@@ -388,7 +388,7 @@ def test_caches_exist_only_on_their_owner_layers():
     assert cmp["layers.6.attn.index_keys"].entry_shape == (cfg.index_head_dim,)
     states = {n: s for n, s in specs.items() if isinstance(s, StateSpec)}
     assert set(states) == {"layers.2.attn.cmp_ring", "engram.history"}  # ratio 1 needs no ring
-    assert states["layers.2.attn.cmp_ring"].entry_shape == (2, 2 * cfg.head_dim)
+    assert states["layers.2.attn.cmp_ring"].entry_shape == (8, 2 * cfg.head_dim)  # room for rejected spec tokens
     assert states["engram.history"].entry_shape == (cfg.engram_max_ngram_size - 1,)
     # consumers read their sources; only index sources own an indexer, only kv sources a compressor
     for i, layer in enumerate(model.layers):
