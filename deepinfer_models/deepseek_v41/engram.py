@@ -2,8 +2,10 @@
 
 ``EngramHasher`` computes, once per forward, the hash ids of every token for every Engram
 layer: the n-gram ending at position p needs the token ids at p-1 .. p-(N-1), which may lie
-in earlier steps, so each request keeps its last N-1 token ids in a per-request
-``StateSpec`` (oldest first); positions before 0 are "blocked" and hash as padding.
+in earlier steps, so each request keeps its recent token ids in a per-request ``StateSpec``
+ring indexed by position (``p % HISTORY_CAP``); positions before 0 are "blocked" and hash as
+padding. Indexing by position (not "the last N-1 ids") means tokens written at positions that
+are later rejected (speculative decoding) are simply overwritten by the accepted ones.
 
 ``EngramLayer`` looks its ids up in the layer's table (FP8 rows with UE8M0 scales per 32
 values, or plain floats in unquantised checkpoints), projects the concatenated rows with
@@ -22,6 +24,7 @@ from deepinfer_models.deepseek_v41.engram_hash import engram_multipliers, engram
 from deepinfer_models.deepseek_v41.step import StepRows
 
 HISTORY = "engram.history"
+HISTORY_CAP = 16  # >= N-1 + the most rejected speculative positions (N = 4: up to 12)
 GATE_CLAMP = 1e-6  # |dot| floor before the signed square root (both serving stacks)
 
 
@@ -38,7 +41,9 @@ class EngramHasher:
         self.offsets = torch.tensor(engram_offsets(primes), dtype=torch.long, device=device)
         mult = engram_multipliers(tuple(cfg.engram_layer_ids), self.n, cfg.engram_compressed_vocab_size)
         self.multipliers = torch.tensor(mult, dtype=torch.long, device=device)
-        self.spec = StateSpec(entry_shape=(self.n - 1,), dtype=torch.long)
+        if self.n - 1 > HISTORY_CAP:
+            raise ValueError(f"engram_max_ngram_size={self.n} needs more than {HISTORY_CAP} history positions")
+        self.spec = StateSpec(entry_shape=(HISTORY_CAP,), dtype=torch.long)
 
     def specs(self) -> dict[str, StateSpec]:
         return {HISTORY: self.spec}
@@ -46,18 +51,18 @@ class EngramHasher:
     def __call__(self, input_ids: torch.Tensor, ctx: StepContext, rows: StepRows) -> torch.Tensor:
         n = self.n
         pos = ctx.positions
-        history = ctx.caches[HISTORY]  # [slots, N-1] token ids at positions start-(N-1) .. start-1
+        history = ctx.caches[HISTORY]  # [slots, HISTORY_CAP] token id of position p at p % HISTORY_CAP
         s = torch.arange(n, device=pos.device)
         q = pos[:, None] - s[None, :]  # [T, N] position of each n-gram column
         here = q >= rows.start[:, None]
         t_rows = (torch.arange(pos.shape[0], device=pos.device)[:, None] - s[None, :]).clamp(min=0)
-        h_idx = (n - 1 - (rows.start[:, None] - q)).clamp(0, n - 2)
-        past = history[rows.slot].gather(1, h_idx)
+        past = history[rows.slot].gather(1, q.remainder(HISTORY_CAP))  # read before this step writes
         window = torch.where(here, input_ids[t_rows], past)
         ids = self.k["engram.hash_ids"](window, q >= 0, self.token_map, self.pad_id, self.multipliers,
                                         self.primes, self.offsets)
-        # new history: the last N-1 ids of (history ++ chunk) = the last token's window, oldest first
-        history[ctx.state_slots] = window[rows.last, : n - 1].flip(1)
+        # remember the last HISTORY_CAP positions of every request's chunk
+        keep = (pos > pos[rows.last][ctx.token_seq] - HISTORY_CAP).nonzero(as_tuple=True)[0]
+        history[rows.slot[keep], pos[keep] % HISTORY_CAP] = input_ids[keep]
         return ids
 
 

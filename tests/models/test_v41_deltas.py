@@ -11,6 +11,8 @@ import math
 import pytest
 import torch
 
+from deepinfer_models.deepseek_v41.engram import HISTORY_CAP
+
 from deepinfer_core.kernels.ops import candidates as cand_ops
 from deepinfer_core.kernels.ops import engram as engram_ops
 from deepinfer_core.kernels.ops.quant import dequant_fp8_block, quant_fp8_block
@@ -389,7 +391,7 @@ def test_caches_exist_only_on_their_owner_layers():
     states = {n: s for n, s in specs.items() if isinstance(s, StateSpec)}
     assert set(states) == {"layers.2.attn.cmp_ring", "engram.history"}  # ratio 1 needs no ring
     assert states["layers.2.attn.cmp_ring"].entry_shape == (8, 2 * cfg.head_dim)  # room for rejected spec tokens
-    assert states["engram.history"].entry_shape == (cfg.engram_max_ngram_size - 1,)
+    assert states["engram.history"].entry_shape == (HISTORY_CAP,)  # position-indexed, room for rejected tokens
     # consumers read their sources; only index sources own an indexer, only kv sources a compressor
     for i, layer in enumerate(model.layers):
         attn = layer["attn"]
