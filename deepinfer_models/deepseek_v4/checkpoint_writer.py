@@ -69,11 +69,11 @@ def tiny_v4_config(**overrides) -> DeepseekV4Config:
     return cfg
 
 
-def _tensor_seed(seed: int, name: str) -> int:
+def tensor_seed(seed: int, name: str) -> int:
     return (seed * 1_000_003 + zlib.crc32(name.encode())) % (2 ** 63)
 
 
-def _master_value(name: str, shape: tuple[int, ...], cfg: DeepseekV4Config, g: torch.Generator) -> torch.Tensor:
+def master_value(name: str, shape: tuple[int, ...], cfg: DeepseekV4Config, g: torch.Generator) -> torch.Tensor:
     """The fp32 (or int) value of one unquantised tensor; the distribution depends on the name."""
     def randn(std: float = 1.0, mean: float = 0.0) -> torch.Tensor:
         return torch.randn(shape, generator=g) * std + mean
@@ -114,8 +114,8 @@ def make_tensors(cfg: DeepseekV4Config, seed: int = 0) -> dict[str, torch.Tensor
     block = tuple(cfg.quant.weight_block_size)
     out: dict[str, torch.Tensor] = {}
     for name, pspec in plain.items():
-        g = torch.Generator().manual_seed(_tensor_seed(seed, name))
-        value = _master_value(name, pspec.shape, cfg, g)
+        g = torch.Generator().manual_seed(tensor_seed(seed, name))
+        value = master_value(name, pspec.shape, cfg, g)
         spec: TensorSpec = specs[name]
         if spec.role == "fp8_weight":
             q, s = quant_fp8_block(value, block, cfg.quant.scale_fmt)
@@ -136,7 +136,7 @@ def _tensor_bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def _save_safetensors(tensors: dict[str, torch.Tensor], out: Path, shard_max_bytes: int | None) -> None:
+def save_safetensors(tensors: dict[str, torch.Tensor], out: Path, shard_max_bytes: int | None) -> None:
     from safetensors.torch import save_file
 
     if shard_max_bytes is None:
@@ -175,6 +175,25 @@ def tokenizer_dir() -> Path:
     return root
 
 
+def resolve_quant(quant, presets: dict) -> QuantConfig:
+    """A QuantConfig from a preset name (``none``/``fp8``/``fp4``) or a QuantConfig itself."""
+    if isinstance(quant, QuantConfig):
+        return quant
+    if quant in presets:
+        return presets[quant]
+    raise ValueError(f"quant must be one of {sorted(presets)} or a QuantConfig, got {quant!r}")
+
+
+def prepare_checkpoint_dir(out_dir: str | Path, config: dict) -> Path:
+    """Create ``out_dir``, remove earlier safetensors files and write ``config.json``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in [out / SINGLE_FILE, out / INDEX_FILE, *out.glob("model-*-of-*.safetensors")]:
+        stale.unlink(missing_ok=True)  # re-writing a directory must not leave old shards behind
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out
+
+
 def write_tiny_v4_checkpoint(out_dir: str | Path, cfg: DeepseekV4Config | None = None,
                              quant: str | QuantConfig = "none", seed: int = 0,
                              shard_max_bytes: int | None = None, tokenizer: bool = True) -> Path:
@@ -187,20 +206,10 @@ def write_tiny_v4_checkpoint(out_dir: str | Path, cfg: DeepseekV4Config | None =
     tensors into shards of at most this size (plus an index). ``tokenizer``:
     copy ``tokenizer.json`` / ``tokenizer_config.json`` (needs the real vocab).
     """
-    if isinstance(quant, QuantConfig):
-        qcfg = quant
-    elif quant in QUANT_PRESETS:
-        qcfg = QUANT_PRESETS[quant]
-    else:
-        raise ValueError(f"quant must be one of {sorted(QUANT_PRESETS)} or a QuantConfig, got {quant!r}")
-    cfg = dataclasses.replace(cfg or tiny_v4_config(), quant=qcfg)
+    cfg = dataclasses.replace(cfg or tiny_v4_config(), quant=resolve_quant(quant, QUANT_PRESETS))
     cfg.validate()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in [out / SINGLE_FILE, out / INDEX_FILE, *out.glob("model-*-of-*.safetensors")]:
-        stale.unlink(missing_ok=True)  # re-writing a directory must not leave old shards behind
-    (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
-    _save_safetensors(make_tensors(cfg, seed), out, shard_max_bytes)
+    out = prepare_checkpoint_dir(out_dir, cfg.to_dict())
+    save_safetensors(make_tensors(cfg, seed), out, shard_max_bytes)
     if tokenizer:
         src = tokenizer_dir()
         for f in TOKENIZER_FILES:

@@ -14,6 +14,17 @@ from typing import Any
 V4_RATIOS = (0, 4, 128)
 
 
+def read_config_json(path: str | Path, error: type[Exception] = ValueError) -> dict[str, Any]:
+    """``path/config.json`` as a dict; a missing file or invalid JSON is a clear error naming the file."""
+    p = Path(path) / "config.json"
+    try:
+        return json.loads(p.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no config.json in {path}") from None
+    except json.JSONDecodeError as exc:
+        raise error(f"{p} is not valid JSON: {exc}") from None
+
+
 @dataclass(frozen=True)
 class QuantConfig:
     """Checkpoint quantisation. ``fmt`` None means unquantised (bf16/fp32 weights).
@@ -113,14 +124,7 @@ class DeepseekV4Config:
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> "DeepseekV4Config":
-        p = Path(path) / "config.json"
-        try:
-            raw = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise FileNotFoundError(f"no config.json in {path}") from None
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{p} is not valid JSON: {exc}") from None
-        return cls.from_dict(raw)
+        return cls.from_dict(read_config_json(path))
 
     def validate(self) -> None:
         def bad(name: str, why: str) -> None:

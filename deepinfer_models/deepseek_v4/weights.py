@@ -19,63 +19,14 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_core.kernels.ops.quant import MXFP4_GROUP, fp8_block_scale_shape
 from deepinfer_core.loader import TensorSpec
 from deepinfer_models.deepseek_v4.config import DeepseekV4Config
+from deepinfer_models.layers.tensor_table import TensorTableBuilder
 
 # Tensor name prefixes of a native V4 checkpoint that the target model does not load (MTP draft layers).
 SKIP_PREFIXES = ("mtp.",)
 
-BF16 = (torch.bfloat16,)
-BF16_OR_FP32 = (torch.bfloat16, torch.float32)
-FP32 = (torch.float32,)
-
-
-class _Builder:
-    """Accumulates specs, applying the checkpoint's quantisation to linears."""
-
-    def __init__(self, cfg: DeepseekV4Config) -> None:
-        self.cfg = cfg
-        self.q = cfg.quant
-        self.specs: dict[str, TensorSpec] = {}
-        # Unquantised checkpoints may store any bf16 tensor as fp32 too.
-        self.plain = BF16 if self.q.quantized else BF16_OR_FP32
-
-    def add(self, name: str, shape, dtypes, role: str) -> None:
-        if name in self.specs:  # a layout bug, not bad input
-            raise AssertionError(f"duplicate tensor name {name}")
-        self.specs[name] = TensorSpec(tuple(shape), tuple(dtypes), role)
-
-    def bf16(self, name: str, shape, role: str = "dense") -> None:
-        self.add(name, shape, self.plain, role)
-
-    def norm(self, name: str, dim: int) -> None:
-        self.add(name, (dim,), BF16_OR_FP32, "norm")
-
-    def fp32(self, name: str, shape) -> None:
-        self.add(name, shape, FP32, "fp32")
-
-    def linear(self, prefix: str, n: int, k: int, kind: str = "dense") -> None:
-        """``prefix.weight [n, k]`` (+ ``prefix.scale``) per the quant config.
-
-        ``kind``: ``"dense"`` (fp8 when quantised), ``"expert"`` (fp8 or MXFP4 per
-        ``expert_dtype``) or ``"bf16"`` (never quantised).
-        """
-        fmt = None
-        if self.q.quantized and kind != "bf16":
-            fmt = "mxfp4" if kind == "expert" and self.q.expert_dtype == "fp4" else "fp8"
-        if fmt is None:
-            self.bf16(f"{prefix}.weight", (n, k))
-        elif fmt == "fp8":
-            scale_dtype = torch.float8_e8m0fnu if self.q.scale_fmt == "ue8m0" else torch.float32
-            self.add(f"{prefix}.weight", (n, k), (torch.float8_e4m3fn,), "fp8_weight")
-            self.add(f"{prefix}.scale", fp8_block_scale_shape(n, k, tuple(self.q.weight_block_size)),
-                     (scale_dtype,), "fp8_scale")
-        else:
-            if k % MXFP4_GROUP:
-                raise ValueError(f"{prefix}: MXFP4 experts need the input dim ({k}) divisible by {MXFP4_GROUP}")
-            self.add(f"{prefix}.weight", (n, k // 2), (torch.uint8, torch.int8), "mxfp4_weight")
-            self.add(f"{prefix}.scale", (n, k // MXFP4_GROUP), (torch.float8_e8m0fnu,), "mxfp4_scale")
+_Builder = TensorTableBuilder
 
 
 def _hc(b: _Builder, prefix: str, rows: int, n: int, d: int, n_scale: int) -> None:
@@ -94,16 +45,8 @@ def _compressor(b: _Builder, prefix: str, ratio: int, dim: int, d_model: int) ->
 
 
 def _attention(b: _Builder, p: str, cfg: DeepseekV4Config, ratio: int) -> None:
-    D, H, d = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
-    G, ql = cfg.o_groups, cfg.q_lora_rank
-    b.linear(f"{p}.wq_a", ql, D)
-    b.norm(f"{p}.q_norm.weight", ql)
-    b.linear(f"{p}.wq_b", H * d, ql)
-    b.linear(f"{p}.wkv", d, D)
-    b.norm(f"{p}.kv_norm.weight", d)
-    b.linear(f"{p}.wo_a", G * cfg.o_lora_rank, H * d // G)
-    b.linear(f"{p}.wo_b", D, G * cfg.o_lora_rank)
-    b.fp32(f"{p}.attn_sink", (H,))
+    D, d, ql = cfg.hidden_size, cfg.head_dim, cfg.q_lora_rank
+    b.attention_core(p)
     if ratio:
         _compressor(b, f"{p}.compressor", ratio, d, D)
     if ratio == 4:

@@ -21,19 +21,19 @@ name)``, so the none/fp8/fp4 variants of one seed hold the same underlying weigh
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 from pathlib import Path
 
 import torch
 
 from deepinfer_core.kernels.ops.quant import quant_fp8_block, quant_mxfp4
-from deepinfer_core.loader import INDEX_FILE, SINGLE_FILE
 from deepinfer_models.deepseek_v4.checkpoint_writer import (
     TOKENIZER_FILES,
-    _master_value,
-    _save_safetensors,
-    _tensor_seed,
+    master_value,
+    prepare_checkpoint_dir,
+    resolve_quant,
+    save_safetensors,
+    tensor_seed,
     tokenizer_dir,
 )
 from deepinfer_models.deepseek_v4.config import QuantConfig
@@ -112,7 +112,7 @@ def _value(name: str, shape: tuple[int, ...], cfg: DeepseekV41Config, g: torch.G
         return torch.randn(shape, generator=g) * 0.1 + 1.0
     if name.endswith("engram.embed.weight"):
         return torch.randn(shape, generator=g) * 0.5
-    return _master_value(name, shape, cfg, g)
+    return master_value(name, shape, cfg, g)
 
 
 def _all_specs(cfg: DeepseekV41Config) -> dict:
@@ -134,7 +134,7 @@ def make_tensors(cfg: DeepseekV41Config, seed: int = 0) -> dict[str, torch.Tenso
     block = tuple(cfg.quant.weight_block_size)
     out: dict[str, torch.Tensor] = {}
     for name, pspec in plain.items():
-        g = torch.Generator().manual_seed(_tensor_seed(seed, name))
+        g = torch.Generator().manual_seed(tensor_seed(seed, name))
         value = _value(name, pspec.shape, cfg, g)
         spec = specs[name]
         base = name[: -len(".weight")] if name.endswith(".weight") else name
@@ -162,20 +162,10 @@ def write_tiny_v41_checkpoint(out_dir: str | Path, cfg: DeepseekV41Config | None
     ``"fp4"`` (same, MXFP4 experts), or a ``QuantConfig``. ``shard_max_bytes`` splits the
     tensors into shards plus an index; ``tokenizer`` copies the DeepSeek tokenizer files.
     """
-    if isinstance(quant, QuantConfig):
-        qcfg = quant
-    elif quant in QUANT_PRESETS:
-        qcfg = QUANT_PRESETS[quant]
-    else:
-        raise ValueError(f"quant must be one of {sorted(QUANT_PRESETS)} or a QuantConfig, got {quant!r}")
-    cfg = dataclasses.replace(cfg or tiny_v41_config(), quant=qcfg)
+    cfg = dataclasses.replace(cfg or tiny_v41_config(), quant=resolve_quant(quant, QUANT_PRESETS))
     cfg.validate()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in [out / SINGLE_FILE, out / INDEX_FILE, *out.glob("model-*-of-*.safetensors")]:
-        stale.unlink(missing_ok=True)
-    (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
-    _save_safetensors(make_tensors(cfg, seed), out, shard_max_bytes)
+    out = prepare_checkpoint_dir(out_dir, cfg.to_dict())
+    save_safetensors(make_tensors(cfg, seed), out, shard_max_bytes)
     if tokenizer:
         src = tokenizer_dir()
         for f in TOKENIZER_FILES:

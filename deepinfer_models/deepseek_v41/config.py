@@ -12,13 +12,12 @@ indexer iff it is an index source, and the index keys iff it is both.
 """
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from deepinfer_models.deepseek_v4.config import QuantConfig
+from deepinfer_models.deepseek_v4.config import QuantConfig, read_config_json
 
 logger = logging.getLogger(__name__)
 
@@ -198,14 +197,7 @@ class DeepseekV41Config:
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> "DeepseekV41Config":
-        p = Path(path) / "config.json"
-        try:
-            raw = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise FileNotFoundError(f"no config.json in {path}") from None
-        except json.JSONDecodeError as exc:
-            raise V41ConfigError(f"{p} is not valid JSON: {exc}") from None
-        return cls.from_dict(raw)
+        return cls.from_dict(read_config_json(path, V41ConfigError))
 
     # -- validation --------------------------------------------------------------------
     def validate(self) -> None:

@@ -19,75 +19,20 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_core.kernels.ops.quant import MXFP4_GROUP, fp8_block_scale_shape
 from deepinfer_core.loader import TensorSpec
 from deepinfer_models.deepseek_v41.config import DeepseekV41Config
+from deepinfer_models.layers.tensor_table import BF16_OR_FP32, FP32, UE8M0, TensorTableBuilder
 
 VISION_PREFIXES = ("vision.", "aligner.", "image_")
 MTP_PREFIX = "mtp."
 
-BF16 = (torch.bfloat16,)
-BF16_OR_FP32 = (torch.bfloat16, torch.float32)
-FP32 = (torch.float32,)
-UE8M0 = (torch.float8_e8m0fnu, torch.uint8)  # raw scale bytes may be stored as U8
-PACKED = (torch.uint8, torch.int8)
-
-
-class _Builder:
-    """Accumulates specs, applying the checkpoint's quantisation to linears."""
-
-    def __init__(self, cfg: DeepseekV41Config) -> None:
-        self.cfg, self.q = cfg, cfg.quant
-        self.specs: dict[str, TensorSpec] = {}
-        # Unquantised checkpoints may store any bf16 tensor as fp32 too.
-        self.plain = BF16 if self.q.quantized else BF16_OR_FP32
-
-    def add(self, name: str, shape, dtypes, role: str) -> None:
-        if name in self.specs:  # a layout bug, not bad input
-            raise AssertionError(f"duplicate tensor name {name}")
-        self.specs[name] = TensorSpec(tuple(shape), tuple(dtypes), role)
-
-    def norm(self, name: str, dim: int) -> None:
-        self.add(name, (dim,), BF16_OR_FP32, "norm")
-
-    def fp32(self, name: str, shape) -> None:
-        self.add(name, shape, FP32, "fp32")
-
-    def linear(self, prefix: str, n: int, k: int, kind: str = "dense") -> None:
-        """``prefix.weight [n, k]`` (+ ``prefix.scale``): ``kind`` ``dense`` (FP8 when quantised),
-        ``expert`` (FP8 or MXFP4 per ``expert_dtype``) or ``bf16`` (never quantised)."""
-        fmt = None
-        if self.q.quantized and kind != "bf16":
-            fmt = "mxfp4" if kind == "expert" and self.q.expert_dtype == "fp4" else "fp8"
-        if fmt is None:
-            self.add(f"{prefix}.weight", (n, k), self.plain, "dense")
-        elif fmt == "fp8":
-            self.add(f"{prefix}.weight", (n, k), (torch.float8_e4m3fn,), "fp8_weight")
-            self.add(f"{prefix}.scale", fp8_block_scale_shape(n, k, tuple(self.q.weight_block_size)), UE8M0,
-                     "fp8_scale")
-        else:
-            self.add(f"{prefix}.weight", (n, k // 2), PACKED, "mxfp4_weight")
-            self.add(f"{prefix}.scale", (n, k // MXFP4_GROUP), UE8M0, "mxfp4_scale")
-
-    def hc(self, prefix: str) -> None:
-        n, d = self.cfg.hc_mult, self.cfg.hidden_size
-        self.fp32(f"{prefix}_fn", ((2 + n) * n, n * d))
-        self.fp32(f"{prefix}_base", ((2 + n) * n,))
-        self.fp32(f"{prefix}_scale", (3,))
+_Builder = TensorTableBuilder
 
 
 def _attention(b: _Builder, p: str, cfg: DeepseekV41Config, layer: int | None) -> None:
     """``layer`` None: a draft (DSpark) layer, pure sliding window."""
-    D, H, d = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
-    G, ql = cfg.o_groups, cfg.q_lora_rank
-    b.linear(f"{p}.wq_a", ql, D)
-    b.norm(f"{p}.q_norm.weight", ql)
-    b.linear(f"{p}.wq_b", H * d, ql)
-    b.linear(f"{p}.wkv", d, D)
-    b.norm(f"{p}.kv_norm.weight", d)
-    b.linear(f"{p}.wo_a", G * cfg.o_lora_rank, H * d // G)
-    b.linear(f"{p}.wo_b", D, G * cfg.o_lora_rank)
-    b.fp32(f"{p}.attn_sink", (H,))
+    D, d, ql = cfg.hidden_size, cfg.head_dim, cfg.q_lora_rank
+    b.attention_core(p)
     if layer is None:
         return
     if cfg.is_kv_source(layer):
@@ -143,7 +88,7 @@ def _decoder_layer(b: _Builder, p: str, cfg: DeepseekV41Config, layer: int | Non
 
 def expected_tensors(cfg: DeepseekV41Config) -> dict[str, TensorSpec]:
     """Every tensor of the target (text) model, in a stable order: top level, then layer by layer."""
-    b = _Builder(cfg)
+    b = _Builder(cfg, raw_scale_bytes=True)
     D, V = cfg.hidden_size, cfg.vocab_size
     b.add("embed.weight", (V, D), b.plain, "embed")
     b.add("head.weight", (V, D), b.plain, "embed")
@@ -158,7 +103,7 @@ def expected_tensors(cfg: DeepseekV41Config) -> dict[str, TensorSpec]:
 
 def mtp_layer_tensors(cfg: DeepseekV41Config) -> dict[str, TensorSpec]:
     """The decoder-block tensors of every DSpark stage ``mtp.{i}.`` (ratio-0 attention, draft MoE)."""
-    b = _Builder(cfg)
+    b = _Builder(cfg, raw_scale_bytes=True)
     for i in range(cfg.n_mtp_layers):
         _decoder_layer(b, f"mtp.{i}", cfg, None, cfg.draft_n_routed_experts)
     return b.specs
@@ -168,7 +113,7 @@ def mtp_head_tensors(cfg: DeepseekV41Config) -> dict[str, TensorSpec]:
     """DSpark head tensors by name *without* the stage prefix (both serving stacks accept them on
     any stage): ``main_proj`` / ``main_norm`` (required), ``norm`` (required), the Markov head
     (required iff ``dspark_markov_rank > 0``) and the optional confidence head."""
-    b = _Builder(cfg)
+    b = _Builder(cfg, raw_scale_bytes=True)
     D = cfg.hidden_size
     n_targets = len(cfg.dspark_target_layer_ids) or 3
     b.linear("main_proj", D, D * n_targets)
