@@ -56,7 +56,29 @@ def make_linear_factory(weights: dict, cfg, kernels: dict, dtype: torch.dtype):
     return make_linear
 
 
-class DeepseekV4ForCausalLM:
+class DeepseekCausalLMBase:
+    """What every DeepSeek-V4.x causal LM sets up: resolved kernels, checkpoint-layout linears,
+    rope tables, embedding, head and final norm, and the logits projection."""
+
+    kernel_ops: tuple[str, ...] = ()
+
+    def _setup(self, cfg, weights: dict[str, torch.Tensor], dtype: torch.dtype, device, platform,
+               kernel_overrides: dict | None) -> tuple:
+        """Returns ``(make_linear, rope)`` for the layers."""
+        self.cfg, self.dtype = cfg, dtype
+        self.device = torch.device(device)
+        self.k = resolve_kernels(self.kernel_ops, platform, kernel_overrides)
+        self.embed = weights["embed.weight"].to(dtype)
+        self.head = weights["head.weight"].to(dtype)
+        self.norm_w = weights["norm.weight"].float()
+        return make_linear_factory(weights, cfg, self.k, dtype), rope_tables(cfg, self.device)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, D] -> fp32 logits [N, V]."""
+        return self.k["gemm.dense"](hidden, self.head).float()
+
+
+class DeepseekV4ForCausalLM(DeepseekCausalLMBase):
     """The model. ``weights`` maps native checkpoint names to tensors already on ``device``.
 
     ``dtype`` is the activation dtype (bf16 in serving, fp32 in tests); bf16 checkpoint
@@ -68,15 +90,8 @@ class DeepseekV4ForCausalLM:
     def __init__(self, cfg: DeepseekV4Config, weights: dict[str, torch.Tensor], dtype: torch.dtype = torch.bfloat16,
                  device: torch.device | str = "cpu", platform=None, kernel_overrides: dict | None = None,
                  block_size: int = 64, cache_dtype: torch.dtype | None = None):
-        self.cfg, self.dtype = cfg, dtype
-        self.device = torch.device(device)
-        self.k = resolve_kernels(self.kernel_ops, platform, kernel_overrides)
+        make_linear, rope = self._setup(cfg, weights, dtype, device, platform, kernel_overrides)
         cache_dtype = cache_dtype or dtype
-        make_linear = make_linear_factory(weights, cfg, self.k, dtype)
-        rope = rope_tables(cfg, self.device)
-        self.embed = weights["embed.weight"].to(dtype)
-        self.head = weights["head.weight"].to(dtype)
-        self.norm_w = weights["norm.weight"].float()
         self.hc_head = (weights["hc_head_fn"].float(), weights["hc_head_base"].float(), weights["hc_head_scale"].float())
         self.layers = []
         for i in range(cfg.num_hidden_layers):
@@ -127,7 +142,3 @@ class DeepseekV4ForCausalLM:
             residual = k["mhc.expand"](residual, layer["ffn"](h, input_ids), post, comb)
         pre = k["mhc.head_pre"](residual, *self.hc_head, cfg.rms_norm_eps, cfg.hc_eps)
         return k["norm.rms"](k["mhc.collapse"](residual, pre), self.norm_w, cfg.rms_norm_eps)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, D] -> fp32 logits [N, V]."""
-        return self.k["gemm.dense"](hidden, self.head).float()

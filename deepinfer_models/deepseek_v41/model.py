@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_core.kernels.resolve import resolve_kernels
 from deepinfer_core.kv.spec import KVCacheSpec
 from deepinfer_core.runner.context import StepContext
 from deepinfer_models.deepseek_v4.model import KERNEL_OPS as V4_KERNEL_OPS
-from deepinfer_models.deepseek_v4.model import make_linear_factory, rope_tables
+from deepinfer_models.deepseek_v4.model import DeepseekCausalLMBase
 from deepinfer_models.deepseek_v4.moe import MoEV4
 from deepinfer_models.deepseek_v41.attention import AttentionV41
 from deepinfer_models.deepseek_v41.config import DeepseekV41Config
@@ -30,7 +29,7 @@ _OWN_OPS = (
 KERNEL_OPS = _OWN_OPS + tuple(op for op in V4_KERNEL_OPS if op.startswith("moe.") and op not in _OWN_OPS)
 
 
-class DeepseekV41ForCausalLM:
+class DeepseekV41ForCausalLM(DeepseekCausalLMBase):
     """The model. ``weights`` maps native checkpoint names to tensors (on ``device``, except
     Engram tables that the loader may leave memory-mapped in host memory).
 
@@ -44,15 +43,8 @@ class DeepseekV41ForCausalLM:
     def __init__(self, cfg: DeepseekV41Config, weights: dict[str, torch.Tensor], dtype: torch.dtype = torch.bfloat16,
                  device: torch.device | str = "cpu", platform=None, kernel_overrides: dict | None = None,
                  block_size: int = 64, cache_dtype: torch.dtype | None = None, token_map: torch.Tensor | None = None):
-        self.cfg, self.dtype = cfg, dtype
-        self.device = torch.device(device)
-        self.k = resolve_kernels(self.kernel_ops, platform, kernel_overrides)
+        make_linear, rope = self._setup(cfg, weights, dtype, device, platform, kernel_overrides)
         cache_dtype = cache_dtype or dtype
-        make_linear = make_linear_factory(weights, cfg, self.k, dtype)
-        rope = rope_tables(cfg, self.device)
-        self.embed = weights["embed.weight"].to(dtype)
-        self.head = weights["head.weight"].to(dtype)
-        self.norm_w = weights["norm.weight"].float()
         self.hasher = None
         if cfg.engram_layer_ids:
             if token_map is None:
@@ -132,9 +124,6 @@ class DeepseekV41ForCausalLM:
         h = run_delayed_mhc(residual, stack, k, eps, cfg.hc_eps, cfg.hc_sinkhorn_iters)
         return k["norm.rms"](h, self.norm_w, eps)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, D] -> fp32 logits [N, V]."""
-        return self.k["gemm.dense"](hidden, self.head).float()
 
 
 def _tapping(inject, taps: dict, layer: int):
