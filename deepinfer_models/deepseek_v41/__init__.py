@@ -1,6 +1,6 @@
 """DeepSeek-V4.1(-Flash) text model: config, checkpoint layout, paged model, loader, tiny writer.
 
-V4.1 is a delta over V4 (MODEL_SPEC.md section 3; decisions in docs/models/deepseek_v41.md):
+V4.1 is a delta over V4 (MODEL_SPEC.md section 3; decisions in docs/models/deepseek_v41_implementation.md section 8):
 compress ratios 0/1/2 with compressors only on kv-source layers and indexers only on
 index-source layers (keys from the kv source's latent), a two-level candidate-block filter,
 no per-head q norm, delayed mHC with a final collapse instead of ``hc_head``, no hash

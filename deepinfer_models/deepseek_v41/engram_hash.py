@@ -1,4 +1,4 @@
-"""Engram hashing constants, built once at load (MODEL_SPEC.md 3.9; docs/models/deepseek_v41.md 3.9).
+"""Engram hashing constants, built once at load (MODEL_SPEC.md 3.9; docs/models/deepseek_v41_deltas.md 3.9).
 
 - ``build_token_map``: token id -> compressed id. Every id of the checkpoint's tokenizer is
   decoded alone (raw Rust decoder, special tokens kept); texts with U+FFFD (partial UTF-8)

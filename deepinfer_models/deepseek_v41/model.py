@@ -93,7 +93,7 @@ class DeepseekV41ForCausalLM(DeepseekCausalLMBase):
                           ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """``forward`` plus, for each id in ``tap_layer_ids``, the mean over the hc streams of the
         residual entering that layer (after its Engram injection): ``{layer: [T, D]}`` in
-        ``dtype``. These are the DSpark target features (docs/models/deepseek_v41.md, 3.12)."""
+        ``dtype``. These are the DSpark target features (docs/models/deepseek_v41_deltas.md, 3.12)."""
         taps: dict[int, torch.Tensor] = {}
         for L in tap_layer_ids:
             if not 0 <= L < self.cfg.num_hidden_layers:

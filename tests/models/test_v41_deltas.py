@@ -249,7 +249,7 @@ def test_delayed_mhc_and_final_collapse_textbook():
 
 # -- Engram ------------------------------------------------------------------------------
 def test_engram_constants_match_the_research_vectors():
-    # docs/models/deepseek_v41.md section 7 (computed there independently and checked against SGLang)
+    # docs/models/deepseek_v41_implementation.md section 7 (computed there independently and checked against SGLang)
     assert engram_multipliers((1, 14), 4, 99092) == [
         [76632096046245, 4839876093313, 35959672319349, 73987337458391],
         [67716810739261, 51510806800915, 30921347202721, 82619226485591]]
