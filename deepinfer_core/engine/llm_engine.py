@@ -22,13 +22,13 @@ from deepinfer_core.engine.output_processor import OutputProcessor
 from deepinfer_core.hub import resolve_model_path
 from deepinfer_core.kernels.mode import batch_invariant_enabled, kernel_mode
 from deepinfer_core.kernels.registry import get_registry
-from deepinfer_core.kv.manager import KVCacheManager
+from deepinfer_core.kv.manager import KVCacheManager, bytes_per_block_id, num_blocks_from_memory_budget
 from deepinfer_core.kv.spec import StateSpec
 from deepinfer_core.models import chat_encoding, model_loader, read_architecture, register_embedded_models
 from deepinfer_core.outputs import RequestOutput
 from deepinfer_core.platform.loader import current_platform
 from deepinfer_core.request import Request, RequestStatus
-from deepinfer_core.runner.executor import PagedExecutor, bytes_per_block_id
+from deepinfer_core.runner.executor import PagedExecutor, group_specs
 from deepinfer_core.runner.sampler import Sampler, make_generator
 from deepinfer_core.sampling_params import SamplingParams
 from deepinfer_core.scheduler import Scheduler, SchedulerConfig
@@ -70,10 +70,12 @@ class LLMEngine:
 
         specs = self.model.kv_cache_specs()
         budget = config.kv_cache_memory_bytes or self._default_budget()
-        per_block = bytes_per_block_id(specs)
-        num_blocks = max(2, budget // per_block)
+        gspecs, _, members = group_specs(specs)
+        groups = [gspecs[g] for g in range(len(gspecs))]
+        layers_per_group = {g: len(names) for g, names in members.items()}
+        per_block = bytes_per_block_id(groups, layers_per_group)
+        num_blocks = num_blocks_from_memory_budget(groups, layers_per_group, budget)
         self.executor = PagedExecutor(self.model, num_blocks, config.max_num_seqs, device)
-        groups = [self.executor.group_specs[g] for g in range(len(self.executor.group_specs))]
         states = [s for s in specs.values() if isinstance(s, StateSpec)]
         replay = getattr(self.model, "prefix_replay_tokens", lambda: 0)()
         self.kv = KVCacheManager(groups, states, num_blocks, config.max_num_seqs,

@@ -27,11 +27,6 @@ def group_specs(specs: dict[str, KVCacheSpec]) -> tuple[dict[int, KVCacheSpec], 
     return {g: s for s, g in gid_of_spec.items()}, cache_group, members
 
 
-def bytes_per_block_id(specs: dict[str, KVCacheSpec]) -> int:
-    """Bytes one block id costs across every paged cache tensor (each group has a page per id)."""
-    return sum(s.page_bytes for s in specs.values() if not isinstance(s, StateSpec))
-
-
 class PagedExecutor:
     def __init__(self, model, num_blocks: int, max_num_seqs: int, device: torch.device | str = "cpu"):
         self.model = model
