@@ -45,6 +45,7 @@ class EngineConfig:
     disable_log_stats: bool = True
     batch_invariant: bool = False  # also DEEPINFER_BATCH_INVARIANT=1; see docs/determinism.md
     enable_prefix_caching: bool = True  # see docs/prefix_caching.md
+    speculative_config: object = None  # dict / SpeculativeConfig; see docs/speculative_decoding.md
 
     def __post_init__(self) -> None:
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size"):

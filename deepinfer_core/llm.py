@@ -39,7 +39,8 @@ class LLM:
                  async_scheduling: bool = True, block_size: int = 64, kv_cache_memory_bytes: int | None = None,
                  gpu_memory_utilization: float = 0.9, seed: int = 0, tokenizer: str | None = None,
                  revision: str | None = None, kernel_overrides: dict | None = None, platform=None,
-                 batch_invariant: bool = False, enable_prefix_caching: bool = True):
+                 batch_invariant: bool = False, enable_prefix_caching: bool = True,
+                 speculative_config: dict | None = None):
         register_embedded_models()
         model_dir = resolve_model_path(model, revision)
         try:
@@ -52,7 +53,8 @@ class LLM:
                            block_size=block_size, kv_cache_memory_bytes=kv_cache_memory_bytes,
                            gpu_memory_utilization=gpu_memory_utilization, seed=seed,
                            kernel_overrides=dict(kernel_overrides or {}), tokenizer=tokenizer, revision=revision,
-                           batch_invariant=batch_invariant, enable_prefix_caching=enable_prefix_caching)
+                           batch_invariant=batch_invariant, enable_prefix_caching=enable_prefix_caching,
+                           speculative_config=speculative_config)
         self.llm_engine = LLMEngine(cfg, platform=platform, model_dir=model_dir)
         self._counter = 0
 

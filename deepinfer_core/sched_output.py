@@ -30,6 +30,9 @@ class ScheduledRequest:
     - ``epoch``: the request's preemption count when scheduled (stale-step check).
     - ``cached_until``: positions below it were served by a prefix-cache hit; the
       runner recomputes them only to rebuild per-request state and writes no KV for them.
+    - ``num_draft_tokens``: speculative decoding: the last L ids of ``token_ids`` are drafts
+      to verify (the id before them is the anchor, the last known token); the runner returns
+      1..L+1 tokens for this request and the scheduler rolls back the rejected positions.
     """
 
     req_id: str
@@ -42,6 +45,7 @@ class ScheduledRequest:
     samples: bool
     epoch: int = 0
     cached_until: int = 0
+    num_draft_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,14 @@ identical:
   Blocks freed at finish/preemption can be reused by the next step while an
   older step still runs: steps execute in order on the device, and a new owner
   only reads what it wrote itself, so this is safe.
+
+Speculative decoding (``num_speculative_tokens`` N > 0; steps are synchronous): a decoding
+request that holds drafts (``Request.spec_token_ids``, set by the engine from the runner's
+proposer) is scheduled as ``[anchor, d_1..d_L]`` with L chosen by the confidence scheduler
+(or all of them), capped so no step can emit past ``max_tokens``/``max_model_len``. Its
+blocks cover N more positions (the proposer's next draft block writes them). When the step
+returns ``1 + accepted`` tokens, ``num_computed_tokens`` rolls back over the rejected drafts:
+their KV rows lie at positions the next step writes again before any query reads them.
 """
 from __future__ import annotations
 
@@ -56,6 +64,8 @@ from dataclasses import dataclass
 from deepinfer_core.kv.manager import KVCacheManager
 from deepinfer_core.request import Request, RequestStatus
 from deepinfer_core.sched_output import ScheduledRequest, SchedulerOutput
+from deepinfer_core.spec_decode.confidence import ConfidenceScheduler
+from deepinfer_core.spec_decode.stats import SpecDecodeStats
 
 
 @dataclass(frozen=True)
@@ -67,6 +77,7 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0
     max_model_len: int | None = None
+    num_speculative_tokens: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens"):
@@ -88,7 +99,8 @@ def _priority(req: Request) -> tuple[float, int]:
 class Scheduler:
     """Owns WAITING/RUNNING queues and the KV manager; see the module docstring for the rules."""
 
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager,
+                 confidence: ConfidenceScheduler | None = None) -> None:
         if config.max_num_seqs > kv.max_num_seqs:
             raise ValueError(
                 f"scheduler max_num_seqs {config.max_num_seqs} exceeds the KV manager's {kv.max_num_seqs} state slots"
@@ -104,6 +116,11 @@ class Scheduler:
         self._pending: deque[tuple[int, list[tuple[Request, ScheduledRequest]]]] = deque()
         self._finished_ids: list[str] = []  # for the next SchedulerOutput
         self._failed: list[Request] = []  # errored in schedule(); returned by the next update
+        self.spec_n = config.num_speculative_tokens
+        self.confidence = confidence
+        self.spec_stats = SpecDecodeStats(self.spec_n) if self.spec_n else None
+        self._drafts_planned: dict[str, int] = {}  # this schedule(): drafts to verify per request
+        self._proposed: dict[str, int] = {}  # drafts each of those requests held (metrics)
 
     # -- queries ---------------------------------------------------------------
     def has_unfinished(self) -> bool:
@@ -147,7 +164,7 @@ class Scheduler:
             )
         final_len = self._max_final_len(req)
         first_chunk = 1 if cfg.enable_chunked_prefill else p
-        peak = self.kv.peak_blocks_alone(final_len - 1, first_chunk)
+        peak = self.kv.peak_blocks_alone(final_len - 1 + self.spec_n, first_chunk)
         if peak > self.kv.num_usable_blocks:
             raise ValueError(
                 f"request {rid!r}: reaching {final_len} tokens needs {peak} KV blocks at once even alone, "
@@ -182,6 +199,7 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         planned: list[tuple[Request, int]] = []
         preempted: list[str] = []
+        self._drafts_planned = self._plan_drafts(budget) if self.spec_n else {}
 
         i = 0
         while i < len(self.running) and budget > 0:
@@ -190,7 +208,7 @@ class Scheduler:
             if n == 0:
                 i += 1
                 continue
-            while not self.kv.allocate_slots(req, n):
+            while not self._alloc(req, n):
                 if self.running[-1] is not req:
                     self._preempt(self.running.pop(), preempted)
                     continue
@@ -213,13 +231,13 @@ class Scheduler:
                 break  # a stale step's sampled token is still in flight; resume once it arrived
             hit = self._try_prefix_hit(req)
             n = self._num_new_tokens(req, budget)
-            if hit and (n == 0 or not self.kv.allocate_slots(req, n)):
+            if hit and (n == 0 or not self._alloc(req, n)):
                 self._undo_prefix_hit(req)  # admit it the ordinary way (or not at all) below
                 hit, n = 0, self._num_new_tokens(req, budget)
             if not hit:
                 if n == 0:
                     break
-                if not self.kv.allocate_slots(req, n):
+                if not self._alloc(req, n):
                     if self.running:
                         break  # running requests will free blocks
                     n = self._fit_alone(req, n)
@@ -266,10 +284,19 @@ class Scheduler:
                 req.num_inflight_tokens -= e.num_scheduled_tokens
             if e.samples:
                 req.num_output_placeholders -= 1
-                token = sampled[e.req_id][0]
-                req.append_output_token(token)
+                tokens = sampled[e.req_id]
+                if e.num_draft_tokens and current:  # rejected drafts: their positions are recomputed
+                    req.num_computed_tokens -= e.num_draft_tokens + 1 - len(tokens)
+                if self.spec_stats is not None and e.num_draft_tokens:
+                    self.spec_stats.observe(self._proposed.pop(e.req_id, e.num_draft_tokens), e.num_draft_tokens,
+                                            len(tokens) - 1)
                 updated.append(req)
-                status = self._stop_status(req, token)
+                status = None
+                for token in tokens:
+                    req.append_output_token(token)
+                    status = self._stop_status(req, token)
+                    if status is not None:
+                        break
                 if status is not None:
                     self._finish(req, status)
                     continue
@@ -277,7 +304,44 @@ class Scheduler:
                 self.kv.free_skipped_blocks(req)
         return updated
 
+    def set_drafts(self, request_id: str, tokens: Sequence[int], confidence: Sequence[float] | None = None) -> None:
+        """Drafts for the positions after ``request_id``'s last token (from the runner's proposer)."""
+        req = self.requests.get(request_id)
+        if req is None or req.status is not RequestStatus.RUNNING:
+            return
+        req.spec_token_ids = list(tokens[:self.spec_n])
+        conf = [1.0] * len(req.spec_token_ids) if confidence is None else [float(c) for c in confidence]
+        req.spec_confidence = conf[:len(req.spec_token_ids)]
+
     # -- internals ---------------------------------------------------------------
+    def _alloc(self, req: Request, n: int) -> bool:
+        """allocate_slots plus, when the chunk samples under speculative decoding, the N positions
+        the proposer's draft block writes after it."""
+        extra = self.spec_n if self.spec_n and req.num_computed_tokens + n >= req.num_known_tokens else 0
+        return self.kv.allocate_slots(req, n + extra)
+
+    def _draft_cap(self, req: Request) -> int:
+        """Most drafts ``req`` may verify: every emitted token must fit max_tokens / max_model_len."""
+        if req.num_output_placeholders or req.num_known_tokens - req.num_computed_tokens != 1:
+            return 0
+        cap = len(req.spec_token_ids)
+        if req.max_tokens is not None:
+            cap = min(cap, req.max_tokens - req.num_output_tokens - 1)
+        if self.config.max_model_len is not None:
+            cap = min(cap, self.config.max_model_len - req.num_tokens - 1)
+        return max(cap, 0)
+
+    def _plan_drafts(self, budget: int) -> dict[str, int]:
+        """Drafts each running decoding request verifies this step (confidence-scheduled)."""
+        caps = {r.request_id: self._draft_cap(r) for r in self.running}
+        order = [rid for rid, c in caps.items() if c > 0]
+        self._proposed = {r.request_id: len(r.spec_token_ids) for r in self.running if caps[r.request_id] > 0}
+        if self.confidence is None or not order:
+            return {rid: caps[rid] for rid in order}
+        base = sum(min(r.num_known_tokens - r.num_computed_tokens, budget) for r in self.running)
+        conf = {rid: self.requests[rid].spec_confidence[:caps[rid]] for rid in order}
+        return self.confidence.plan(conf, order, min(base, budget))
+
     def _max_final_len(self, req: Request) -> int:
         """Longest the sequence can get (prompt + outputs); unbounded counts as prompt + 1."""
         lens = [req.num_prompt_tokens + (req.max_tokens if req.max_tokens is not None else 1)]
@@ -290,6 +354,9 @@ class Scheduler:
         remaining = req.num_known_tokens - req.num_computed_tokens
         if remaining <= 0:
             return 0
+        drafts = self._drafts_planned.get(req.request_id, 0)
+        if drafts:
+            return min(1 + drafts, budget)
         # Async: never run a step whose only result lies past the length limits.
         if req.max_tokens is not None and req.num_output_tokens + req.num_output_placeholders >= req.max_tokens:
             return 0
@@ -312,11 +379,12 @@ class Scheduler:
         lo, hi = 0, n - 1  # largest m in [1, n-1] with can_allocate; can_allocate is monotone in m
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if self.kv.can_allocate(req, mid):
+            extra = self.spec_n if self.spec_n and req.num_computed_tokens + mid >= req.num_known_tokens else 0
+            if self.kv.can_allocate(req, mid + extra):
                 lo = mid
             else:
                 hi = mid - 1
-        if lo and self.kv.allocate_slots(req, lo):
+        if lo and self._alloc(req, lo):
             return lo
         if req.num_inflight_tokens == 0:
             req.error = (
@@ -351,6 +419,7 @@ class Scheduler:
         req.num_computed_tokens = 0
         req.num_inflight_tokens = 0
         req.cached_until = 0
+        req.spec_token_ids, req.spec_confidence = [], []
         req.num_preemptions += 1  # new epoch: older in-flight steps become stale
         bisect.insort(self.waiting, req, key=_priority)
         preempted.append(req.request_id)
@@ -381,18 +450,23 @@ class Scheduler:
         entries: list[tuple[Request, ScheduledRequest]] = []
         for req, n in planned:
             c = req.num_computed_tokens
-            samples = c + n == req.num_known_tokens
+            drafts = max(0, c + n - req.num_known_tokens)  # tokens past the last known one are drafts
+            samples = c + n >= req.num_known_tokens
+            ids = req.token_ids_slice(c, c + n - drafts) + req.spec_token_ids[:drafts]
+            if self.spec_n:
+                req.spec_token_ids, req.spec_confidence = [], []  # consumed; the runner proposes anew
             e = ScheduledRequest(
                 req_id=req.request_id,
                 num_scheduled_tokens=n,
                 num_computed_tokens=c,
-                token_ids=req.token_ids_slice(c, c + n),
+                token_ids=ids,
                 block_tables=self.kv.get_block_tables(req),
                 state_slot=self.kv.state_slot(req),
                 is_prefill=n > 1 or c < req.num_prompt_tokens,
                 samples=samples,
                 epoch=req.num_preemptions,
                 cached_until=req.cached_until,
+                num_draft_tokens=drafts,
             )
             req.num_computed_tokens += n
             req.num_inflight_tokens += n
@@ -425,11 +499,9 @@ class Scheduler:
             toks = sampled.get(e.req_id)
             if toks is None:
                 raise ValueError(f"no sampled token for request {e.req_id!r}, which sampled in step")
-            if len(toks) != 1:
-                raise ValueError(
-                    f"request {e.req_id!r}: expected exactly 1 sampled token, got {len(toks)} "
-                    "(multi-token steps, i.e. speculative decoding, are not supported yet)"
-                )
-            t = toks[0]
-            if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-                raise ValueError(f"request {e.req_id!r}: sampled token must be a non-negative int, got {t!r}")
+            if not 1 <= len(toks) <= 1 + e.num_draft_tokens:
+                raise ValueError(f"request {e.req_id!r}: expected 1..{1 + e.num_draft_tokens} sampled tokens "
+                                 f"({e.num_draft_tokens} drafts verified), got {len(toks)}")
+            for t in toks:
+                if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+                    raise ValueError(f"request {e.req_id!r}: sampled token must be a non-negative int, got {t!r}")

@@ -32,6 +32,9 @@ from deepinfer_core.runner.executor import PagedExecutor, group_specs
 from deepinfer_core.runner.sampler import Sampler, make_generator
 from deepinfer_core.sampling_params import SamplingParams
 from deepinfer_core.scheduler import Scheduler, SchedulerConfig
+from deepinfer_core.spec_decode.confidence import ConfidenceScheduler, StepCostModel
+from deepinfer_core.spec_decode.config import SpeculativeConfig
+from deepinfer_core.spec_decode.draft_runner import DraftRunner
 from deepinfer_core.sched_output import SchedulerOutput
 from deepinfer_core.tokenizer import load_tokenizer
 
@@ -68,31 +71,41 @@ class LLMEngine:
         self.chat_encoding = chat_encoding(self.architecture)
         self.vocab_size = self.model.cfg.vocab_size
 
-        specs = self.model.kv_cache_specs()
+        self.spec_config = SpeculativeConfig.from_user(config.speculative_config)
+        proposer = self._load_proposer() if self.spec_config is not None else None
+        specs = {**self.model.kv_cache_specs(), **(proposer.kv_cache_specs() if proposer else {})}
         budget = config.kv_cache_memory_bytes or self._default_budget()
         gspecs, _, members = group_specs(specs)
         groups = [gspecs[g] for g in range(len(gspecs))]
         layers_per_group = {g: len(names) for g, names in members.items()}
         per_block = bytes_per_block_id(groups, layers_per_group)
         num_blocks = num_blocks_from_memory_budget(groups, layers_per_group, budget)
-        self.executor = PagedExecutor(self.model, num_blocks, config.max_num_seqs, device)
+        self.executor = PagedExecutor(self.model, num_blocks, config.max_num_seqs, device,
+                                      extra_specs=proposer.kv_cache_specs() if proposer else None)
         states = [s for s in specs.values() if isinstance(s, StateSpec)]
         replay = getattr(self.model, "prefix_replay_tokens", lambda: 0)()
         self.kv = KVCacheManager(groups, states, num_blocks, config.max_num_seqs,
                                  enable_caching=config.enable_prefix_caching, replay_tokens=replay)
+        n_spec = proposer.num_draft_tokens if proposer else 0
         self.scheduler = Scheduler(SchedulerConfig(
             max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
-            enable_chunked_prefill=config.enable_chunked_prefill, max_model_len=config.max_model_len), self.kv)
+            enable_chunked_prefill=config.enable_chunked_prefill, max_model_len=config.max_model_len,
+            num_speculative_tokens=n_spec), self.kv, confidence=self._confidence_scheduler(proposer))
         eos = tuple(x for x in (self.tokenizer.eos_token_id,) if x is not None)
         self.eos_token_ids = eos
         _, apply_bitmask = get_registry().resolve("structured.apply_bitmask", self.platform.default_providers,
                                                   config.kernel_overrides or None, batch_invariant=self.batch_invariant)
-        self.runner = ModelRunner(self.model, self.executor, Sampler(seed=config.seed), eos, apply_bitmask)
+        drafter = DraftRunner(proposer, self.executor, self.spec_config.draft_sample_method) if proposer else None
+        self.runner = ModelRunner(self.model, self.executor, Sampler(seed=config.seed), eos, apply_bitmask,
+                                  drafter=drafter)
         self.outputs = OutputProcessor(self.tokenizer)
         self._request_counter = itertools.count()
         self._children: dict[str, list[str]] = {}
         self._emitted: dict[str, int] = {}
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="deepinfer-step") if config.async_scheduling else None
+        async_ok = config.async_scheduling and proposer is None
+        if config.async_scheduling and not async_ok:
+            logger.info("speculative decoding runs steps synchronously (async scheduling is off)")
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="deepinfer-step") if async_ok else None
         self._inflight: tuple[SchedulerOutput, Future] | None = None
         logger.info("KV cache: %d blocks x %d B per block id (%d groups)", num_blocks, per_block, len(groups))
 
@@ -101,6 +114,49 @@ class LLMEngine:
         q, h = self.kv.num_query_tokens, self.kv.num_hit_tokens
         return {"query_tokens": q, "hit_tokens": h, "hit_rate": h / q if q else 0.0,
                 "cached_blocks": self.kv.pool.num_cached_blocks, "evictions": self.kv.pool.num_evictions}
+
+    def _load_proposer(self):
+        """The model's draft model for ``speculative_config`` (built by the model package)."""
+        load = getattr(self.model, "load_proposer", None)
+        if load is None:
+            raise ValueError(f"speculative_config: {self.architecture} has no speculative proposer "
+                             f"(method {self.spec_config.method!r})")
+        with kernel_mode(batch_invariant=self.batch_invariant):
+            return load(self.model_dir, self.spec_config, platform=self.platform,
+                        kernel_overrides=self.config.kernel_overrides or None)
+
+    def _confidence_scheduler(self, proposer) -> ConfidenceScheduler | None:
+        if proposer is None:
+            return None
+        want = self.spec_config.confidence_scheduling
+        if want is True and not proposer.has_confidence:
+            raise ValueError("speculative_config: confidence_scheduling=True but the checkpoint's draft model "
+                             "has no confidence head")
+        if want is False or (want == "auto" and not proposer.has_confidence):
+            return None
+        return ConfidenceScheduler(proposer.num_draft_tokens, StepCostModel(self.spec_config.cost_table),
+                                   self.spec_config.min_batch_for_confidence)
+
+    def spec_decode_stats(self) -> dict | None:
+        """Speculative-decoding metrics since start (None when it is off), plus the step-cost table."""
+        st = self.scheduler.spec_stats
+        if st is None:
+            return None
+        out = st.as_dict()
+        conf = self.scheduler.confidence
+        out["cost_table"] = conf.cost_model.table() if conf is not None else None
+        return out
+
+    def _run(self, so: SchedulerOutput) -> StepResult:
+        """Run a step on this thread, timing it for the verification cost model."""
+        t0 = time.perf_counter()
+        result = self.runner.execute(so)
+        if not so.is_empty:
+            if self.scheduler.spec_stats is not None:
+                self.scheduler.spec_stats.num_target_steps += 1
+            if self.scheduler.confidence is not None:
+                self.scheduler.confidence.cost_model.observe(so.total_num_scheduled_tokens, time.perf_counter() - t0)
+        return result
 
     def _default_budget(self) -> int:
         if self.platform.device_type == "cpu":
@@ -199,8 +255,7 @@ class LLMEngine:
         """Run one step; returns the RequestOutputs of requests that finished in it."""
         if self._worker is None:
             so = self.scheduler.schedule()
-            result = self.runner.execute(so)
-            return self._process(so, result)
+            return self._process(so, self._run(so))
         if self._inflight is None:
             so = self.scheduler.schedule()
             if so.is_empty:
@@ -221,6 +276,8 @@ class LLMEngine:
         for cid, items in result.prompt_logprobs.items():
             self.outputs.add_prompt_logprobs(cid, items)
         updated = self.scheduler.update_from_output(so, result.sampled)
+        for cid, (tokens, conf) in result.drafts.items():
+            self.scheduler.set_drafts(cid, tokens, conf)
         grammar_done = result.grammar_terminated
         grammar_err = result.grammar_errors
         parents_touched = set()
@@ -237,7 +294,8 @@ class LLMEngine:
             if req.status is RequestStatus.FINISHED_ERROR:
                 self.outputs.finish(cid, "error", error=req.error)
                 continue
-            lps = [result.logprobs.get(cid)] * len(new) if new else []
+            lps = result.logprobs.get(cid) or [None] * len(new)
+            lps = lps[:len(new)]
             stop = self.outputs.add_tokens(cid, new, lps) if new else None
             if cid in grammar_err and not req.is_finished:
                 self.scheduler.finish_request(cid, RequestStatus.FINISHED_ERROR)

@@ -18,7 +18,9 @@ from deepinfer_core.runner.executor import PagedExecutor
 from deepinfer_core.runner.sampler import (Sampler, SamplingMetadata, TokenLogprobs, compute_logprobs, gather_logprobs,
                                            position_seed)
 from deepinfer_core.sampling_params import SamplingParams
-from deepinfer_core.sched_output import SchedulerOutput
+from deepinfer_core.sched_output import ScheduledRequest, SchedulerOutput
+from deepinfer_core.spec_decode.draft_runner import DraftRequest, DraftRunner
+from deepinfer_core.spec_decode.verify import accept_uniform, verify_greedy, verify_sampled
 
 
 @dataclass
@@ -30,8 +32,20 @@ class RunnerRequest:
     generator: torch.Generator
     output_token_ids: list[int] = field(default_factory=list)
     matcher: Any = None  # xgrammar GrammarMatcher for structured outputs, advanced on this worker
+    draft_probs: Any = None  # speculative: [N, V] distributions of the pending drafts (probabilistic drafting)
     seed: int = 0  # the request's seed (or one derived from the engine seed) ...
     seq_index: int = 0  # ... and which of its n sequences this is: the random stream is keyed by position
+
+
+@dataclass
+class _SampleGroup:
+    """A sampling request's rows in this step: ``row`` = the anchor's row, then one per draft."""
+
+    s: ScheduledRequest
+    rr: RunnerRequest
+    row: int
+    drafts: list[int]
+    emitted: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -48,20 +62,23 @@ class PromptLogprob:
 
 @dataclass
 class StepResult:
-    """One step's results (CPU): sampled token per sampling request, optional logprobs."""
+    """One step's results (CPU): emitted tokens per sampling request (1, or up to 1 + drafts under
+    speculative decoding), their logprobs, the next drafts per request (speculative decoding)."""
 
     sampled: dict[str, list[int]] = field(default_factory=dict)
-    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
     prompt_logprobs: dict[str, list[PromptLogprob]] = field(default_factory=dict)
     grammar_terminated: set[str] = field(default_factory=set)  # grammar complete after this token
     grammar_errors: dict[str, str] = field(default_factory=dict)  # token rejected by the grammar
+    drafts: dict[str, tuple[list[int], list[float] | None]] = field(default_factory=dict)  # next drafts
 
 
 class ModelRunner:
     def __init__(self, model, executor: PagedExecutor, sampler: Sampler, eos_token_ids: tuple[int, ...],
-                 apply_bitmask: Callable | None = None, grammar=None):
+                 apply_bitmask: Callable | None = None, grammar=None, drafter: DraftRunner | None = None):
         """``apply_bitmask``: the resolved ``structured.apply_bitmask`` op; ``grammar``: a GrammarBackend
-        (None until the first structured request)."""
+        (None until the first structured request); ``drafter``: speculative decoding's proposer side."""
+        self.drafter = drafter
         self.apply_bitmask = apply_bitmask
         self.grammar = grammar
         self.model = model
@@ -103,11 +120,17 @@ class ModelRunner:
             ids.extend(toks)
             slices.append(SeqSlice(s.num_computed_tokens, s.num_scheduled_tokens, s.block_tables, s.state_slot,
                                    s.cached_until))
-        hidden = self.executor.run(torch.tensor(ids, dtype=torch.long), slices)
+        input_ids = torch.tensor(ids, dtype=torch.long)
+        if self.drafter is not None:
+            hidden, taps, ctx = self.executor.run_with_taps(input_ids, slices, self.drafter.proposer.tap_layer_ids)
+            self.drafter.observe(taps, ctx)
+        else:
+            hidden = self.executor.run(input_ids, slices)
 
-        # rows to turn into logits: the last row of every sampling request, and prompt rows
-        # whose request asked for prompt logprobs.
-        sample_rows, sample_reqs, prompt_rows = [], [], []
+        # rows to turn into logits: the last 1 + drafts rows of every sampling request, and
+        # prompt rows whose request asked for prompt logprobs.
+        groups: list[_SampleGroup] = []
+        prompt_rows = []
         row = 0
         for s in so.scheduled:
             rr = self.requests[s.req_id]
@@ -118,43 +141,121 @@ class ModelRunner:
                     if p + 1 < n_prompt:
                         prompt_rows.append((s.req_id, row + j, p + 1))
             if s.samples:
-                sample_rows.append(row + s.num_scheduled_tokens - 1)
-                sample_reqs.append(s.req_id)
+                L = s.num_draft_tokens
+                groups.append(_SampleGroup(s, rr, row + s.num_scheduled_tokens - 1 - L, list(s.token_ids[-L:]) if L else []))
             row += s.num_scheduled_tokens
-
-        if sample_rows:
-            logits = self.model.compute_logits(hidden[sample_rows])
-            rrs = [self.requests[r] for r in sample_reqs]
-            # A terminated matcher belongs to a request that finished in the step before this one
-            # (async scheduling planned this step first): its output here is discarded anyway.
-            constrained = [i for i, r in enumerate(rrs) if r.matcher is not None and not r.matcher.is_terminated()]
-            if constrained:  # requests without constraints pay nothing
-                bitmask = self.grammar.fill_bitmask([rrs[i].matcher for i in constrained], constrained, len(rrs))
-                logits = self.apply_bitmask(logits, bitmask)
-            for r in rrs:  # draw for position p from a stream keyed by (seed, sequence, p)
-                if not r.params.greedy:
-                    r.generator.manual_seed(position_seed(r.seed, r.seq_index,
-                                                          len(r.prompt_token_ids) + len(r.output_token_ids)))
-            meta = SamplingMetadata(
-                params=[r.params for r in rrs], output_token_ids=[r.output_token_ids for r in rrs],
-                prompt_token_ids=[r.prompt_token_ids for r in rrs], generators=[r.generator for r in rrs],
-                eos_token_ids=self.eos_token_ids)
-            out = self.sampler(logits, meta)
-            tokens = out.token_ids.tolist()
-            for i, (rid, rr) in enumerate(zip(sample_reqs, rrs)):
-                rr.output_token_ids.append(tokens[i])
-                if rr.matcher is not None and not rr.matcher.is_terminated():
-                    if not rr.matcher.accept_token(tokens[i]):
-                        result.grammar_errors[rid] = f"token {tokens[i]} was rejected by the request's grammar"
-                    elif rr.matcher.is_terminated():
-                        result.grammar_terminated.add(rid)
-                result.sampled[rid] = [tokens[i]]
-                lp = out.row_logprobs(i)
-                if lp is not None:
-                    result.logprobs[rid] = lp
+        if groups:
+            self._sample(hidden, groups, result)
+            if self.drafter is not None:
+                self._propose(groups, result)
         if prompt_rows:
             self._prompt_logprobs(hidden, prompt_rows, result)
         return result
+
+    def _sample(self, hidden: torch.Tensor, groups: list["_SampleGroup"], result: StepResult) -> None:
+        """Sample (and verify drafts of) every sampling request; fills result.sampled/logprobs/grammar."""
+        # A terminated matcher belongs to a request that finished in the step before this one
+        # (async scheduling planned this step first): its output here is discarded anyway.
+        constrained = [g for g in groups if g.rr.matcher is not None and not g.rr.matcher.is_terminated()]
+        bitmask = None
+        if constrained:  # requests without constraints pay nothing
+            first, rows = {}, 0
+            for g in groups:
+                first[id(g)] = rows
+                rows += 1 + len(g.drafts)
+            bitmask, valid = self.grammar.fill_bitmask_drafts(
+                [(g.rr.matcher, first[id(g)], g.drafts) for g in constrained], rows)
+            for g, ok in zip(constrained, valid):
+                g.drafts = g.drafts[:ok]  # drafts the grammar forbids cannot be accepted: not verified
+            keep = [first[id(g)] + i for g in groups for i in range(1 + len(g.drafts))]
+            bitmask = bitmask[keep]
+        rows = [g.row + i for g in groups for i in range(1 + len(g.drafts))]
+        logits = self.model.compute_logits(hidden[rows])
+        if bitmask is not None:
+            logits = self.apply_bitmask(logits, bitmask)
+        vp, vout, vprompt = [], [], []  # one virtual row per (request, draft prefix)
+        for g in groups:
+            for i in range(1 + len(g.drafts)):
+                vp.append(g.rr.params)
+                vout.append(g.rr.output_token_ids + g.drafts[:i] if i else g.rr.output_token_ids)
+                vprompt.append(g.rr.prompt_token_ids)
+        meta = SamplingMetadata(params=vp, output_token_ids=vout, prompt_token_ids=vprompt,
+                                generators=[None] * len(vp), eos_token_ids=self.eos_token_ids)
+        x, raw = self.sampler.process(logits, meta)
+        greedy_rows = torch.tensor([i for i, p in enumerate(vp) if p.greedy], dtype=torch.long, device=x.device)
+        argmax = dict(zip(greedy_rows.tolist(), x[greedy_rows].argmax(dim=-1).tolist())) if len(greedy_rows) else {}
+        v0 = 0
+        for g in groups:
+            rr, L = g.rr, len(g.drafts)
+            pos0 = len(rr.prompt_token_ids) + len(rr.output_token_ids)  # index of the first emitted token
+            if rr.params.greedy:
+                emitted = verify_greedy([argmax[v0 + i] for i in range(L + 1)], g.drafts)
+            else:
+                coins = [accept_uniform(rr.seed, rr.seq_index, pos0 + i) for i in range(L)]
+                q = rr.draft_probs[:L] if (L and rr.draft_probs is not None) else None
+                emitted = verify_sampled(x[v0:v0 + L + 1], g.drafts, q,
+                                         coins, lambda lg, i, rr=rr, p0=pos0: self._draw(rr, lg, p0 + i))
+            rr.draft_probs = None
+            emitted = self._advance_grammar(g.s.req_id, rr, emitted, result)
+            rr.output_token_ids.extend(emitted)
+            result.sampled[g.s.req_id] = emitted
+            g.emitted = emitted
+            if raw is not None and rr.params.logprobs is not None:
+                result.logprobs[g.s.req_id] = self._token_logprobs(raw[v0:v0 + len(emitted)], emitted, rr.params)
+            v0 += L + 1
+
+    def _draw(self, rr: RunnerRequest, logits: torch.Tensor, position: int) -> int:
+        """Draw the token at ``position`` from softmax(logits [V]) with the (seed, sequence, position) stream."""
+        rr.generator.manual_seed(position_seed(rr.seed, rr.seq_index, position))
+        return int(self.sampler.draw(logits[None], [rr.generator])[0])
+
+    def _advance_grammar(self, rid: str, rr: RunnerRequest, emitted: list[int], result: StepResult) -> list[int]:
+        """Accept emitted tokens into the request's matcher; a completed grammar cuts the list there."""
+        m = rr.matcher
+        if m is None or m.is_terminated():
+            return emitted
+        for j, t in enumerate(emitted):
+            if not m.accept_token(t):
+                result.grammar_errors[rid] = f"token {t} was rejected by the request's grammar"
+                return emitted[:j + 1]
+            if m.is_terminated():
+                result.grammar_terminated.add(rid)
+                return emitted[:j + 1]
+        return emitted
+
+    @staticmethod
+    def _token_logprobs(raw: torch.Tensor, tokens: list[int], params: SamplingParams) -> list[TokenLogprobs]:
+        v = raw.shape[-1]
+        k = v if params.logprobs == -1 else min(params.logprobs, v)
+        ids, lps, ranks = gather_logprobs(raw, torch.tensor(tokens, dtype=torch.long, device=raw.device), k)
+        ids, lps, ranks = ids.tolist(), lps.tolist(), ranks.tolist()
+        return [TokenLogprobs(ids[j][0], lps[j][0], int(ranks[j]), ids[j][1:1 + k], lps[j][1:1 + k])
+                for j in range(len(tokens))]
+
+    def _propose(self, groups: list["_SampleGroup"], result: StepResult) -> None:
+        """Next drafts for every request that sampled (grammar-checked, so every draft is allowed)."""
+        reqs = []
+        for g in groups:
+            rr, s = g.rr, g.s
+            if s.req_id in result.grammar_terminated or s.req_id in result.grammar_errors:
+                continue
+            anchor_pos = s.num_computed_tokens + s.num_scheduled_tokens - 1 - s.num_draft_tokens + len(g.emitted)
+            reqs.append(DraftRequest(s.req_id, g.emitted[-1], anchor_pos, s.block_tables, s.state_slot,
+                                     self.drafter.draft_seed(rr.params, rr.seed, rr.seq_index),
+                                     rr.params.temperature if not rr.params.greedy else 1.0))
+        for rid, (tokens, conf, probs) in self.drafter.propose(reqs).items():
+            rr = self.requests[rid]
+            if rr.matcher is not None and not rr.matcher.is_terminated():
+                ok = 0
+                for t in tokens:
+                    if rr.matcher.is_terminated() or not rr.matcher.accept_token(t):
+                        break
+                    ok += 1
+                if ok:
+                    rr.matcher.rollback(ok)
+                tokens = tokens[:ok]
+            rr.draft_probs = probs
+            result.drafts[rid] = (tokens, None if conf is None else conf[:len(tokens)])
 
     def _prompt_logprobs(self, hidden: torch.Tensor, rows: list[tuple[str, int, int]], result: StepResult) -> None:
         logits = self.model.compute_logits(hidden[[r for _, r, _ in rows]])

@@ -28,10 +28,12 @@ def group_specs(specs: dict[str, KVCacheSpec]) -> tuple[dict[int, KVCacheSpec], 
 
 
 class PagedExecutor:
-    def __init__(self, model, num_blocks: int, max_num_seqs: int, device: torch.device | str = "cpu"):
+    def __init__(self, model, num_blocks: int, max_num_seqs: int, device: torch.device | str = "cpu",
+                 extra_specs: dict[str, KVCacheSpec] | None = None):
+        """``extra_specs``: caches of a second model sharing the block tables (a draft model)."""
         self.model = model
         self.device = torch.device(device)
-        self.specs = model.kv_cache_specs()
+        self.specs = {**model.kv_cache_specs(), **(extra_specs or {})}
         self.group_specs, self.cache_group, self.group_members = group_specs(self.specs)
         self.num_blocks, self.max_num_seqs = num_blocks, max_num_seqs
         self.caches: dict[str, torch.Tensor] = {}
@@ -50,3 +52,11 @@ class PagedExecutor:
         """input_ids [T] (concatenated in slice order) -> hidden [T, D]."""
         ctx = self.context(slices)
         return self.model.forward(input_ids.to(self.device), ctx)
+
+    @torch.inference_mode()
+    def run_with_taps(self, input_ids: torch.Tensor, slices: list[SeqSlice], tap_layer_ids
+                      ) -> tuple[torch.Tensor, dict[int, torch.Tensor], StepContext]:
+        """``run`` plus the model's features at ``tap_layer_ids`` ({layer: [T, D]}) and the step context."""
+        ctx = self.context(slices)
+        hidden, taps = self.model.forward_with_taps(input_ids.to(self.device), ctx, tap_layer_ids)
+        return hidden, taps, ctx

@@ -268,15 +268,8 @@ class Sampler:
         if b != metadata.num_rows:
             raise ValueError(f"logits has {b} rows but the metadata describes {metadata.num_rows}")
         device = logits.device
-        x = logits if logits.dtype == torch.float64 else logits.float()
+        x, logprobs = self.process(logits, metadata)
         params = metadata.params
-
-        logprobs = self._raw_logprobs(x, metadata)  # before anything touches x
-
-        x = self._mask_min_tokens(x, metadata)
-        if any(p.has_penalties for p in params):
-            x = self._apply_penalties(x, metadata)
-
         token_ids = torch.empty(b, dtype=torch.int64, device=device)
         greedy = [i for i, p in enumerate(params) if p.greedy]
         rand = [i for i, p in enumerate(params) if not p.greedy]
@@ -286,12 +279,49 @@ class Sampler:
             token_ids[gi] = x[gi].argmax(dim=-1)
         if rand:
             ri = torch.tensor(rand, device=device)
-            token_ids[ri] = self._sample_random(x[ri], [params[i] for i in rand],
-                                                [metadata.generators[i] for i in rand])
+            token_ids[ri] = self.draw(x[ri], [metadata.generators[i] for i in rand])
 
         if logprobs is not None:
             logprobs = self._gather(logprobs, token_ids, metadata)
         return SamplerOutput(token_ids, logprobs)
+
+    def process(self, logits: torch.Tensor, metadata: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Steps 1-3 and the scaling/filtering of step 5, without drawing.
+
+        Returns (x [B, V] fp32 (fp64 kept): greedy rows penalised logits, random rows
+        ``filter(penalised / temperature)`` so that ``softmax(x[i])`` is exactly the
+        distribution a random row is drawn from; raw logprobs [B, V] or None).
+        Speculative verification uses these same rows, so its accept test and the
+        plain sampler see one distribution.
+        """
+        x = logits if logits.dtype == torch.float64 else logits.float()
+        params = metadata.params
+        logprobs = self._raw_logprobs(x, metadata)  # before anything touches x
+        x = self._mask_min_tokens(x, metadata)
+        if any(p.has_penalties for p in params):
+            x = self._apply_penalties(x, metadata)
+        rand = [i for i, p in enumerate(params) if not p.greedy]
+        if rand:
+            ri = torch.tensor(rand, device=x.device)
+            x = x.clone() if x is logits else x
+            x[ri] = self._scale_filter(x[ri], [params[i] for i in rand])
+        return x, logprobs
+
+    def draw(self, x: torch.Tensor, generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+        """x [R, V] processed rows (``process``) -> int64 [R], one Exp(1) draw of V values per row."""
+        r, v = x.shape
+        dev = x.device
+        # One [V] draw per row from that row's own stream: a seeded row's noise
+        # is independent of which rows share the batch and where it sits.
+        q = torch.empty(r, v, dtype=_NOISE_DTYPE, device=dev)
+        shared = None
+        for j, g in enumerate(generators):
+            if g is None:
+                if shared is None:
+                    shared = self.shared_generator(dev)
+                g = shared
+            q[j].exponential_(generator=g)
+        return self.ops.exponential_race(x, q)
 
     # -- steps --------------------------------------------------------------
     @staticmethod
@@ -343,10 +373,8 @@ class Sampler:
         pres = torch.tensor([p.presence_penalty for p in params], dtype=x.dtype, device=dev)
         return self.ops.apply_penalties(x, _pad(prompts, v, dev), _pad(outputs, v, dev), rep, freq, pres)
 
-    def _sample_random(self, x: torch.Tensor, params: list[SamplingParams],
-                       generators: list[torch.Generator | None]) -> torch.Tensor:
-        """x [R, V] penalised logits of the random rows -> int64 [R]."""
-        r, v = x.shape
+    def _scale_filter(self, x: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+        """x [R, V] penalised logits of the random rows -> ``topk_topp_minp(x / temperature)``."""
         dev = x.device
         temp = torch.tensor([p.temperature for p in params], dtype=x.dtype, device=dev)
         x = x / temp[:, None]
@@ -355,17 +383,7 @@ class Sampler:
             top_p = torch.tensor([p.top_p for p in params], dtype=x.dtype, device=dev)
             min_p = torch.tensor([p.min_p for p in params], dtype=x.dtype, device=dev)
             x = self.ops.topk_topp_minp(x, top_k, top_p, min_p)
-        # One [V] draw per row from that row's own stream: a seeded row's noise
-        # is independent of which rows share the batch and where it sits.
-        q = torch.empty(r, v, dtype=_NOISE_DTYPE, device=dev)
-        shared = None
-        for j, g in enumerate(generators):
-            if g is None:
-                if shared is None:
-                    shared = self.shared_generator(dev)
-                g = shared
-            q[j].exponential_(generator=g)
-        return self.ops.exponential_race(x, q)
+        return x
 
 
 def _pad(rows: Sequence[Sequence[int]], vocab_size: int, device: torch.device) -> torch.Tensor:

@@ -90,3 +90,24 @@ class GrammarBackend:
         for m, r in zip(matchers, rows):
             m.fill_next_token_bitmask(bitmask, r)
         return bitmask
+
+    def fill_bitmask_drafts(self, entries: list[tuple], batch: int) -> tuple[torch.Tensor, list[int]]:
+        """Speculative rows. entries: (matcher, first row, drafts d_1..d_L): row ``first + i`` gets the
+        mask after accepting ``d_1..d_i``. Returns (int32 [batch, words] bitmask, per entry the
+        number of leading drafts the grammar allows; rows past that are left all-allowed and must
+        not be used). Every matcher is rolled back to where it was."""
+        bitmask = torch.full((batch, self.bitmask_words), -1, dtype=torch.int32)
+        valid = []
+        for m, first, drafts in entries:
+            ok = 0
+            m.fill_next_token_bitmask(bitmask, first)
+            for d in drafts:
+                if m.is_terminated() or not m.accept_token(d):
+                    break
+                ok += 1
+                if not m.is_terminated():  # a terminated grammar ends the request at this draft
+                    m.fill_next_token_bitmask(bitmask, first + ok)
+            if ok:
+                m.rollback(ok)
+            valid.append(ok)
+        return bitmask, valid

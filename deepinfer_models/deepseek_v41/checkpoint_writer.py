@@ -58,7 +58,7 @@ _COMMON = dict(
     rope_scaling={"type": "yarn", "factor": 16, "original_max_position_embeddings": 64, "beta_fast": 32,
                   "beta_slow": 1},
     max_position_embeddings=2048, engram_n_heads=2, engram_head_dim=32, engram_vocab_size=1000,
-    engram_pad_token_id=2, n_mtp_layers=3, dspark_markov_rank=8,
+    engram_pad_token_id=2, n_mtp_layers=3, dspark_markov_rank=8, dspark_block_size=5, dspark_noise_token_id=128799,
 )
 
 TOPOLOGIES: dict[str, dict] = {

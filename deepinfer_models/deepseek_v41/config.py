@@ -95,6 +95,8 @@ class DeepseekV41Config:
     dspark_markov_rank: int = 0
     dspark_n_routed_experts: int = 0
     dspark_num_experts_per_tok: int = 0
+    dspark_block_size: int = 0  # drafts per step (0: unset; the engine then uses 5, V4.1-Flash's value)
+    dspark_noise_token_id: int = -1  # token fed at the non-anchor query slots (-1: unset)
     draft_vocab_size: int = 0
     # -- misc --------------------------------------------------------------------------
     bos_token_id: int = 0
@@ -191,6 +193,9 @@ class DeepseekV41Config:
                 _bad("engram_num_embeddings", f"must be a list of row counts (one per Engram layer), got {ne!r}")
         if kw.get("candidate_source_layer_id") is None:
             kw["candidate_source_layer_id"] = -1
+        for key, unset in (("dspark_noise_token_id", -1), ("dspark_block_size", 0)):
+            if key in kw and kw[key] is None:
+                kw[key] = unset
         cfg = cls(**kw)
         cfg.validate()
         return cfg
@@ -351,6 +356,13 @@ class DeepseekV41Config:
         for L in self.dspark_target_layer_ids:
             if isinstance(L, bool) or not isinstance(L, int) or not 0 <= L < self.num_hidden_layers:
                 _bad("dspark_target_layer_ids", f"target layer {L!r} is out of range [0, {self.num_hidden_layers})")
+        b = self.dspark_block_size
+        if isinstance(b, bool) or not isinstance(b, int) or not 0 <= b <= 16:
+            _bad("dspark_block_size", f"must be an integer in [0, 16] (0 = unset), got {b!r}")
+        t = self.dspark_noise_token_id
+        if isinstance(t, bool) or not isinstance(t, int) or not -1 <= t < self.vocab_size:
+            _bad("dspark_noise_token_id", f"must be a token id below vocab_size={self.vocab_size} (or -1 = unset), "
+                                          f"got {t!r}")
 
     # -- serialisation -----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

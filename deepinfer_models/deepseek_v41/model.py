@@ -84,6 +84,15 @@ class DeepseekV41ForCausalLM(DeepseekCausalLMBase):
         """
         return self.cfg.engram_max_ngram_size if self.hasher is not None else 0
 
+    def load_proposer(self, model_dir, spec, platform=None, kernel_overrides=None):
+        """The speculative proposer for ``spec`` (a SpeculativeConfig): DSpark, from the
+        checkpoint's ``mtp.*`` stages (dspark_proposer.py)."""
+        from deepinfer_models.deepseek_v41.dspark_proposer import load_dspark_proposer
+
+        if spec.method != "dspark":
+            raise ValueError(f"speculative_config: DeepSeek-V4.1 drafts with 'dspark', not {spec.method!r}")
+        return load_dspark_proposer(self, model_dir, spec, platform=platform, kernel_overrides=kernel_overrides)
+
     # -- forward -------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """input_ids [T] int64 -> final hidden states [T, D] in ``dtype`` (after the final norm)."""
