@@ -287,9 +287,8 @@ class Scheduler:
                 tokens = sampled[e.req_id]
                 if e.num_draft_tokens and current:  # rejected drafts: their positions are recomputed
                     req.num_computed_tokens -= e.num_draft_tokens + 1 - len(tokens)
-                if self.spec_stats is not None and e.num_draft_tokens:
-                    self.spec_stats.observe(self._proposed.pop(e.req_id, e.num_draft_tokens), e.num_draft_tokens,
-                                            len(tokens) - 1)
+                if self.spec_stats is not None and e.req_id in self._proposed:  # a draft step (maybe 0 verified)
+                    self.spec_stats.observe(self._proposed.pop(e.req_id), e.num_draft_tokens, len(tokens) - 1)
                 updated.append(req)
                 status = None
                 for token in tokens:

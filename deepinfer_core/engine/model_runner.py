@@ -173,14 +173,15 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[rows])
         if bitmask is not None:
             logits = self.apply_bitmask(logits, bitmask)
-        vp, vout, vprompt = [], [], []  # one virtual row per (request, draft prefix)
+        vp, vout, vprompt, vgen = [], [], [], []  # one virtual row per (request, draft prefix)
         for g in groups:
             for i in range(1 + len(g.drafts)):
                 vp.append(g.rr.params)
+                vgen.append(g.rr.generator)  # (process() draws nothing; draws reseed it per position)
                 vout.append(g.rr.output_token_ids + g.drafts[:i] if i else g.rr.output_token_ids)
                 vprompt.append(g.rr.prompt_token_ids)
         meta = SamplingMetadata(params=vp, output_token_ids=vout, prompt_token_ids=vprompt,
-                                generators=[None] * len(vp), eos_token_ids=self.eos_token_ids)
+                                generators=vgen, eos_token_ids=self.eos_token_ids)
         x, raw = self.sampler.process(logits, meta)
         greedy_rows = torch.tensor([i for i, p in enumerate(vp) if p.greedy], dtype=torch.long, device=x.device)
         argmax = dict(zip(greedy_rows.tolist(), x[greedy_rows].argmax(dim=-1).tolist())) if len(greedy_rows) else {}
