@@ -26,6 +26,8 @@ class EngineConfig:
 
     kv_cache_memory_bytes: the KV-cache budget (paged blocks); None = 1 GiB on
     platforms without device memory queries, else ``gpu_memory_utilization`` of free memory.
+    host_kv_cache_bytes: host-memory budget of the prefix cache's second tier (evicted cached
+    blocks are spilled there and copied back on a hit; docs/prefix_caching.md); 0 = off.
     """
 
     model: str
@@ -37,6 +39,7 @@ class EngineConfig:
     async_scheduling: bool = True
     block_size: int = 64
     kv_cache_memory_bytes: int | None = None
+    host_kv_cache_bytes: int = 0  # prefix-cache host tier (spill evicted blocks to RAM); 0 = off
     gpu_memory_utilization: float = 0.9
     seed: int = 0
     kernel_overrides: dict = field(default_factory=dict)
@@ -56,5 +59,8 @@ class EngineConfig:
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
             raise ValueError(f"kv_cache_memory_bytes must be positive, got {self.kv_cache_memory_bytes}")
+        h = self.host_kv_cache_bytes
+        if isinstance(h, bool) or not isinstance(h, int) or h < 0:
+            raise ValueError(f"host_kv_cache_bytes must be an int >= 0 (0 = off), got {h!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")

@@ -40,7 +40,8 @@ class LLM:
                  gpu_memory_utilization: float = 0.9, seed: int = 0, tokenizer: str | None = None,
                  revision: str | None = None, kernel_overrides: dict | None = None, platform=None,
                  batch_invariant: bool = False, enable_prefix_caching: bool = True,
-                 speculative_config: dict | None = None):
+                 speculative_config: dict | None = None,
+                 host_kv_cache_bytes: int = 0):
         register_embedded_models()
         model_dir = resolve_model_path(model, revision)
         try:
@@ -54,7 +55,8 @@ class LLM:
                            gpu_memory_utilization=gpu_memory_utilization, seed=seed,
                            kernel_overrides=dict(kernel_overrides or {}), tokenizer=tokenizer, revision=revision,
                            batch_invariant=batch_invariant, enable_prefix_caching=enable_prefix_caching,
-                           speculative_config=speculative_config)
+                           speculative_config=speculative_config,
+                           host_kv_cache_bytes=host_kv_cache_bytes)
         self.llm_engine = LLMEngine(cfg, platform=platform, model_dir=model_dir)
         self._counter = 0
 

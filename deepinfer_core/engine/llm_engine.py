@@ -22,6 +22,7 @@ from deepinfer_core.engine.output_processor import OutputProcessor
 from deepinfer_core.hub import resolve_model_path
 from deepinfer_core.kernels.mode import batch_invariant_enabled, kernel_mode
 from deepinfer_core.kernels.registry import get_registry
+from deepinfer_core.kv.host_tier import HostTier
 from deepinfer_core.kv.manager import KVCacheManager, bytes_per_block_id, num_blocks_from_memory_budget
 from deepinfer_core.kv.spec import StateSpec
 from deepinfer_core.models import chat_encoding, model_loader, read_architecture, register_embedded_models
@@ -29,6 +30,7 @@ from deepinfer_core.outputs import RequestOutput
 from deepinfer_core.platform.loader import current_platform
 from deepinfer_core.request import Request, RequestStatus
 from deepinfer_core.runner.executor import PagedExecutor, group_specs
+from deepinfer_core.runner.host_store import HostKVStore
 from deepinfer_core.runner.sampler import Sampler, make_generator
 from deepinfer_core.sampling_params import SamplingParams
 from deepinfer_core.scheduler import Scheduler, SchedulerConfig
@@ -84,8 +86,13 @@ class LLMEngine:
                                       extra_specs=proposer.kv_cache_specs() if proposer else None)
         states = [s for s in specs.values() if isinstance(s, StateSpec)]
         replay = getattr(self.model, "prefix_replay_tokens", lambda: 0)()
+        # Prefix-cache host tier: the store holds the host tensors, the HostTier (inside the KV
+        # manager) decides what moves; copies flow through _host_copies_then (kv/host_tier.py).
+        use_host = bool(config.host_kv_cache_bytes) and config.enable_prefix_caching
+        self.host_store = HostKVStore(self.executor) if use_host else None
+        host = HostTier(config.host_kv_cache_bytes, self.host_store.block_bytes()) if use_host else None
         self.kv = KVCacheManager(groups, states, num_blocks, config.max_num_seqs,
-                                 enable_caching=config.enable_prefix_caching, replay_tokens=replay)
+                                 enable_caching=config.enable_prefix_caching, replay_tokens=replay, host_tier=host)
         n_spec = proposer.num_draft_tokens if proposer else 0
         self.scheduler = Scheduler(SchedulerConfig(
             max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
@@ -112,8 +119,16 @@ class LLMEngine:
     def prefix_cache_stats(self) -> dict[str, float]:
         """Prefix-cache metrics since start: tokens looked up, tokens served, hit rate, evictions."""
         q, h = self.kv.num_query_tokens, self.kv.num_hit_tokens
-        return {"query_tokens": q, "hit_tokens": h, "hit_rate": h / q if q else 0.0,
-                "cached_blocks": self.kv.pool.num_cached_blocks, "evictions": self.kv.pool.num_evictions}
+        stats = {"query_tokens": q, "hit_tokens": h, "hit_rate": h / q if q else 0.0,
+                 "cached_blocks": self.kv.pool.num_cached_blocks, "evictions": self.kv.pool.num_evictions}
+        host = self.kv.host  # host tier (planned state: copies of a step not yet run are counted)
+        stats.update({"host_hits": host.num_hits if host else 0,
+                      "host_blocks_spilled": host.num_spilled if host else 0,
+                      "host_blocks_restored": host.num_restored if host else 0,
+                      "host_evictions": host.num_evictions if host else 0,
+                      "host_blocks": host.num_blocks if host else 0,
+                      "host_bytes": host.bytes_used if host else 0})
+        return stats
 
     def _load_proposer(self):
         """The model's draft model for ``speculative_config`` (built by the model package)."""
@@ -150,7 +165,7 @@ class LLMEngine:
     def _run(self, so: SchedulerOutput) -> StepResult:
         """Run a step on this thread, timing it for the verification cost model."""
         t0 = time.perf_counter()
-        result = self.runner.execute(so)
+        result = self._host_copies_then(self.runner.execute)(so)
         if not so.is_empty:
             if self.scheduler.spec_stats is not None:
                 self.scheduler.spec_stats.num_target_steps += 1
@@ -247,9 +262,25 @@ class LLMEngine:
         return self.scheduler.has_unfinished() or self._inflight is not None or bool(self.outputs.parents)
 
     # -- stepping ------------------------------------------------------------
+    def _host_copies_then(self, execute):
+        """``execute`` preceded by the host-tier copies the KV manager recorded so far.
+
+        Called on this thread right before a step is handed to the device, with no step in
+        flight and no schedule() since the one that planned it, so the copies run after every
+        earlier step and before this one (the invariant in deepinfer_core/kv/host_tier.py).
+        """
+        ops = self.kv.take_host_copies()
+        if not ops:
+            return execute
+
+        def run(so: SchedulerOutput) -> StepResult:
+            self.host_store.apply(ops)
+            return execute(so)
+        return run
+
     def _submit(self, so: SchedulerOutput) -> Future:
         assert self._worker is not None
-        return self._worker.submit(self.runner.execute, so)
+        return self._worker.submit(self._host_copies_then(self.runner.execute), so)
 
     def step(self) -> list[RequestOutput]:
         """Run one step; returns the RequestOutputs of requests that finished in it."""

@@ -17,11 +17,13 @@ produced it (``set_block_hash``, chained over the blocks before it). A hashed
 block whose last owner frees it stays findable (``lookup``) on the free list,
 which is kept in LRU order: ``allocate`` takes the least recently freed block and
 evicts its hash. ``touch`` takes a cached block back for a new owner (prefix hit).
+``on_evict`` (optional) is told ``(block_id, hash)`` of every evicted block before the id is
+handed out, while its pages still hold the cached contents (the host tier spills them).
 """
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 NULL_BLOCK_ID = 0
 
@@ -49,6 +51,7 @@ class BlockPool:
         self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_blocks))
         self._by_hash: dict[int, int] = {}
         self.num_evictions = 0
+        self.on_evict: Callable[[int, int], None] | None = None
 
     # -- queries ---------------------------------------------------------------
     @property
@@ -89,6 +92,8 @@ class BlockPool:
                 if self._by_hash.get(h) == b:
                     del self._by_hash[h]
                 self.num_evictions += 1
+                if self.on_evict is not None:
+                    self.on_evict(b, h)
         return ids
 
     def incref(self, block_ids: Iterable[int]) -> None:

@@ -40,6 +40,11 @@ tokens before ``h`` (the model's compressor overlap span; at least one when
 ``h`` is the whole known sequence, so that logits exist) are recomputed, to rebuild
 the per-request compressor state; their cache writes are suppressed. Resume
 after preemption takes the same path. See docs/prefix_caching.md.
+
+Host tier (``host_tier``, optional, see ``host_tier.py``): a cached block the pool evicts is
+spilled to host memory under ``(group, hash)``; ``find_prefix`` counts a hash found only there
+as a hit and ``allocate_prefix`` takes a fresh block for it and records the copy back. The
+manager only records copies (``take_host_copies``); the engine applies them before the step.
 """
 from __future__ import annotations
 
@@ -49,6 +54,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from deepinfer_core.kv.block_pool import NULL_BLOCK_ID, BlockPool
+from deepinfer_core.kv.host_tier import HostCopy, HostTier
 from deepinfer_core.kv.spec import CompressedSpec, PagedSpec, SlidingWindowSpec, StateSpec
 
 
@@ -105,6 +111,16 @@ def num_blocks_from_memory_budget(
     return num_blocks
 
 
+class PrefixTables(dict):
+    """``find_prefix``'s tables (group -> block ids) plus ``restores``: ``(group, index, hash)`` of
+    entries found only on the host tier (their table entry is a null placeholder until
+    ``allocate_prefix`` gives them a device block)."""
+
+    def __init__(self, tables: dict[int, list[int]], restores: list[tuple[int, int, int]]) -> None:
+        super().__init__(tables)
+        self.restores = restores
+
+
 class _RequestBlocks:
     """One request's tables (one per group), the first live index of each, and its state slot."""
 
@@ -136,6 +152,7 @@ class KVCacheManager:
         max_num_seqs: int,
         enable_caching: bool = False,
         replay_tokens: int = 0,
+        host_tier: HostTier | None = None,
     ) -> None:
         for g, spec in enumerate(group_specs):
             if not isinstance(spec, (SlidingWindowSpec, CompressedSpec)):
@@ -160,6 +177,11 @@ class KVCacheManager:
         self.align = math.lcm(*(spec.block_size for spec in self.group_specs)) if self.group_specs else 1
         self.num_query_tokens = 0  # prefix-cache metrics: tokens looked up ...
         self.num_hit_tokens = 0  # ... and tokens not recomputed thanks to a hit
+        self.host = host_tier if enable_caching else None
+        if self.host is not None:
+            # Group of each hashed block: the pool is shared by all groups, the host key is (group, hash).
+            self._block_group = [-1] * num_blocks
+            self.pool.on_evict = self._spill
 
     @classmethod
     def from_memory_budget(
@@ -375,13 +397,17 @@ class KVCacheManager:
                 b = rb.tables[g][i]
                 if b != NULL_BLOCK_ID:
                     self.pool.set_block_hash(b, hashes[i])
+                    if self.host is not None:
+                        self._block_group[b] = g
             rb.num_hashed[g] = full
 
-    def find_prefix(self, req) -> tuple[int, int, dict[int, list[int]] | None]:
+    def find_prefix(self, req) -> tuple[int, int, PrefixTables | None]:
         """Longest cached prefix of ``req``'s known tokens: ``(hit tokens h, replay R, tables)``.
 
         ``h`` is a multiple of every group's block size; the tables hold the cached ids
-        (null where no future query reads). Returns ``(0, 0, None)`` on a miss.
+        (null where no future query reads). Returns ``(0, 0, None)`` on a miss. With a host
+        tier, a block missing on the device but held by the host counts too (listed in
+        ``tables.restores``), as long as enough free device blocks remain to copy it back.
         """
         tokens = req.all_token_ids
         n = len(tokens)
@@ -394,18 +420,44 @@ class KVCacheManager:
             if h - r < 0:
                 continue
             tables: dict[int, list[int]] = {}
+            restores: list[tuple[int, int, int]] = []
             for g, spec in enumerate(self.group_specs):
                 nb = h // spec.block_size
                 lo = 0
                 if isinstance(spec, SlidingWindowSpec):  # only the window before the replayed tokens
                     lo = max(0, h - r - spec.window + 1) // spec.block_size
-                ids = [self.pool.lookup(x) for x in hashes[g][lo:nb]]
-                if any(b is None for b in ids):
+                table = self._lookup_range(g, hashes[g], lo, nb, restores)
+                if table is None:
                     break
-                tables[g] = [NULL_BLOCK_ID] * lo + ids
+                tables[g] = table
             else:
-                return h, r, tables
+                if self._restorable(tables, restores):
+                    return h, r, PrefixTables(tables, restores)
         return 0, 0, None
+
+    def _lookup_range(self, g: int, hashes: list[int], lo: int, nb: int,
+                      restores: list[tuple[int, int, int]]) -> list[int] | None:
+        """Table of group ``g`` for entries ``[lo, nb)`` (null below ``lo``), or None if one is not cached.
+
+        Entries held only by the host tier get a null placeholder and are appended to ``restores``.
+        """
+        table = [NULL_BLOCK_ID] * lo
+        for i in range(lo, nb):
+            b = self.pool.lookup(hashes[i])
+            if b is None:
+                if self.host is None or not self.host.contains(g, hashes[i]):
+                    return None
+                restores.append((g, i, hashes[i]))
+                b = NULL_BLOCK_ID
+            table.append(b)
+        return table
+
+    def _restorable(self, tables: Mapping[int, list[int]], restores: Sequence[tuple[int, int, int]]) -> bool:
+        """Enough free device blocks for the restores once the hit's cached-free blocks are taken."""
+        if not restores:
+            return True
+        taken = sum(1 for t in tables.values() for b in t if b != NULL_BLOCK_ID and self.pool.ref_count(b) == 0)
+        return len(restores) <= self.pool.num_free_blocks - taken
 
     def allocate_prefix(self, req, tables: dict[int, list[int]]) -> bool:
         """Take the cached blocks of a hit for a request that holds nothing yet (False: no state slot)."""
@@ -413,13 +465,41 @@ class KVCacheManager:
             raise ValueError(f"request {req.request_id!r} already holds blocks; prefix hits apply to fresh requests")
         if not self._free_slots:
             return False
+        restores = getattr(tables, "restores", ())
+        if restores and (self.host is None or not self._restorable(tables, restores)):
+            return False
         rb = _RequestBlocks(len(self.group_specs), self._free_slots.popleft())
         for g, table in tables.items():
             for b in table:
                 if b != NULL_BLOCK_ID:
-                    self.pool.touch(b)
+                    self.pool.touch(b)  # first: the allocation below must not evict the hit's own blocks
             rb.tables[g] = list(table)
-            rb.first_live[g] = next((i for i, b in enumerate(table) if b != NULL_BLOCK_ID), len(table))
             rb.num_hashed[g] = len(table)
+        if restores:
+            for g, _, x in restores:  # the spills the allocation may cause must not drop these keys
+                self.host.pin(g, x)
+            for (g, i, x), b in zip(restores, self.pool.allocate(len(restores))):
+                rb.tables[g][i] = b
+                self.pool.set_block_hash(b, x)  # findable now; the copy runs before any step reads it
+                self._block_group[b] = g
+                self.host.restore(g, b, x)
+            self.host.num_hits += 1
+        for g, table in enumerate(rb.tables):
+            rb.first_live[g] = next((i for i, b in enumerate(table) if b != NULL_BLOCK_ID), len(table))
         self._reqs[req.request_id] = rb
         return True
+
+    # -- host tier -----------------------------------------------------------------
+    def take_host_copies(self) -> list[HostCopy]:
+        """Spills, restores and host drops recorded since the last call, in order ([] without a host tier).
+
+        The engine calls this right after each non-empty ``schedule()`` and applies the list on
+        the step worker before that step's forward (invariant: ``host_tier.py``).
+        """
+        return self.host.take_ops() if self.host is not None else []
+
+    def _spill(self, block_id: int, block_hash: int) -> None:
+        """``BlockPool.on_evict``: the block's id is about to be reused; keep its contents on the host."""
+        g, self._block_group[block_id] = self._block_group[block_id], -1
+        if g >= 0:
+            self.host.spill(g, block_id, block_hash)
