@@ -32,9 +32,9 @@ class RunnerRequest:
     generator: torch.Generator
     output_token_ids: list[int] = field(default_factory=list)
     matcher: Any = None  # xgrammar GrammarMatcher for structured outputs, advanced on this worker
-    draft_probs: Any = None  # speculative: [N, V] distributions of the pending drafts (probabilistic drafting)
     seed: int = 0  # the request's seed (or one derived from the engine seed) ...
     seq_index: int = 0  # ... and which of its n sequences this is: the random stream is keyed by position
+    draft_probs: Any = None  # speculative: [N, V] distributions of the pending drafts (probabilistic drafting)
 
 
 @dataclass

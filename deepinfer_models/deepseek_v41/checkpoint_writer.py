@@ -100,6 +100,8 @@ def tiny_v41_config(topology: str = "flash", **overrides) -> DeepseekV41Config:
     for key in ("compress_ratios", "kv_source_layer_ids", "index_source_layer_ids", "engram_layer_ids",
                 "engram_num_embeddings", "dspark_target_layer_ids"):
         base[key] = tuple(base[key])
+    if "dspark_noise_token_id" not in overrides and base["dspark_noise_token_id"] >= base["vocab_size"]:
+        base["dspark_noise_token_id"] = base["vocab_size"] - 1  # a small-vocabulary test config
     cfg = DeepseekV41Config(**base)
     cfg.validate()
     return cfg

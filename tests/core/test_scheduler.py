@@ -395,7 +395,7 @@ def test_update_rejects_bad_runner_output():
         sched.update_from_output(o1, {"a": [1], "b": [2]})
     with pytest.raises(ValueError, match="no sampled token for request 'a'"):
         sched.update_from_output(o1, {})
-    with pytest.raises(ValueError, match="exactly 1 sampled token"):
+    with pytest.raises(ValueError, match="expected 1..1 sampled tokens"):
         sched.update_from_output(o1, {"a": [1, 2]})
     with pytest.raises(ValueError, match="non-negative int"):
         sched.update_from_output(o1, {"a": [-1]})
