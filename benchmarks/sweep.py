@@ -2,7 +2,7 @@
 
     python benchmarks/sweep.py --out DIR [--arch v4] [--layers 2] [--ratios 4,128]
         [--decode 1,8,64,256] [--context 4096] [--prefill 1024,8192] [--providers triton,reference]
-        [--hf-batch 32] [--budget-s 400]
+        [--hf-batch 32] [--budget-s 400] [--graphs] [--moe-tune moe_tune.json] [--sync-audit] [--reps 5]
 
 What it builds: the real V4-Flash widths (hidden 4096, 64 heads x 512, q_lora 1024,
 256 experts top-6, moe_inter 2048, vocab 129280) with ``--layers`` layers whose
@@ -26,7 +26,20 @@ attention and the indexer read; over the copy bandwidth measured in this run),
 and for prefill the fraction of the dense bf16 peak measured in this run.
 Also: HF transformers' eager ``DeepseekV4ForCausalLM`` (bf16, same slice) decode
 at ``--hf-batch`` as the peer, and a torch-profiler table of one triton decode
-step and one prefill step. Writes ``sweep.json``, ``sweep.png``, ``profile.txt``.
+step and one prefill step (with kernel-launch counts). Writes ``sweep.json``,
+``sweep.png``, ``profile.txt``.
+
+``--graphs``: every triton decode config is measured a second time (provider
+``triton+graphs``) with each layer's MoE FFN (router, routed experts, shared
+expert) captured as a CUDA graph (``deepinfer_nvidia.graphs.CudaGraphRunner``,
+one graph per batch size, static input buffers) and the rest of the step eager:
+the whole step cannot be captured yet because the attention cache writes and the
+compressor use data-dependent shapes (``nonzero``); ``--sync-audit`` lists every
+host synchronisation of one decode step (``torch.cuda.set_sync_debug_mode``).
+The graphed step's final hidden states are checked bit-identical to the eager ones, and eager and
+graphed steps are also timed alternately (``paired_*_ms``), since the host's speed drifts between
+measurements taken seconds apart.
+``--moe-tune FILE``: apply ``moe_tune.json`` from ``deepinfer_nvidia.tests.bench_moe``.
 """
 from __future__ import annotations
 
@@ -304,7 +317,11 @@ def time_step(model, ex, slices, ids, last_only: bool, warmup: int, reps: int) -
             "metadata_ms": statistics.median(ctx_times) * 1e3}
 
 
-def profile_step(model, ex, slices, ids, last_only: bool, title: str, fh) -> None:
+LAUNCH_EVENTS = ("cudaLaunchKernel", "cuLaunchKernelEx", "cuLaunchKernel", "cudaLaunchKernelExC", "cudaGraphLaunch",
+                 "cudaMemcpyAsync")
+
+
+def profile_step(model, ex, slices, ids, last_only: bool, title: str, fh) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     def step():
@@ -320,11 +337,77 @@ def profile_step(model, ex, slices, ids, last_only: bool, title: str, fh) -> Non
         wall = time.perf_counter() - t0
     ka = prof.key_averages()
     dev_us = sum(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) for e in ka)
-    fh.write(f"\n=== {title}: wall {wall * 1e3:.2f} ms (profiled), GPU kernel time {dev_us / 1e3:.2f} ms ===\n")
+    launches = {e.key: e.count for e in ka if e.key in LAUNCH_EVENTS}
+    fh.write(f"\n=== {title}: wall {wall * 1e3:.2f} ms (profiled), GPU kernel time {dev_us / 1e3:.2f} ms, "
+             f"launches {launches} ===\n")
     fh.write(ka.table(sort_by="self_device_time_total", row_limit=30) + "\n")
     fh.write(ka.table(sort_by="self_cpu_time_total", row_limit=15) + "\n")
     fh.flush()
-    log(f"profile {title}: wall {wall * 1e3:.1f} ms, GPU busy {dev_us / 1e3:.1f} ms")
+    log(f"profile {title}: wall {wall * 1e3:.1f} ms, GPU busy {dev_us / 1e3:.1f} ms, launches {launches}")
+    return {"profiled_wall_ms": wall * 1e3, "gpu_busy_ms": dev_us / 1e3, "launches": launches}
+
+
+def graph_ffns(model) -> tuple[list, list]:
+    """Wrap every layer's MoE FFN in a CudaGraphRunner (captured per input shape on first use).
+    Returns (original callables, runners); ``set_ffns`` switches between them."""
+    from deepinfer_nvidia.graphs import CudaGraphRunner
+
+    originals = [layer["ffn"] for layer in model.layers]
+    runners = [CudaGraphRunner(fn) for fn in originals]
+    set_ffns(model, runners)
+    return originals, runners
+
+
+def set_ffns(model, fns: list) -> None:
+    for layer, fn in zip(model.layers, fns):
+        layer["ffn"] = fn
+
+
+def time_ab(model, ex, slices, ids, originals: list, runners: list, reps: int) -> dict[str, float]:
+    """Eager and graphed steps alternated (the same CPU conditions for both): medians and minima."""
+    def step():
+        h = ex.run(ids, slices)
+        return model.compute_logits(h)
+
+    times: dict[str, list[float]] = {"eager": [], "graphs": []}
+    for _ in range(reps):
+        for mode, fns in (("eager", originals), ("graphs", runners)):
+            set_ffns(model, fns)
+            sync()
+            t0 = time.perf_counter()
+            step()
+            sync()
+            times[mode].append(time.perf_counter() - t0)
+    set_ffns(model, runners)
+    return {f"paired_{m}_ms": statistics.median(v) * 1e3 for m, v in times.items()} | \
+        {f"paired_{m}_ms_min": min(v) * 1e3 for m, v in times.items()}
+
+
+def sync_audit(model, ex, slices, ids) -> dict:
+    """Every host synchronisation of one step: (file:line -> count) from torch's sync debug mode."""
+    import warnings
+
+    with torch.inference_mode():
+        ex.run(ids, slices)
+    sync()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with torch.inference_mode():
+                h = ex.run(ids, slices)
+                model.compute_logits(h[-1:])
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    sync()
+    where: dict[str, int] = {}
+    root = str(Path(__file__).resolve().parent.parent) + os.sep
+    for w in caught:
+        if "synchroniz" not in str(w.message):
+            continue
+        key = f"{str(w.filename).replace(root, '')}:{w.lineno}"
+        where[key] = where.get(key, 0) + 1
+    return {"total": sum(where.values()), "where": dict(sorted(where.items(), key=lambda kv: -kv[1]))}
 
 
 def run_hf(cfg: DeepseekV4Config, batch: int, prompt: int, results: dict) -> None:
@@ -418,6 +501,12 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", help="cuda; cpu only for a smoke run of the script (--tiny)")
     ap.add_argument("--tiny", action="store_true", help="tiny widths (the test checkpoint's), for smoke runs")
     ap.add_argument("--budget-s", type=float, default=400.0, help="stop starting new measurements after this")
+    ap.add_argument("--graphs", action="store_true", help="also time triton decode with CUDA-graphed MoE FFNs")
+    ap.add_argument("--sync-audit", action="store_true", help="list the host syncs of one triton decode step")
+    ap.add_argument("--moe-tune", default="", help="moe_tune.json from deepinfer_nvidia.tests.bench_moe")
+    ap.add_argument("--profile-decode", default="1,64", help="decode batch sizes to profile (triton)")
+    ap.add_argument("--skip-hf", action="store_true", help="measure the --hf-batch config but not the HF peer")
+    ap.add_argument("--reps", type=int, default=5, help="timed steps per triton config (median reported)")
     args = ap.parse_args()
     global DEV
     DEV = args.device
@@ -437,6 +526,18 @@ def main() -> None:
                                 "head_dim": cfg.head_dim, "experts": cfg.n_routed_experts,
                                 "top_k": cfg.num_experts_per_tok, "vocab": cfg.vocab_size},
                      "device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu", "torch": torch.__version__, "rows": []}
+    if args.moe_tune and not os.path.exists(args.moe_tune):
+        log(f"--moe-tune {args.moe_tune}: no such file; the defaults of triton_moe stay")
+    elif args.moe_tune:
+        import deepinfer_nvidia.kernels.triton_moe as tm
+
+        tune = json.load(open(args.moe_tune))
+        tm.TUNE.update({int(k): tuple(v) for k, v in tune["tune"].items()})
+        tm.DEQUANT_PAIRS = int(tune["dequant_pairs"])
+        tm.DEQUANT_INT = int(tune.get("dequant_int", tm.DEQUANT_INT))
+        results["moe_tune"] = {"tune": {str(k): v for k, v in tm.TUNE.items()}, "dequant_pairs": tm.DEQUANT_PAIRS,
+                               "dequant_int": tm.DEQUANT_INT}
+        log(f"moe tune applied: {results['moe_tune']}")
     results.update(ceilings())
     log(f"copy {results['copy_bw'] / 1e12:.2f} TB/s, bf16 dense {results['bf16_peak'] / 1e12:.0f} TFLOP/s")
     weights = build_weights(cfg, DEV)
@@ -449,6 +550,7 @@ def main() -> None:
 
     prof_fh = open(out / "profile.txt", "w")
     decode = [int(b) for b in args.decode.split(",") if b]
+    prof_decode = {int(b) for b in args.profile_decode.split(",") if b}
     prefill = [int(p) for p in args.prefill.split(",") if p]
     for provider in args.providers.split(","):
         model = make_model(cfg, weights, provider)
@@ -474,7 +576,7 @@ def main() -> None:
                 ex, slices, ids = setup_step(model, cfg, batch, ctx, new)
                 slow = provider == "reference"
                 m = time_step(model, ex, slices, ids, kind == "prefill", warmup=1 if slow else 2,
-                              reps=2 if slow else 5)
+                              reps=2 if slow else args.reps)
             except torch.OutOfMemoryError as exc:  # recorded; the next config may still fit
                 results["rows"].append({"provider": provider, "kind": kind, "n": n, "error": f"OOM: {exc}"[:300]})
                 log(f"{provider} {label}: OOM")
@@ -499,11 +601,52 @@ def main() -> None:
             extra = f", {row['frac_peak'] * 100:.1f}% of bf16 peak" if kind == "prefill" else ""
             log(f"{provider:9s} {label:22s} {m['ms']:9.2f} ms (meta {m['metadata_ms']:.2f}) "
                 f"{row['tok_s']:10.0f} tok/s  roofline {row['roofline_ms']:.3f} ms  x{row['x_roofline']:.1f}{extra}")
-            if provider == "triton" and ((kind == "decode" and n == 64) or (kind == "prefill" and n == prefill[0])):
+            profiled = provider == "triton" and ((kind == "decode" and n in prof_decode and ctx == args.context)
+                                                 or (kind == "prefill" and n == prefill[0]))
+            if profiled:
                 try:
-                    profile_step(model, ex, slices, ids, kind == "prefill", f"{provider} {label}", prof_fh)
+                    row["profile"] = profile_step(model, ex, slices, ids, kind == "prefill", f"{provider} {label}",
+                                                  prof_fh)
                 except Exception as exc:  # noqa: BLE001 - the profile is a diagnostic
                     log(f"profiler failed: {exc}")
+            if provider == "triton" and kind == "decode" and args.sync_audit and "sync_audit" not in results:
+                try:
+                    results["sync_audit"] = {"config": label, **sync_audit(model, ex, slices, ids)}
+                    log(f"sync audit ({label}): {results['sync_audit']['total']} host syncs: "
+                        f"{results['sync_audit']['where']}")
+                except Exception as exc:  # noqa: BLE001
+                    results["sync_audit"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+                    log(f"sync audit failed: {exc}")
+            if provider == "triton" and kind == "decode" and args.graphs:
+                with torch.inference_mode():
+                    eager_h = ex.run(ids, slices)
+                originals, runners = graph_ffns(model)
+                try:
+                    with torch.inference_mode():
+                        ex.run(ids, slices)  # capture (the runners warm up, record, replay)
+                        graph_h = ex.run(ids, slices)  # replay
+                    same = bool(torch.equal(eager_h, graph_h))
+                    gm = time_step(model, ex, slices, ids, False, warmup=2, reps=args.reps)
+                    with torch.inference_mode():
+                        gm.update(time_ab(model, ex, slices, ids, originals, runners, args.reps))
+                    grow = {**row, **gm, "provider": "triton+graphs", "graph_bit_identical": same,
+                            "tok_s": tokens / (gm["ms"] * 1e-3), "x_roofline": gm["ms"] / row["roofline_ms"]}
+                    grow.pop("profile", None)
+                    if n in prof_decode and ctx == args.context:
+                        grow["profile"] = profile_step(model, ex, slices, ids, False, f"triton+graphs {label}",
+                                                       prof_fh)
+                    results["rows"].append(grow)
+                    save()
+                    log(f"{'+graphs':9s} {label:22s} {gm['ms']:9.2f} ms (meta {gm['metadata_ms']:.2f}) "
+                        f"x{grow['x_roofline']:.1f}  bit-identical to eager: {same}; alternated eager/graphs "
+                        f"{gm['paired_eager_ms']:.2f} / {gm['paired_graphs_ms']:.2f} ms")
+                except Exception as exc:  # noqa: BLE001 - recorded; eager numbers stand
+                    results["rows"].append({"provider": "triton+graphs", "kind": kind, "n": n,
+                                            "error": f"{type(exc).__name__}: {exc}"[:400]})
+                    log(f"graphs failed for {label}: {exc}")
+                finally:
+                    set_ffns(model, originals)
+                    del originals, runners
             del ex, slices, ids
             if DEV == "cuda":
                 torch.cuda.empty_cache()
@@ -514,7 +657,7 @@ def main() -> None:
     del weights
     if DEV == "cuda":
         torch.cuda.empty_cache()
-    if args.hf_batch and time.time() - T0 < args.budget_s + 60:
+    if args.hf_batch and not args.skip_hf and time.time() - T0 < args.budget_s + 60:
         run_hf(cfg, args.hf_batch, args.hf_prompt, results)
         ours = next((r for r in results["rows"] if r.get("provider") == "triton" and r.get("kind") == "decode"
                      and r.get("n") == args.hf_batch and "ms" in r and r.get("context") == args.hf_prompt), None)

@@ -25,6 +25,8 @@ IMPLS: tuple[tuple, ...] = (
     ("attention.sparse_sink", "triton", f"{_K}.triton_attention:sparse_sink", f"{_K}.triton_attention:supports"),
     ("index.scores", "triton", f"{_K}.triton_indexer:scores", f"{_K}.triton_indexer:supports"),
     ("mhc.mix", "triton", f"{_K}.triton_mhc:mix", f"{_K}.triton_mhc:supports"),
+    ("mhc.collapse", "triton", f"{_K}.triton_mhc:collapse", f"{_K}.triton_mhc:supports_collapse"),
+    ("mhc.expand", "triton", f"{_K}.triton_mhc:expand", f"{_K}.triton_mhc:supports_expand"),
     ("gemm.fp8_block", "triton", f"{_K}.triton_gemm:gemm_fp8_block", f"{_K}.triton_gemm:supports_fp8"),
     ("gemm.mxfp4", "triton", f"{_K}.triton_gemm:gemm_mxfp4", f"{_K}.triton_gemm:supports_mxfp4"),
     ("gemm.dense", "aten", f"{_K}.aten_ops:gemm_dense", f"{_K}.aten_ops:supports_dense"),

@@ -157,9 +157,33 @@ def _tiles(m: int, n: int, k: int, dtype: torch.dtype, device, k_align: int):
     return bm, bn, bk, split, warps, stages
 
 
+@triton.jit
+def _sum_slices_kernel(src_ptr, dst_ptr, N, S, stride_s, stride_m, BLOCK: tl.constexpr):
+    """dst[m, n] = sum_{s < S} src[s * stride_s + m * stride_m + n] (fp32, s in order), cast to dst's dtype."""
+    m = tl.program_id(0).to(tl.int64)
+    rn = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = rn < N
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for s in range(S):
+        acc += tl.load(src_ptr + s * stride_s + m * stride_m + rn, mask=mask, other=0.0)
+    tl.store(dst_ptr + m * N + rn, acc.to(dst_ptr.dtype.element_ty), mask=mask)
+
+
+def sum_slices(src: torch.Tensor, m: int, n: int, s: int, stride_s: int, stride_m: int,
+               dtype: torch.dtype) -> torch.Tensor:
+    """One launch: ``[M, N]`` in ``dtype`` = fixed-order fp32 sum of ``s`` slices of the fp32 ``src``
+    (element (m, n) of slice i at ``i * stride_s + m * stride_m + n``)."""
+    out = torch.empty(m, n, dtype=dtype, device=src.device)
+    if m and n:
+        block = min(1024, max(128, 1 << (int(n) - 1).bit_length()))
+        _sum_slices_kernel[(m, triton.cdiv(n, block))](src, out, n, s, stride_s, stride_m, BLOCK=block,
+                                                       num_warps=4)
+    return out
+
+
 def _finish(part: torch.Tensor, m: int, n: int, dtype: torch.dtype) -> torch.Tensor:
-    """Sum split-K partials [S, M, N] (fp32) in fixed order and cast."""
-    return part.sum(dim=0).to(dtype)
+    """Sum split-K partials [S, M, N] (fp32) in fixed order and cast: one launch."""
+    return sum_slices(part, m, n, part.shape[0], m * n, n, dtype)
 
 
 @triton.jit

@@ -137,3 +137,91 @@ def mix(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: tor
                        float(norm_eps), float(hc_eps), int(sinkhorn_iters), NR=nr, NP=max(2, n), SPLITS=splits,
                        num_warps=1)
     return pre, post, comb
+
+
+# -- mhc.collapse / mhc.expand: one launch each (the references run 4 and ~8 small ops) ---------------
+@triton.jit
+def _collapse_kernel(r_ptr, pre_ptr, out_ptr, n, D, NP: tl.constexpr, BLOCK_D: tl.constexpr):
+    """out[t, d] = sum_k pre[t, k] * R[t, k, d] (fp32, k in order), one program per (token, D tile)."""
+    t = tl.program_id(0).to(tl.int64)
+    rd = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    k = tl.arange(0, NP)
+    km = k < n
+    dm = rd < D
+    r = tl.load(r_ptr + t * n * D + k[:, None] * D + rd[None, :], mask=km[:, None] & dm[None, :], other=0.0)
+    p = tl.load(pre_ptr + t * n + k, mask=km, other=0.0).to(tl.float32)
+    out = tl.sum(p[:, None] * r.to(tl.float32), axis=0)
+    tl.store(out_ptr + t * D + rd, out.to(out_ptr.dtype.element_ty), mask=dm)
+
+
+@triton.jit
+def _expand_kernel(r_ptr, y_ptr, post_ptr, comb_ptr, out_ptr, n, D, NP: tl.constexpr, BLOCK_D: tl.constexpr):
+    """out[t, j, d] = post[t, j] * y[t, d] + sum_i comb[t, i, j] * R[t, i, d] (fp32)."""
+    t = tl.program_id(0).to(tl.int64)
+    rd = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    i = tl.arange(0, NP)
+    im = i < n
+    dm = rd < D
+    r = tl.load(r_ptr + t * n * D + i[:, None] * D + rd[None, :], mask=im[:, None] & dm[None, :],
+                other=0.0).to(tl.float32)
+    y = tl.load(y_ptr + t * D + rd, mask=dm, other=0.0).to(tl.float32)
+    post = tl.load(post_ptr + t * n + i, mask=im, other=0.0).to(tl.float32)
+    c = tl.load(comb_ptr + t * n * n + i[:, None] * n + i[None, :], mask=im[:, None] & im[None, :],
+                other=0.0).to(tl.float32)  # [i, j]
+    mixed = tl.sum(c[:, :, None] * r[:, None, :], axis=0)  # [j, BLOCK_D]
+    out = post[:, None] * y[None, :] + mixed
+    tl.store(out_ptr + t * n * D + i[:, None] * D + rd[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=im[:, None] & dm[None, :])
+
+
+def _small_floats(*ts) -> bool:
+    return all(t.dtype in FLOATS for t in ts)
+
+
+def supports_collapse(residual, pre) -> bool:
+    return (on_cuda(residual, pre) and _small_floats(residual, pre) and residual.dim() == 3 and pre.dim() == 2
+            and residual.shape[1] <= 16)
+
+
+def collapse(residual: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    """``mhc.collapse``: residual [T, n, D], pre [T, n] -> [T, D] in residual.dtype (fp32 accumulation)."""
+    from deepinfer_core.kernels.ops.mhc import mhc_collapse
+
+    if not supports_collapse(residual, pre):
+        return hand_off("mhc.collapse", f"operands {residual.dtype}/{pre.dtype} on {residual.device} not covered",
+                        mhc_collapse, residual, pre)
+    t, n, d = residual.shape
+    if tuple(pre.shape) != (t, n):
+        raise ValueError(f"mhc.collapse: pre must be [{t}, {n}] for residual {tuple(residual.shape)}, "
+                         f"got {tuple(pre.shape)}")
+    out = torch.empty(t, d, dtype=residual.dtype, device=residual.device)
+    if t and d:
+        bd = min(1024, next_pow2(d))
+        _collapse_kernel[(t, triton.cdiv(d, bd))](residual.contiguous(), pre.contiguous(), out, n, d,
+                                                  NP=max(2, next_pow2(n)), BLOCK_D=bd, num_warps=4)
+    return out
+
+
+def supports_expand(residual, y, post, comb) -> bool:
+    return (on_cuda(residual, y, post, comb) and _small_floats(residual, y, post, comb) and residual.dim() == 3
+            and residual.shape[1] <= 16)
+
+
+def expand(residual: torch.Tensor, y: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """``mhc.expand``: residual [T, n, D], y [T, D], post [T, n], comb [T, n, n] -> [T, n, D] in residual.dtype."""
+    from deepinfer_core.kernels.ops.mhc import mhc_expand
+
+    if not supports_expand(residual, y, post, comb):
+        return hand_off("mhc.expand", f"operands {residual.dtype}/{y.dtype} on {residual.device} not covered",
+                        mhc_expand, residual, y, post, comb)
+    t, n, d = residual.shape
+    if tuple(y.shape) != (t, d) or tuple(post.shape) != (t, n) or tuple(comb.shape) != (t, n, n):
+        raise ValueError(f"mhc.expand: for residual {tuple(residual.shape)} expected y [{t}, {d}], post [{t}, {n}], "
+                         f"comb [{t}, {n}, {n}]; got {tuple(y.shape)}, {tuple(post.shape)}, {tuple(comb.shape)}")
+    out = torch.empty(t, n, d, dtype=residual.dtype, device=residual.device)
+    if t and d:
+        bd = min(512, next_pow2(d))
+        _expand_kernel[(t, triton.cdiv(d, bd))](residual.contiguous(), y.contiguous(), post.contiguous(),
+                                                comb.contiguous(), out, n, d, NP=max(2, next_pow2(n)), BLOCK_D=bd,
+                                                num_warps=4)
+    return out

@@ -135,6 +135,26 @@ def test_mhc_mix_model_width(reg, t):
         close(o, rr, 1e-4, 1e-4)
 
 
+@pytest.mark.parametrize("t", [1, 64, 513])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_mhc_collapse_expand_model_width(reg, t, dtype):
+    from deepinfer_core.kernels.ops.mhc import mhc_collapse, mhc_expand
+
+    g = _gen(250 + t)
+    n, d = 4, 4096
+    r = torch.randn(t, n, d, generator=g).to(dtype)
+    y = torch.randn(t, d, generator=g).to(dtype)
+    pre = torch.rand(t, n, generator=g)
+    post = 2 * torch.rand(t, n, generator=g)
+    comb = torch.rand(t, n, n, generator=g)
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    poison()
+    close(reg.impl("mhc.collapse", "triton")(r.cuda(), pre.cuda()), mhc_collapse(r, pre), tol, tol)
+    poison()
+    close(reg.impl("mhc.expand", "triton")(r.cuda(), y.cuda(), post.cuda(), comb.cuda()),
+          mhc_expand(r, y, post, comb), tol, tol)
+
+
 @pytest.mark.parametrize("t,n", [(1, 2048), (64, 1024), (300, 96)])
 def test_index_scores_model_width(reg, t, n):
     from deepinfer_core.kernels.ops.indexer import indexer_scores
@@ -191,6 +211,96 @@ def test_moe_experts_grouped(reg, t):
     ref = experts_dense(x, w, ids, w1, w3, w2, 10.0)
     out = fn(x.cuda(), w.cuda(), ids.cuda(), w1.cuda(), w3.cuda(), w2.cuda(), 10.0)
     close(out, ref, 3e-2, 3e-2)
+
+
+@pytest.mark.parametrize("t,skew", [(1, False), (5, False), (64, False), (300, False), (300, True)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_moe_experts_mxfp4_grouped(reg, t, skew, dtype):
+    """The one-pass grouped MXFP4 experts against the reference (routed experts dequantised in fp32 on
+    the CPU). ``skew``: every token routes to the same 6 experts, so one expert fills many blocks."""
+    from deepinfer_core.kernels.ops.moe import experts_mxfp4
+    from deepinfer_core.kernels.ops.quant import quant_mxfp4
+
+    fn = reg.impl("moe.experts_mxfp4", "triton")
+    g = _gen(500 + t)
+    e, k, d, f = 16, 6, 1024, 512
+
+    def stack(n, kk):
+        q = [quant_mxfp4(torch.randn(n, kk, generator=g) / kk ** 0.5) for _ in range(e)]
+        return torch.stack([a for a, _ in q]), torch.stack([b for _, b in q])
+
+    w1, s1 = stack(f, d)
+    w3, s3 = stack(f, d)
+    w2, s2 = stack(d, f)
+    x = torch.randn(t, d, generator=g).to(dtype)
+    if skew:
+        ids = torch.randperm(e, generator=g)[:k].expand(t, k).contiguous()
+    else:
+        ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+    w = torch.rand(t, k, generator=g)
+    ref = experts_mxfp4(x, w, ids, w1, s1, w3, s3, w2, s2, 1.0)  # limit 1.0: the clamps are active
+    poison()
+    cu = [a.cuda() for a in (x, w, ids, w1, s1, w3, s3, w2, s2)]
+    out = fn(*cu, 1.0)
+    tol = 3e-2 if dtype == torch.bfloat16 else 1e-4
+    close(out, ref, tol, tol)
+
+
+def test_moe_experts_mxfp4_dequant_once(reg):
+    """The prefill path (experts dequantised to bf16 in chunks, grouped GEMMs) against the reference,
+    with chunks that split the experts unevenly; and the stack dequantiser bit-exact."""
+    from deepinfer_core.kernels.ops.moe import experts_mxfp4
+    from deepinfer_core.kernels.ops.quant import dequant_mxfp4, quant_mxfp4
+    from deepinfer_nvidia.kernels.triton_moe import dequant_mxfp4_stack, dequant_once_mxfp4
+
+    g = _gen(88)
+    e, k, d, f, t = 40, 6, 512, 256, 700
+
+    def stack(n, kk):
+        q = [quant_mxfp4(torch.randn(n, kk, generator=g) / kk ** 0.5) for _ in range(e)]
+        return torch.stack([a for a, _ in q]), torch.stack([b for _, b in q])
+
+    w1, s1 = stack(f, d)
+    w3, s3 = stack(f, d)
+    w2, s2 = stack(d, f)
+    ref_w = torch.stack([dequant_mxfp4(w1[i], s1[i]) for i in range(e)])
+    poison()
+    assert torch.equal(dequant_mxfp4_stack(w1.cuda(), s1.cuda(), torch.float32).cpu(), ref_w)
+    x = torch.randn(t, d, generator=g).bfloat16()
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+    ids[: t // 2, 0] = e - 1  # one heavy expert in the last (partial) chunk
+    w = torch.rand(t, k, generator=g)
+    ref = experts_mxfp4(x, w, ids, w1, s1, w3, s3, w2, s2, 1.0)
+    cu = [a.cuda() for a in (x, w, ids, w1, s1, w3, s3, w2, s2)]
+    for chunk in (32, 7):
+        poison()
+        close(dequant_once_mxfp4(*cu, 1.0, chunk=chunk), ref, 3e-2, 3e-2)
+
+
+def test_moe_experts_mxfp4_graph_capture(reg):
+    """The grouped path has no host sync: it captures into a CUDA graph and replays with new routing."""
+    from deepinfer_core.kernels.ops.moe import experts_mxfp4
+    from deepinfer_core.kernels.ops.quant import quant_mxfp4
+    from deepinfer_nvidia.graphs import CudaGraphRunner
+
+    fn = reg.impl("moe.experts_mxfp4", "triton")
+    g = _gen(77)
+    e, k, d, f, t = 8, 2, 256, 128, 12
+
+    def stack(n, kk):
+        q = [quant_mxfp4(torch.randn(n, kk, generator=g) / kk ** 0.5) for _ in range(e)]
+        return [torch.stack([a for a, _ in q]).cuda(), torch.stack([b for _, b in q]).cuda()]
+
+    ws = stack(f, d) + stack(f, d) + stack(d, f)
+    runner = CudaGraphRunner(lambda x, w, ids: fn(x, w, ids, *ws, 10.0))
+    for step in range(3):
+        x = torch.randn(t, d, generator=g).bfloat16()
+        ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+        w = torch.rand(t, k, generator=g)
+        out = runner(x.cuda(), w.cuda(), ids.cuda())
+        ref = experts_mxfp4(x, w, ids, *[a.cpu() for a in ws], 10.0)
+        close(out, ref, 3e-2, 3e-2)
+    assert runner.num_graphs == 1
 
 
 def test_contract_violations_raise(reg):

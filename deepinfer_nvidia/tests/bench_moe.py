@@ -1,0 +1,160 @@
+"""Routed-expert (``moe.experts_mxfp4``) micro-benchmark at DeepSeek-V4-Flash widths (GPU; not a pytest file).
+
+    python -m deepinfer_nvidia.tests.bench_moe [--out DIR] [--tokens 1,8,64,512,1024,8192]
+
+256 experts, top-6, D=4096, F=2048, MXFP4 weights (random codes, one power-of-two scale);
+uniform random routing. For each token count: the grouped kernel with each ``TUNE`` variant
+(eager, median of ``do_bench``), the dequantise-once path (large T), the previous per-expert
+path (small T), and the grouped path replayed from a CUDA graph (launch overhead removed).
+Bytes = native bytes of the distinct routed experts. A full-width parity check against the
+``aten`` provider (bf16 dequant + grouped GEMM) runs first. Writes ``moe_bench.json`` and
+``moe_tune.json`` (the fastest variant per BLOCK_M and the chosen ``DEQUANT_PAIRS``), which
+``benchmarks/sweep.py --moe-tune`` applies.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+
+import torch
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--tokens", default="1,8,64,512,1024,8192")
+    ap.add_argument("--per-expert", action="store_true", help="also time the earlier per-expert path (T <= 64)")
+    ap.add_argument("--variants", default="64x4x3x0,64x4x3x1,128x8x3x0,128x8x3x1",
+                    help="block_n x warps x stages x int_decode")
+    args = ap.parse_args()
+    from triton.testing import do_bench
+
+    import deepinfer_nvidia.kernels.triton_moe as tm
+    from deepinfer_nvidia.kernels import aten_ops
+    from deepinfer_nvidia.kernels.triton_gemm import gemm_mxfp4
+
+    dev, bf = "cuda", torch.bfloat16
+    E, K, D, F = 256, 6, 4096, 2048
+    g = torch.Generator(device=dev).manual_seed(0)
+
+    def packed(n, k):
+        w = torch.randint(0, 256, (E, n, k // 2), generator=g, device=dev, dtype=torch.uint8)
+        e = round(math.log2(1.0 / (math.sqrt(k) * 2.3)))
+        return w, torch.full((E, n, k // 32), e + 127, device=dev, dtype=torch.uint8).view(torch.float8_e8m0fnu)
+
+    w1, s1 = packed(F, D)
+    w3, s3 = packed(F, D)
+    w2, s2 = packed(D, F)
+    ws = (w1, s1, w3, s3, w2, s2)
+    per_expert_bytes = sum(t[0].numel() * t.element_size() for t in ws)
+
+    def inputs(t):
+        x = torch.randn(t, D, generator=g, device=dev).to(bf)
+        ids = torch.rand(t, E, generator=g, device=dev).topk(K, dim=1).indices
+        w = torch.rand(t, K, generator=g, device=dev)
+        return x, w, ids
+
+    # parity at full width against the aten provider (dequantised bf16 experts, CUTLASS grouped GEMM)
+    for t in (5, 64):
+        x, w, ids = inputs(t)
+        ref = aten_ops.moe_experts_mxfp4(x, w, ids, *ws, 10.0).float()
+        for ni in (0, 1):
+            out = tm.grouped_mxfp4(x, w, ids, *ws, 10.0, int_decode=ni).float()
+            rel = float((out - ref).norm() / ref.norm())
+            print(f"parity T={t}: grouped (int_decode={ni}) vs aten rel {rel:.2e}", flush=True)
+            assert rel < 1e-2, rel
+    x, w, ids = inputs(2048)
+    ref = aten_ops.moe_experts_mxfp4(x, w, ids, *ws, 10.0).float()
+    rel = float((tm.dequant_once_mxfp4(x, w, ids, *ws, 10.0).float() - ref).norm() / ref.norm())
+    print(f"parity T=2048: dequant-once vs aten rel {rel:.2e}", flush=True)
+    assert rel < 1e-2, rel
+
+    variants = [(tuple(int(v) for v in s.split("x")) + (0,))[:4] for s in args.variants.split(",") if s]
+    rows = []
+    score: dict[int, dict[tuple, float]] = {}  # BLOCK_M -> variant -> sum over T of (time / best time at T)
+    crossover = []
+    dq_int_score: dict[int, float] = {}
+    for t in [int(v) for v in args.tokens.split(",") if v]:
+        x, w, ids = inputs(t)
+        distinct = int(torch.unique(ids).numel())
+        nbytes = distinct * per_expert_bytes
+        bm = tm.block_m_for(t * K, E)
+        row = {"tokens": t, "pairs": t * K, "distinct": distinct, "bytes": nbytes, "block_m": bm, "grouped_us": {}}
+        for v in variants:
+            bn, nw, ns, ni = v
+            try:
+                ms = do_bench(lambda: tm.grouped_mxfp4(x, w, ids, *ws, 10.0, block_n=bn, warps=nw, stages=ns,
+                                                       int_decode=ni), warmup=10, rep=50, return_mode="median")
+            except Exception as exc:  # noqa: BLE001 - a variant that does not compile is recorded
+                row["grouped_us"]["x".join(map(str, v))] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
+                continue
+            row["grouped_us"]["x".join(map(str, v))] = ms * 1e3
+        fastest = min((u for u in row["grouped_us"].values() if isinstance(u, float)), default=float("nan"))
+        for v in variants:
+            u = row["grouped_us"].get("x".join(map(str, v)))
+            sc = score.setdefault(bm, {})
+            sc[v] = sc.get(v, 0.0) + (u / fastest if isinstance(u, float) else 1e9)
+        row["grouped_best_us"] = fastest
+        row["grouped_pct_copy_bw"] = nbytes / (fastest * 1e-6) / 4.2e12 * 100
+        if t * K >= 1024:
+            for ni in (0, 1):
+                tm.DEQUANT_INT = ni
+                ms = do_bench(lambda: tm.dequant_once_mxfp4(x, w, ids, *ws, 10.0), warmup=5, rep=30,
+                              return_mode="median")
+                row[f"dequant_once_int{ni}_us"] = ms * 1e3
+                dq_int_score[ni] = dq_int_score.get(ni, 0.0) + ms
+            row["dequant_once_us"] = min(row["dequant_once_int0_us"], row["dequant_once_int1_us"])
+            crossover.append((t * K, fastest, row["dequant_once_us"]))
+        if t <= 64 and args.per_expert:
+            def per_expert():
+                def gemm3(e):
+                    return (lambda a: gemm_mxfp4(a, w1[e], s1[e]), lambda a: gemm_mxfp4(a, w3[e], s3[e]),
+                            lambda a: gemm_mxfp4(a, w2[e], s2[e]))
+                return tm._run(x, w, ids, 10.0, gemm3)
+            row["per_expert_us"] = do_bench(per_expert, warmup=3, rep=20, return_mode="median") * 1e3
+        if t <= 64:
+            # graph replay of the grouped path: kernel time without launch overhead
+            from deepinfer_nvidia.graphs import CudaGraphRunner
+
+            timed = {v: row["grouped_us"].get("x".join(map(str, v))) for v in variants}
+            bv = min((v for v in variants if isinstance(timed[v], float)), key=lambda v: timed[v])
+            row["grouped_graph_variant"] = "x".join(map(str, bv))
+            runner = CudaGraphRunner(lambda a, b, c: tm.grouped_mxfp4(a, b, c, *ws, 10.0, block_n=bv[0], warps=bv[1],
+                                                                      stages=bv[2], int_decode=bv[3]))
+            runner(x, w, ids)
+            row["grouped_graph_us"] = do_bench(lambda: runner(x, w, ids), warmup=10, rep=50,
+                                               return_mode="median") * 1e3
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    tune = {k: (tuple(v) + (0,))[:4] for k, v in tm.TUNE.items()}
+    for bm, sc in score.items():
+        tune[bm] = min(sc, key=sc.get)
+    # smallest measured pair count from which dequant-once wins (0 = never measured faster)
+    wins = [p for p, grouped, once in crossover if once < grouped]
+    dequant_pairs = min(wins) if wins else 0
+    dequant_int = min(dq_int_score, key=dq_int_score.get) if dq_int_score else 0
+    with open(os.path.join(args.out, "moe_bench.json"), "w") as fh:
+        json.dump({"rows": rows, "tune": {str(k): v for k, v in tune.items()}, "dequant_pairs": dequant_pairs,
+                   "dequant_int": dequant_int}, fh, indent=1)
+    with open(os.path.join(args.out, "moe_tune.json"), "w") as fh:
+        json.dump({"tune": {str(k): list(v) for k, v in tune.items()}, "dequant_pairs": dequant_pairs,
+                   "dequant_int": dequant_int}, fh)
+    print(f"\n{'T':>6s} {'pairs':>6s} {'experts':>7s} {'BM':>3s} {'grouped us':>10s} {'%BW':>5s} {'graph us':>9s} "
+          f"{'per-expert':>10s} {'dq-once':>8s}")
+    for r in rows:
+        print(f"{r['tokens']:6d} {r['pairs']:6d} {r['distinct']:7d} {r['block_m']:3d} {r['grouped_best_us']:10.1f} "
+              f"{r['grouped_pct_copy_bw']:5.1f} {r.get('grouped_graph_us', float('nan')):9.1f} "
+              f"{r.get('per_expert_us', float('nan')):10.1f} {r.get('dequant_once_us', float('nan')):8.1f}")
+    print("variants (block_n x warps x stages), us:")
+    for r in rows:
+        print(f"  T={r['tokens']}: " + ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
+                                                for k, v in r["grouped_us"].items()))
+    print("chosen:", json.dumps({"tune": tune, "dequant_pairs": dequant_pairs, "dequant_int": dequant_int}),
+          f"({time.strftime('%H:%M:%S')})")
+
+
+if __name__ == "__main__":
+    main()
