@@ -4,8 +4,11 @@
     python benchmarks/prefix_cache.py --model DIR --dtype bfloat16
 
 Workloads: (1) one long system prompt + many short questions; (2) a multi-turn chat where each
-turn resends the whole conversation. Both engines see the same requests in the same order;
-"tokens computed" counts every token fed to the model (prefill, replay and decode).
+turn resends the whole conversation; (3) host tier: several long documents, questions about them
+in round-robin order, under a device KV pool too small to keep more than about one document
+cached, with the host-memory tier (``host_kv_cache_bytes``) off and on (prefix caching on in
+both). Both engines of a workload see the same requests in the same order; "tokens computed"
+counts every token fed to the model (prefill, replay and decode).
 """
 from __future__ import annotations
 
@@ -21,11 +24,11 @@ def rand(n: int, seed: int) -> list[int]:
     return torch.randint(3, 129000, (n,), generator=g).tolist()
 
 
-def run(model, dtype, caching: bool, workload: str, args):
+def run(model, dtype, caching: bool, workload: str, args, kv_bytes: int = 512 << 20, host_bytes: int = 0):
     from deepinfer_core import LLM, SamplingParams
 
     llm = LLM(model, dtype=dtype, max_model_len=4096, enable_prefix_caching=caching,
-              kv_cache_memory_bytes=512 << 20)
+              kv_cache_memory_bytes=kv_bytes, host_kv_cache_bytes=host_bytes)
     eng = llm.llm_engine
     fed = {"n": 0}
     orig = eng.runner.execute
@@ -42,6 +45,11 @@ def run(model, dtype, caching: bool, workload: str, args):
         system = rand(args.system_len, 1)
         prompts = [system + rand(args.question_len, 100 + i) for i in range(args.num_questions)]
         outs = llm.generate(prompts, sp, use_tqdm=False)
+    elif workload == "host-tier":
+        docs = [rand(args.system_len, 300 + d) for d in range(args.num_docs)]
+        for rnd in range(args.doc_rounds):  # doc 0, 1, ..., n-1, then again: each revisit finds its
+            for d, doc in enumerate(docs):  # document evicted from the small device pool
+                outs.append(llm.generate([doc + rand(args.question_len, 400 + 10 * d + rnd)], sp, use_tqdm=False)[0])
     else:
         conv = rand(args.system_len, 2)
         for turn in range(args.num_turns):
@@ -50,7 +58,20 @@ def run(model, dtype, caching: bool, workload: str, args):
             conv = conv + out.outputs[0].token_ids
             outs.append(out)
     dt = time.perf_counter() - t0
-    return fed["n"], dt, [o.outputs[0].token_ids for o in outs], eng.prefix_cache_stats()
+    stats = eng.prefix_cache_stats()
+    stats["copy_seconds"] = eng.host_store.seconds if eng.host_store is not None else 0.0
+    return fed["n"], dt, [o.outputs[0].token_ids for o in outs], stats
+
+
+def small_pool_bytes(model, dtype, args) -> int:
+    """A device KV budget of ``--pool-docs`` times the block ids one document request occupies."""
+    from deepinfer_core import LLM
+
+    probe = LLM(model, dtype=dtype, max_model_len=4096, kv_cache_memory_bytes=64 << 20)
+    specs = [s for s in probe.llm_engine.executor.specs.values() if hasattr(s, "page_bytes")]
+    n = args.system_len + args.question_len + args.output_len
+    blocks = sum(-(-n // s.block_size) for s in {s: None for s in specs})  # one table per group
+    return int(args.pool_docs * blocks) * sum(s.page_bytes for s in specs)
 
 
 def main() -> None:
@@ -64,6 +85,11 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=16)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--family", default="v41", choices=["v41", "v4"], help="tiny checkpoint family when --model is unset")
+    ap.add_argument("--workloads", default="system+questions,multi-turn,host-tier", help="comma-separated subset")
+    ap.add_argument("--num-docs", type=int, default=4, help="host-tier workload: documents cycled through")
+    ap.add_argument("--doc-rounds", type=int, default=4, help="host-tier workload: questions per document")
+    ap.add_argument("--pool-docs", type=float, default=1.5, help="host-tier workload: device pool in documents")
+    ap.add_argument("--host-bytes", type=int, default=1 << 30, help="host-tier workload: host_kv_cache_bytes when on")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -75,8 +101,10 @@ def main() -> None:
         writer = write_tiny_v41_checkpoint if args.family == "v41" else write_tiny_v4_checkpoint
         writer(model, quant="fp8", seed=0)
     print(f"model={model} dtype={args.dtype} threads={torch.get_num_threads()}")
-    print(f"{'workload':<18}{'caching':>8}{'tokens fed':>12}{'seconds':>9}{'hit rate':>10}")
-    for workload in ("system+questions", "multi-turn"):
+    plain = [w for w in ("system+questions", "multi-turn") if w in args.workloads.split(",")]
+    if plain:
+        print(f"{'workload':<18}{'caching':>8}{'tokens fed':>12}{'seconds':>9}{'hit rate':>10}")
+    for workload in plain:
         rows = {}
         for caching in (False, True):
             n, dt, toks, stats = run(model, args.dtype, caching, workload, args)
@@ -85,6 +113,22 @@ def main() -> None:
         same = rows[True][2] == rows[False][2]
         print(f"{workload:<18} tokens fed off/on = {rows[False][0] / rows[True][0]:.2f}x, "
               f"time off/on = {rows[False][1] / rows[True][1]:.2f}x, outputs identical: {same}")
+    if "host-tier" not in args.workloads.split(","):
+        return
+    kv_bytes = small_pool_bytes(model, args.dtype, args)
+    print(f"host-tier: {args.num_docs} documents x {args.doc_rounds} rounds, device pool {kv_bytes >> 20} MiB "
+          f"({args.pool_docs} documents), host tier {args.host_bytes >> 20} MiB when on")
+    print(f"{'workload':<18}{'host':>8}{'tokens fed':>12}{'seconds':>9}{'hit rate':>10}{'restored':>10}"
+          f"{'spilled':>9}{'host MiB':>10}{'copy s':>8}")
+    rows = {}
+    for host in (False, True):
+        n, dt, toks, stats = run(model, args.dtype, True, "host-tier", args, kv_bytes, args.host_bytes if host else 0)
+        rows[host] = (n, dt, toks)
+        print(f"{'host-tier':<18}{'on' if host else 'off':>8}{n:>12}{dt:>9.2f}{stats['hit_rate']:>10.2f}"
+              f"{stats['host_blocks_restored']:>10}{stats['host_blocks_spilled']:>9}"
+              f"{stats['host_bytes'] / (1 << 20):>10.1f}{stats['copy_seconds']:>8.2f}")
+    print(f"{'host-tier':<18} tokens fed off/on = {rows[False][0] / rows[True][0]:.2f}x, "
+          f"time off/on = {rows[False][1] / rows[True][1]:.2f}x, outputs identical: {rows[True][2] == rows[False][2]}")
 
 
 if __name__ == "__main__":

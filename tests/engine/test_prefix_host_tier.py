@@ -51,7 +51,8 @@ def per_block_bytes(llm) -> int:
 def cold(tiny_v4_dir):
     llm = make(tiny_v4_dir, enable_prefix_caching=False)
     prompts = [p for p, _ in WORKLOAD] + [SYSTEM + QUESTIONS[3]]
-    return {(tuple(p), id(sp)): sig(llm.generate([p], sp, use_tqdm=False)[0]) for p in prompts for sp in (GREEDY, SEEDED)}
+    return {(tuple(p), id(sp)): sig(llm.generate([p], sp, use_tqdm=False)[0])
+            for p in prompts for sp in (GREEDY, SEEDED)}
 
 
 @pytest.fixture(scope="module")
