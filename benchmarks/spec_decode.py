@@ -18,17 +18,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-def run_mode(model: str, dtype: str, prompts, max_tokens: int, spec, max_num_seqs: int):
+
+def run_mode(model: str, dtype: str, prompts, max_tokens: int, spec, max_num_seqs: int, batch_invariant: bool):
     from deepinfer_core import LLM, SamplingParams
 
     llm = LLM(model, dtype=dtype, speculative_config=spec, max_num_seqs=max_num_seqs,
-              max_num_batched_tokens=max(2048, 8 * len(prompts)))
+              max_num_batched_tokens=max(2048, 8 * len(prompts)), batch_invariant=batch_invariant)
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
     eng = llm.llm_engine
@@ -59,6 +63,7 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=48)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--batch-invariant", action="store_true", help="LLM(batch_invariant=True) for every mode")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -80,7 +85,8 @@ def main() -> None:
         else:
             g = torch.Generator().manual_seed(b)
             prompts = [torch.randint(3, 129000, (args.prompt_len + i % 7,), generator=g).tolist() for i in range(b)]
-        res = {m: run_mode(model, args.dtype, prompts, args.max_tokens, spec, max(b, 1)) for m, spec in modes.items()}
+        res = {m: run_mode(model, args.dtype, prompts, args.max_tokens, spec, max(b, 1),
+                        args.batch_invariant) for m, spec in modes.items()}
         same = all(r["outputs"] == res["off"]["outputs"] for r in res.values())
         for m, r in res.items():
             st = r["stats"] or {}
