@@ -17,6 +17,7 @@ online (no table given) and prints it.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import tempfile
@@ -32,7 +33,8 @@ def run_mode(model: str, dtype: str, prompts, max_tokens: int, spec, max_num_seq
     from deepinfer_core import LLM, SamplingParams
 
     llm = LLM(model, dtype=dtype, speculative_config=spec, max_num_seqs=max_num_seqs,
-              max_num_batched_tokens=max(2048, 8 * len(prompts)), batch_invariant=batch_invariant)
+              max_num_batched_tokens=max(2048, 8 * len(prompts)), batch_invariant=batch_invariant,
+              kv_cache_memory_bytes=1 << 30)  # every mode gets the same pool (and engines are built in turn)
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
     eng = llm.llm_engine
@@ -49,6 +51,9 @@ def run_mode(model: str, dtype: str, prompts, max_tokens: int, spec, max_num_seq
     dt = time.perf_counter() - t0
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     stats = eng.spec_decode_stats()
+    eng.shutdown()
+    del llm, eng
+    gc.collect()
     return {"seconds": dt, "tokens": tokens, "tok_s": tokens / dt, "target_steps": steps["n"],
             "tok_per_step": tokens / steps["n"], "stats": stats,
             "outputs": [o.outputs[0].token_ids for o in outs]}
