@@ -28,16 +28,6 @@ NOISE_ID = 128799
 LENGTHS = [3, 15, 16, 17, 33, 65, 90, 8]  # cycled over the requests
 
 
-class _Both:
-    """Executor-facing view of target + drafter: one cache set holding both models' caches."""
-
-    def __init__(self, target, drafter):
-        self.target, self.drafter = target, drafter
-
-    def kv_cache_specs(self):
-        return {**self.target.kv_cache_specs(), **self.drafter.kv_cache_specs()}
-
-
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     d = tmp_path_factory.mktemp("agreeing-v41")
@@ -60,7 +50,7 @@ def spec_round(setup):
     # start so that the anchor (the token after the context) is tokens[i]: every anchor once
     contexts = [lang.prompt(n, lang.tokens[(i - n) % m]) for i, n in enumerate(lengths)]
     with torch.inference_mode():
-        ex = PagedExecutor(_Both(target, drafter), num_blocks=1024, max_num_seqs=m)
+        ex = PagedExecutor(target, num_blocks=1024, max_num_seqs=m, extra_specs=drafter.kv_cache_specs())
         alloc = SimpleBlockAllocator(ex)
         tables = [alloc.tables_for(i, len(c) + N + 1) for i, c in enumerate(contexts)]
         ctx = ex.context([SeqSlice(0, len(c), tables[i], state_slot=i) for i, c in enumerate(contexts)])

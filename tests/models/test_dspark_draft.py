@@ -32,16 +32,6 @@ SEEDS = [None, 11, None, 12]
 TEMPS = [1.0, 0.7, 1.0, 1.3]
 
 
-class _Both:
-    """Executor-facing view of target + drafter: one cache set holding both models' caches."""
-
-    def __init__(self, target, drafter):
-        self.target, self.drafter = target, drafter
-
-    def kv_cache_specs(self):
-        return {**self.target.kv_cache_specs(), **self.drafter.kv_cache_specs()}
-
-
 @pytest.fixture(scope="module")
 def setup():
     d = tiny_ckpt("flash", "none")
@@ -53,7 +43,7 @@ def setup():
 @torch.inference_mode()
 def run_drafts(target, drafter, contexts, anchors, seeds, temps):
     """Prefill every context in one target step, write its draft context KV, propose one block each."""
-    ex = PagedExecutor(_Both(target, drafter), num_blocks=256, max_num_seqs=len(contexts))
+    ex = PagedExecutor(target, num_blocks=256, max_num_seqs=len(contexts), extra_specs=drafter.kv_cache_specs())
     alloc = SimpleBlockAllocator(ex)
     tables = [alloc.tables_for(i, len(c) + N) for i, c in enumerate(contexts)]
     ctx = ex.context([SeqSlice(0, len(c), tables[i], state_slot=i) for i, c in enumerate(contexts)])
@@ -147,7 +137,7 @@ def test_draft_noise_is_keyed_by_seed_and_position():
 
 def test_draft_caches_share_the_target_swa_group(setup):
     _, target, drafter = setup
-    ex = PagedExecutor(_Both(target, drafter), num_blocks=8, max_num_seqs=1)
+    ex = PagedExecutor(target, num_blocks=8, max_num_seqs=1, extra_specs=drafter.kv_cache_specs())
     names = list(drafter.kv_cache_specs())
     assert names == [f"layers.{10 + i}.attn.swa" for i in range(3)]
     assert {ex.cache_group[n] for n in names} == {ex.cache_group["layers.0.attn.swa"]}
@@ -165,7 +155,7 @@ def test_bad_inputs_are_named(setup):
                       noise_token_id=1)
     with pytest.raises(DSparkError, match="target features for layers"):
         drafter.combine({1: torch.zeros(2, 64)})
-    ex = PagedExecutor(_Both(target, drafter), num_blocks=16, max_num_seqs=1)
+    ex = PagedExecutor(target, num_blocks=16, max_num_seqs=1, extra_specs=drafter.kv_cache_specs())
     tables = SimpleBlockAllocator(ex).tables_for(0, 10)
     with pytest.raises(DSparkError, match="5 tokens"):
         drafter.propose(torch.tensor([3]), ex.context([SeqSlice(4, 3, tables)]))
