@@ -83,11 +83,24 @@ class _TokenIndex:
     no_write_before: torch.Tensor
 
 
-def _tables(slices: list[SeqSlice], gid: int, device: torch.device) -> torch.Tensor:
-    """Block tables of group ``gid`` as one padded [B, max_blocks] tensor (one host-to-device copy)."""
+def upload(host: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """A host tensor on ``device`` without blocking the host: staged through pinned memory and copied
+    asynchronously when ``device`` is not the tensor's own (an accelerator); returned as is otherwise.
+    (A copy from pageable memory makes the host wait for the device.)"""
+    dev = torch.device(device)
+    if dev == host.device:
+        return host
+    return host.pin_memory().to(dev, non_blocking=True)
+
+
+def _padded_rows(slices: list[SeqSlice], gid: int) -> tuple[int, list[int]]:
+    """Block tables of group ``gid`` as [B, width] (row-major, 0 padded), flat; and the width."""
     width = max((len(s.block_tables[gid]) for s in slices), default=0) or 1
-    rows = [s.block_tables[gid] + [0] * (width - len(s.block_tables[gid])) for s in slices]
-    return torch.tensor(rows, dtype=torch.long).to(device)
+    flat: list[int] = []
+    for s in slices:
+        flat += s.block_tables[gid]
+        flat += [0] * (width - len(s.block_tables[gid]))
+    return width, flat
 
 
 def _sliding_meta(spec: SlidingWindowSpec, tok: _TokenIndex, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,19 +128,31 @@ def _compressed_meta(spec: CompressedSpec, tok: _TokenIndex, table: torch.Tensor
 
 def build_step_context(slices: list[SeqSlice], group_specs: dict[int, KVCacheSpec], cache_group: dict[str, int],
                        caches: dict[str, torch.Tensor], device: torch.device) -> StepContext:
-    """Build the step's metadata: a few small host-to-device copies, then index math on ``device``
-    for all requests at once (no per-token or per-request Python loops)."""
-    counts = torch.tensor([s.num_tokens for s in slices], dtype=torch.long)
-    info = torch.tensor([[s.start_pos, s.no_write_before, s.state_slot] for s in slices] or [[0, 0, 0]],
-                        dtype=torch.long).to(device)
-    counts_d = counts.to(device)
-    seq = torch.repeat_interleave(torch.arange(len(slices), device=device), counts_d)
+    """Build the step's metadata: one small host-to-device copy (asynchronous, from pinned memory, on an
+    accelerator), then index math on ``device`` for all requests at once (no per-token or per-request
+    Python loops, and no host synchronisation)."""
+    # one host-to-device copy for the whole step: per-request info rows, then every group's table
+    b = len(slices)
+    total = sum(s.num_tokens for s in slices)
+    flat = [v for s in slices for v in (s.start_pos, s.no_write_before, s.state_slot, s.num_tokens)] or [0, 0, 0, 0]
+    widths: dict[int, int] = {}
+    for gid in group_specs:
+        widths[gid], rows = _padded_rows(slices, gid)
+        flat += rows
+    host = torch.tensor(flat, dtype=torch.long)
+    dev = upload(host, device)
+    info = dev[:max(b, 1) * 4].view(-1, 4)
+    counts_d = info[:b, 3]
+    # output_size: the token count is known on the host, so the device need not report it
+    seq = torch.repeat_interleave(torch.arange(b, device=device), counts_d, output_size=total)
     first_row = torch.cumsum(counts_d, 0) - counts_d
-    pos = info[seq, 0] + torch.arange(int(counts.sum()), device=device) - first_row[seq]
+    pos = info[seq, 0] + torch.arange(total, device=device) - first_row[seq]
     tok = _TokenIndex(seq, pos, info[seq, 0], info[seq, 1])
     groups: dict[int, GroupMetadata] = {}
+    off = max(b, 1) * 4
     for gid, spec in group_specs.items():
-        table = _tables(slices, gid, device)
+        table = dev[off:off + b * widths[gid]].view(b, widths[gid])
+        off += b * widths[gid]
         if isinstance(spec, SlidingWindowSpec):
             w, r = _sliding_meta(spec, tok, table)
         elif isinstance(spec, CompressedSpec):

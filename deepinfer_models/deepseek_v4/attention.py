@@ -10,6 +10,7 @@ from deepinfer_core.runner.context import StepContext
 from deepinfer_models.deepseek_v4.compressor import Compressor
 from deepinfer_models.deepseek_v4.config import DeepseekV4Config
 from deepinfer_models.layers.linear import Linear
+from deepinfer_models.layers.static_index import write_rows
 
 
 def split_grouped_linear(wo_a: Linear, groups: int, device) -> list:
@@ -117,8 +118,7 @@ class AttentionV4(SharedKVAttention):
         swa = ctx.caches[self.swa_name]
         swa_meta = ctx.meta(self.swa_name)
         w = swa_meta.write_slots
-        keep = w >= 0  # -1: no write (a position served from the prefix cache)
-        swa[w[keep]] = kv[keep].to(swa.dtype)
+        write_rows(swa, w, kv)  # -1: no write (a position served from the prefix cache)
         cmp_cache, cmp_idx = None, None
         if self.compressor is not None:
             self.compressor(x, ctx)

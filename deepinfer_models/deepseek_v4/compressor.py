@@ -17,6 +17,7 @@ import torch
 
 from deepinfer_core.kv.spec import CompressedSpec, StateSpec
 from deepinfer_core.runner.context import StepContext
+from deepinfer_models.layers.static_index import compact, write_rows
 
 
 class Compressor:
@@ -64,17 +65,27 @@ class Compressor:
         seq, start = ctx.token_seq, ctx.extras["token_start"]
         first_row, slots = ctx.extras["seq_first_row"], ctx.state_slots
         rows_now = torch.cat([kv, sc], dim=-1)
-        closing = ((pos + 1) % r == 0).nonzero(as_tuple=True)[0]
-        if closing.numel():
+        state_rows = state.view(-1, 2 * width)
+        nseq = first_row.shape[0]
+        # Windows closing in this step, without a host sync: a request's chunk of n tokens closes at
+        # most n // r + 1 windows, so T // r + B rows (all T rows when that is not fewer) hold them;
+        # padding rows are computed and not written.
+        closing_mask = (pos + 1) % r == 0
+        n_close = min(t, t // r + nseq)
+        if n_close == t:
+            closing, valid = torch.arange(t, device=x.device), closing_mask
+        else:
+            closing, valid = compact(closing_mask, n_close)
+        if n_close:
             w = pos[closing] // r
             cur = w[:, None] * r + torch.arange(r, device=x.device)[None, :]  # window w: [Nw, r]
             where = torch.cat([cur - r, cur], dim=1) if self.overlap else cur  # + a-halves of window w-1
             s_of = seq[closing]
             s0 = start[closing][:, None]
-            src = torch.where(where >= s0, first_row[s_of][:, None] + where - s0,
-                              t + slots[s_of][:, None] * ring + where % ring)
-            source = torch.cat([rows_now, state.view(-1, 2 * width)])
-            got = source[src]  # [Nw, S, 2*width]
+            # each slot from this step's rows or from the request's ring (row picks only: exact)
+            now_row = (first_row[s_of][:, None] + where - s0).clamp(0, t - 1)
+            ring_row = slots[s_of][:, None] * ring + where % ring
+            got = torch.where((where >= s0)[..., None], rows_now[now_row], state_rows[ring_row])  # [Nw, S, 2*width]
             g_kv, g_sc = got[..., :width], got[..., width:]
             if self.overlap:
                 g_kv = torch.cat([g_kv[:, :r, :d], g_kv[:, r:, d:]], dim=1)
@@ -84,9 +95,13 @@ class Compressor:
             normed = self.k["norm.rms"](pooled, self.norm_w, self.eps)
             entry = self.k["rope.interleaved"](normed, w * r, self.inv_freq)
             out = meta.write_slots[closing]
-            keep = out >= 0  # -1: the entry is already in a shared prefix-cache block
-            cache[out[keep]] = entry[keep].to(cache.dtype)
+            # -1: the entry is already in a shared prefix-cache block
+            write_rows(cache, out, entry, valid & (out >= 0))
         # keep the last `ring` positions of every request's chunk for windows closing later
-        keep = (pos >= ctx.extras["seq_end"][seq] - ring).nonzero(as_tuple=True)[0]
-        if keep.numel():
-            state.view(-1, 2 * width)[slots[seq[keep]] * ring + pos[keep] % ring] = rows_now[keep]
+        keep_mask = pos >= ctx.extras["seq_end"][seq] - ring
+        n_keep = min(t, nseq * ring)
+        if n_keep == t:
+            keep, valid = torch.arange(t, device=x.device), keep_mask
+        else:
+            keep, valid = compact(keep_mask, n_keep)
+        write_rows(state_rows, slots[seq[keep]] * ring + pos[keep] % ring, rows_now[keep], valid)

@@ -18,6 +18,7 @@ from deepinfer_models.deepseek_v41.compressor import CompressorV41, cache_name
 from deepinfer_models.deepseek_v41.config import DeepseekV41Config
 from deepinfer_models.deepseek_v41.indexer import IndexerV41
 from deepinfer_models.deepseek_v41.step import IndexShare, StepRows
+from deepinfer_models.layers.static_index import write_rows
 
 
 class AttentionV41(SharedKVAttention):
@@ -53,8 +54,7 @@ class AttentionV41(SharedKVAttention):
         swa = ctx.caches[self.swa_name]
         swa_meta = ctx.meta(self.swa_name)
         w = swa_meta.write_slots
-        keep = w >= 0  # -1: a position served by the prefix cache (its KV is already there)
-        swa[w[keep]] = kv[keep].to(swa.dtype)
+        write_rows(swa, w, kv)  # -1: a position served by the prefix cache (its KV is already there)
         if self.compressor is not None:
             self.compressor(x, ctx, rows)
         if self.indexer is not None:

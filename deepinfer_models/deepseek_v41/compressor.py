@@ -25,6 +25,7 @@ from deepinfer_core.kv.spec import CompressedSpec, StateSpec
 from deepinfer_core.runner.context import StepContext
 from deepinfer_models.deepseek_v41.config import DeepseekV41Config
 from deepinfer_models.deepseek_v41.step import StepRows
+from deepinfer_models.layers.static_index import compact, write_rows
 
 # Positions kept per request for ratio 2. Two would do for plain decoding; 8 (vLLM's
 # ``max(8, next_pow2(num_spec_tokens + 2))``) lets up to 6 rejected speculative positions be
@@ -72,19 +73,28 @@ class CompressorV41:
         pos = ctx.positions
         xf = x.float()
         kv = self.k["gemm.dense"](xf, self.wkv)  # [T, d] fp32
-        closing = ((pos + 1) % self.ratio == 0).nonzero().squeeze(1)
-        if self.ratio == 1:
-            u = kv[closing]
+        t = pos.shape[0]
+        if self.ratio == 1:  # every token closes its group
+            closing, valid = torch.arange(t, device=pos.device), None
+            u = kv
         else:
+            # a slice of n tokens closes at most n // 2 + 1 pairs: a static bound, no host sync;
+            # padding rows are computed and not written
+            n_close = min(t, t // self.ratio + rows.last.shape[0])
+            mask = (pos + 1) % self.ratio == 0
+            if n_close == t:
+                closing, valid = torch.arange(t, device=pos.device), mask
+            else:
+                closing, valid = compact(mask, n_close)
             u = self._pool_pairs(kv, self.k["gemm.dense"](xf, self.wgate), closing, ctx, rows)
         latent = self.k["norm.rms"](u, self.norm_w, self.eps).to(x.dtype)  # [G, d]
         at = pos[closing] // self.ratio * self.ratio  # first position of each group
         entry = self.k["rope.interleaved"](latent, at, self.inv_freq)
-        _write(ctx.caches[self.cache_name], ctx.meta(self.cache_name).write_slots[closing], entry)
+        _write(ctx.caches[self.cache_name], ctx.meta(self.cache_name).write_slots[closing], entry, valid)
         if self.keys_name is not None:
             key = self.k["norm.rms"](self.wk(latent), self.k_norm, self.eps)
             key = self.k["rope.interleaved"](key, at, self.inv_freq)
-            _write(ctx.caches[self.keys_name], ctx.meta(self.keys_name).write_slots[closing], key)
+            _write(ctx.caches[self.keys_name], ctx.meta(self.keys_name).write_slots[closing], key, valid)
 
     def _pool_pairs(self, kv: torch.Tensor, z: torch.Tensor, closing: torch.Tensor, ctx: StepContext,
                     rows: StepRows) -> torch.Tensor:
@@ -103,22 +113,28 @@ class CompressorV41:
         u = self.k["compress.softmax_pool"](pair_kv, pair_z)
         # keep the last two positions of every request for pairs closing in a later step
         # (read above, written after: a 1-token step reads slot (p-1)%2 and writes p%2)
-        keep = self._tail_rows(ctx, rows)
-        ring[rows.slot[keep], pos[keep] % RING] = both[keep]
+        keep, valid = self._tail_rows(ctx, rows)
+        write_rows(ring.view(-1, ring.shape[-1]), rows.slot[keep] * RING + pos[keep] % RING, both[keep], valid)
         return u
 
     @staticmethod
-    def _tail_rows(ctx: StepContext, rows: StepRows) -> torch.Tensor:
-        """Rows of the last min(RING, n) tokens of each slice (distinct (slot, p % RING) pairs)."""
+    def _tail_rows(ctx: StepContext, rows: StepRows) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows of the last min(RING, n) tokens of each slice (distinct (slot, p % RING) pairs), as
+        (rows [K], valid [K]) with the static bound K = min(T, B * RING) (no host sync)."""
         last_pos = ctx.positions[rows.last]  # [B]
         seq = ctx.token_seq
-        return (ctx.positions > last_pos[seq] - RING).nonzero().squeeze(1)
+        mask = ctx.positions > last_pos[seq] - RING
+        t, k = mask.shape[0], min(mask.shape[0], rows.last.shape[0] * RING)
+        if k == t:
+            return torch.arange(t, device=mask.device), mask
+        return compact(mask, k)
 
 
-def _write(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
-    """Store rows at their slots; slot -1 = not written (the entry lives in a shared prefix-cache block)."""
+def _write(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor | None = None) -> None:
+    """Store rows at their slots; slot -1 = not written (the entry lives in a shared prefix-cache block),
+    nor is a row with ``valid`` False (padding of a static-size selection). No host sync."""
     keep = slots >= 0
-    cache[slots[keep]] = rows[keep].to(cache.dtype)
+    write_rows(cache, slots, rows, keep if valid is None else keep & valid)
 
 
 def cache_name(layer: int) -> str:

@@ -36,7 +36,7 @@ import torch
 from deepinfer_core.kernels.resolve import resolve_kernels
 from deepinfer_core.kv.spec import KVCacheSpec, SlidingWindowSpec
 from deepinfer_core.loader import CheckpointError, load_checkpoint
-from deepinfer_core.runner.context import GroupMetadata, StepContext
+from deepinfer_core.runner.context import GroupMetadata, StepContext, upload
 from deepinfer_models.deepseek_v4.model import make_linear_factory, rope_tables
 from deepinfer_models.deepseek_v4.moe import MoEV4
 from deepinfer_models.deepseek_v41.attention import AttentionV41
@@ -45,6 +45,7 @@ from deepinfer_models.deepseek_v41.hyper import HCLayer, run_delayed_mhc
 from deepinfer_models.deepseek_v41.model import KERNEL_OPS as V41_KERNEL_OPS
 from deepinfer_models.deepseek_v41.safetensors_index import stored_tensors
 from deepinfer_models.deepseek_v41.step import IndexShare
+from deepinfer_models.layers.static_index import write_rows
 from deepinfer_models.deepseek_v41.weights import (
     MTP_OPTIONAL_HEADS,
     MTP_PREFIX,
@@ -238,8 +239,7 @@ class DSparkDrafter:
             a = layer["attn"]
             kv = k["rope.interleaved"](k["norm.rms"](a.wkv(main_x), a.kv_norm, self.eps), ctx.positions, self.inv_freq)
             cache, w = ctx.caches[a.swa_name], ctx.meta(a.swa_name).write_slots
-            keep = w >= 0
-            cache[w[keep]] = kv[keep].to(cache.dtype)
+            write_rows(cache, w, kv)  # rows with slot -1 are not written
 
     # -- 3. block forward -------------------------------------------------------------------------
     def block_context(self, ctx: StepContext) -> StepContext:
@@ -256,9 +256,10 @@ class DSparkDrafter:
             spec: SlidingWindowSpec = meta.spec
             bs, width = spec.block_size, spec.window + self.n
             width_blocks = max(len(s.block_tables[gid]) for s in ctx.slices)
-            table = torch.tensor([s.block_tables[gid] + [0] * (width_blocks - len(s.block_tables[gid]))
-                                  for s in ctx.slices], dtype=torch.long).to(dev)
-            start = torch.tensor([s.start_pos for s in ctx.slices], dtype=torch.long).to(dev)  # P
+            host = torch.tensor([[s.start_pos] + s.block_tables[gid] + [0] * (width_blocks - len(s.block_tables[gid]))
+                                 for s in ctx.slices], dtype=torch.long)
+            both = upload(host, dev)  # one asynchronous copy (pinned) on an accelerator
+            start, table = both[:, 0], both[:, 1:]  # P, block table
             q = start[:, None] - spec.window + torch.arange(width, device=dev)[None, :]  # [B, W + N]
             qc = q.clamp(min=0)
             rows = table.gather(1, qc // bs) * bs + qc % bs

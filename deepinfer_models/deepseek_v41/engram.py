@@ -22,6 +22,7 @@ from deepinfer_core.runner.context import StepContext
 from deepinfer_models.deepseek_v41.config import DeepseekV41Config
 from deepinfer_models.deepseek_v41.engram_hash import engram_multipliers, engram_offsets, engram_primes
 from deepinfer_models.deepseek_v41.step import StepRows
+from deepinfer_models.layers.static_index import compact, write_rows
 
 HISTORY = "engram.history"
 HISTORY_CAP = 16  # >= N-1 + the most rejected speculative positions (N = 4: up to 12)
@@ -61,8 +62,13 @@ class EngramHasher:
         ids = self.k["engram.hash_ids"](window, q >= 0, self.token_map, self.pad_id, self.multipliers,
                                         self.primes, self.offsets)
         # remember the last HISTORY_CAP positions of every request's chunk
-        keep = (pos > pos[rows.last][ctx.token_seq] - HISTORY_CAP).nonzero(as_tuple=True)[0]
-        history[rows.slot[keep], pos[keep] % HISTORY_CAP] = input_ids[keep]
+        keep_mask = pos > pos[rows.last][ctx.token_seq] - HISTORY_CAP
+        t, n_keep = pos.shape[0], min(pos.shape[0], rows.last.shape[0] * HISTORY_CAP)  # static bound: no sync
+        if n_keep == t:
+            keep, valid = torch.arange(t, device=pos.device), keep_mask
+        else:
+            keep, valid = compact(keep_mask, n_keep)
+        write_rows(history.view(-1), rows.slot[keep] * HISTORY_CAP + pos[keep] % HISTORY_CAP, input_ids[keep], valid)
         return ids
 
 
