@@ -17,7 +17,7 @@ import torch
 
 from deepinfer_core.kv.spec import CompressedSpec, StateSpec
 from deepinfer_core.runner.context import StepContext
-from deepinfer_models.layers.static_index import compact, write_rows
+from deepinfer_models.layers.static_index import closes_any, compact, write_rows
 
 
 class Compressor:
@@ -72,7 +72,9 @@ class Compressor:
         # padding rows are computed and not written.
         closing_mask = (pos + 1) % r == 0
         n_close = min(t, t // r + nseq)
-        if n_close == t:
+        if not closes_any(ctx, r):  # known on the host: nothing to pool in this (eager) step
+            n_close = 0
+        elif n_close == t:
             closing, valid = torch.arange(t, device=x.device), closing_mask
         else:
             closing, valid = compact(closing_mask, n_close)

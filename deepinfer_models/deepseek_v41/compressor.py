@@ -25,7 +25,7 @@ from deepinfer_core.kv.spec import CompressedSpec, StateSpec
 from deepinfer_core.runner.context import StepContext
 from deepinfer_models.deepseek_v41.config import DeepseekV41Config
 from deepinfer_models.deepseek_v41.step import StepRows
-from deepinfer_models.layers.static_index import compact, write_rows
+from deepinfer_models.layers.static_index import closes_any, compact, write_rows
 
 # Positions kept per request for ratio 2. Two would do for plain decoding; 8 (vLLM's
 # ``max(8, next_pow2(num_spec_tokens + 2))``) lets up to 6 rejected speculative positions be
@@ -81,6 +81,10 @@ class CompressorV41:
             # a slice of n tokens closes at most n // 2 + 1 pairs: a static bound, no host sync;
             # padding rows are computed and not written
             n_close = min(t, t // self.ratio + rows.last.shape[0])
+            if not closes_any(ctx, self.ratio):  # known on the host: only the ring is updated (eager step)
+                z = self.k["gemm.dense"](xf, self.wgate)
+                self._store_tail(torch.cat([kv, z], dim=-1), ctx, rows)
+                return
             mask = (pos + 1) % self.ratio == 0
             if n_close == t:
                 closing, valid = torch.arange(t, device=pos.device), mask
@@ -113,9 +117,13 @@ class CompressorV41:
         u = self.k["compress.softmax_pool"](pair_kv, pair_z)
         # keep the last two positions of every request for pairs closing in a later step
         # (read above, written after: a 1-token step reads slot (p-1)%2 and writes p%2)
-        keep, valid = self._tail_rows(ctx, rows)
-        write_rows(ring.view(-1, ring.shape[-1]), rows.slot[keep] * RING + pos[keep] % RING, both[keep], valid)
+        self._store_tail(both, ctx, rows)
         return u
+
+    def _store_tail(self, both: torch.Tensor, ctx: StepContext, rows: StepRows) -> None:
+        ring = ctx.caches[self.ring_name]  # [slots, RING, 2d]
+        keep, valid = self._tail_rows(ctx, rows)
+        write_rows(ring.view(-1, ring.shape[-1]), rows.slot[keep] * RING + ctx.positions[keep] % RING, both[keep], valid)
 
     @staticmethod
     def _tail_rows(ctx: StepContext, rows: StepRows) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,6 +10,9 @@ shapes alone, and give results bit-identical to the masked forms:
   is touched. When no row is kept, row 0 of the cache is written with its own current value.
 - ``compact``: the first ``size`` indices of a 1-D mask's True entries (a static-size ``nonzero``),
   with a validity mask for the padding.
+- ``closes_any``: whether a step closes any compressor window, read from the host-side slices (no
+  sync), so an eager step can skip the pooling; a step captured in a graph sets
+  ``ctx.extras["static_shapes"] = True`` and always runs it.
 """
 from __future__ import annotations
 
@@ -30,9 +33,9 @@ def write_rows(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, kee
     first = torch.argmax(keep.to(torch.int32))  # the first kept row (0 when none is kept)
     src = torch.where(keep, torch.arange(k, device=slots.device), first)  # a kept row for every row
     src_kept = keep[src]  # all False only when no row is kept
-    idx = torch.where(src_kept, slots[src], torch.zeros_like(slots))
+    idx = torch.where(src_kept, slots[src], 0)
     # when nothing is kept, every write puts row 0's current value back (index k of the extension)
-    values = torch.cat([rows, cache[:1]])[torch.where(src_kept, src, torch.full_like(src, k))]
+    values = torch.cat([rows, cache[:1]])[torch.where(src_kept, src, k)]
     cache.index_put_((idx,), values)
 
 
@@ -49,3 +52,17 @@ def compact(mask: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     out.scatter_(0, tgt, torch.arange(t, device=dev))
     valid = torch.arange(size, device=dev) < rank[-1] + 1
     return out[:size], valid
+
+
+def closes_any(ctx, ratio: int) -> bool:
+    """Whether a token of the step closes a window of ``ratio`` (position p with (p+1) % ratio == 0).
+
+    Host-side, from ``ctx.slices`` (a slice feeds positions start .. start+n-1), cached per step in
+    ``ctx.extras``; always True when ``ctx.extras["static_shapes"]`` is set (graph capture)."""
+    if ctx.extras.get("static_shapes") or not ctx.slices:
+        return True
+    key = ("closes_any", ratio)
+    hit = ctx.extras.get(key)
+    if hit is None:
+        hit = ctx.extras[key] = any((s.start_pos + s.num_tokens) // ratio > s.start_pos // ratio for s in ctx.slices)
+    return hit
