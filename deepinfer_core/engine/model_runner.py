@@ -7,6 +7,7 @@ scheduling) still gets the right placeholder ids and penalty history.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -15,12 +16,13 @@ import torch
 from deepinfer_core.request import PLACEHOLDER_TOKEN_ID
 from deepinfer_core.runner.context import SeqSlice
 from deepinfer_core.runner.executor import PagedExecutor
-from deepinfer_core.runner.sampler import (Sampler, SamplingMetadata, TokenLogprobs, compute_logprobs, gather_logprobs,
+from deepinfer_core.runner.sampler import (LogprobsTensors, Sampler, SamplingMetadata, TokenLogprobs, compute_logprobs, gather_logprobs,
                                            position_seed)
 from deepinfer_core.sampling_params import SamplingParams
 from deepinfer_core.sched_output import ScheduledRequest, SchedulerOutput
 from deepinfer_core.spec_decode.draft_runner import DraftRequest, DraftRunner
 from deepinfer_core.spec_decode.verify import accept_uniform, verify_greedy, verify_sampled
+from deepinfer_core.structured.xgrammar_backend import allowed_prefix
 
 
 @dataclass
@@ -185,12 +187,23 @@ class ModelRunner:
         x, raw = self.sampler.process(logits, meta)
         greedy_rows = torch.tensor([i for i, p in enumerate(vp) if p.greedy], dtype=torch.long, device=x.device)
         argmax = dict(zip(greedy_rows.tolist(), x[greedy_rows].argmax(dim=-1).tolist())) if len(greedy_rows) else {}
-        v0 = 0
-        for g in groups:
+        firsts = list(itertools.accumulate((1 + len(g.drafts) for g in groups), initial=0))
+        # Plain sampling (no drafts): one batched draw, each row from its own (seed, sequence, position) stream.
+        plain = [(v, g.rr) for v, g in zip(firsts, groups) if not g.drafts and not g.rr.params.greedy]
+        drawn = {}
+        if plain:
+            for _, rr in plain:
+                rr.generator.manual_seed(position_seed(rr.seed, rr.seq_index,
+                                                       len(rr.prompt_token_ids) + len(rr.output_token_ids)))
+            idx = torch.tensor([v for v, _ in plain], dtype=torch.long, device=x.device)
+            drawn = dict(zip((v for v, _ in plain), self.sampler.draw(x[idx], [rr.generator for _, rr in plain]).tolist()))
+        for v0, g in zip(firsts, groups):
             rr, L = g.rr, len(g.drafts)
             pos0 = len(rr.prompt_token_ids) + len(rr.output_token_ids)  # index of the first emitted token
             if rr.params.greedy:
                 emitted = verify_greedy([argmax[v0 + i] for i in range(L + 1)], g.drafts)
+            elif v0 in drawn:
+                emitted = [drawn[v0]]
             else:
                 coins = [accept_uniform(rr.seed, rr.seq_index, pos0 + i) for i in range(L)]
                 q = rr.draft_probs[:L] if (L and rr.draft_probs is not None) else None
@@ -203,7 +216,6 @@ class ModelRunner:
             g.emitted = emitted
             if raw is not None and rr.params.logprobs is not None:
                 result.logprobs[g.s.req_id] = self._token_logprobs(raw[v0:v0 + len(emitted)], emitted, rr.params)
-            v0 += L + 1
 
     def _draw(self, rr: RunnerRequest, logits: torch.Tensor, position: int) -> int:
         """Draw the token at ``position`` from softmax(logits [V]) with the (seed, sequence, position) stream."""
@@ -226,12 +238,11 @@ class ModelRunner:
 
     @staticmethod
     def _token_logprobs(raw: torch.Tensor, tokens: list[int], params: SamplingParams) -> list[TokenLogprobs]:
+        """raw [n, V] logprobs of the rows that emitted ``tokens`` (one each) -> their TokenLogprobs."""
         v = raw.shape[-1]
         k = v if params.logprobs == -1 else min(params.logprobs, v)
         ids, lps, ranks = gather_logprobs(raw, torch.tensor(tokens, dtype=torch.long, device=raw.device), k)
-        ids, lps, ranks = ids.tolist(), lps.tolist(), ranks.tolist()
-        return [TokenLogprobs(ids[j][0], lps[j][0], int(ranks[j]), ids[j][1:1 + k], lps[j][1:1 + k])
-                for j in range(len(tokens))]
+        return LogprobsTensors(ids, lps, ranks, [k] * len(tokens)).rows()
 
     def _propose(self, groups: list["_SampleGroup"], result: StepResult) -> None:
         """Next drafts for every request that sampled (grammar-checked, so every draft is allowed)."""
@@ -247,14 +258,7 @@ class ModelRunner:
         for rid, (tokens, conf, probs) in self.drafter.propose(reqs).items():
             rr = self.requests[rid]
             if rr.matcher is not None and not rr.matcher.is_terminated():
-                ok = 0
-                for t in tokens:
-                    if rr.matcher.is_terminated() or not rr.matcher.accept_token(t):
-                        break
-                    ok += 1
-                if ok:
-                    rr.matcher.rollback(ok)
-                tokens = tokens[:ok]
+                tokens = tokens[:allowed_prefix(rr.matcher, tokens)]  # a forbidden draft cannot be accepted
             rr.draft_probs = probs
             result.drafts[rid] = (tokens, None if conf is None else conf[:len(tokens)])
 

@@ -99,15 +99,21 @@ class GrammarBackend:
         bitmask = torch.full((batch, self.bitmask_words), -1, dtype=torch.int32)
         valid = []
         for m, first, drafts in entries:
-            ok = 0
             m.fill_next_token_bitmask(bitmask, first)
-            for d in drafts:
-                if m.is_terminated() or not m.accept_token(d):
-                    break
-                ok += 1
-                if not m.is_terminated():  # a terminated grammar ends the request at this draft
-                    m.fill_next_token_bitmask(bitmask, first + ok)
-            if ok:
-                m.rollback(ok)
-            valid.append(ok)
+            valid.append(allowed_prefix(m, drafts, lambda i, m=m, first=first: m.fill_next_token_bitmask(bitmask, first + i)))
         return bitmask, valid
+
+
+def allowed_prefix(matcher, tokens, after_accept=None) -> int:
+    """How many leading ``tokens`` the grammar accepts from the matcher's state (which is restored).
+    ``after_accept(i)`` runs after the i-th accepted token while the grammar is not complete."""
+    ok = 0
+    for t in tokens:
+        if matcher.is_terminated() or not matcher.accept_token(t):
+            break
+        ok += 1
+        if after_accept is not None and not matcher.is_terminated():  # a complete grammar ends the request here
+            after_accept(ok)
+    if ok:
+        matcher.rollback(ok)
+    return ok
