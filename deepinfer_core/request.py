@@ -101,10 +101,9 @@ class Request:
         self.num_output_placeholders = 0
         self.num_preemptions = 0
         self.cached_until = 0  # positions below this come from the prefix cache: no cache writes
-        # Speculative decoding: drafts for the positions after the last token, and the proposer's
-        # confidence in each (set by the engine after every step, consumed by the next schedule()).
+        # Speculative decoding: drafts for the positions after the last token (set by the engine
+        # after every step, consumed by the next schedule()).
         self.spec_token_ids: list[int] = []
-        self.spec_confidence: list[float] = []
         self.stop_reason: int | None = None  # the stop/eos token id that finished it
         self.error: str | None = None  # why it ended in FINISHED_ERROR
         self.seq = -1  # add order, set by the scheduler

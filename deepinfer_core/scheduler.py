@@ -46,13 +46,18 @@ identical:
   older step still runs: steps execute in order on the device, and a new owner
   only reads what it wrote itself, so this is safe.
 
-Speculative decoding (``num_speculative_tokens`` N > 0; steps are synchronous): a decoding
-request that holds drafts (``Request.spec_token_ids``, set by the engine from the runner's
-proposer) is scheduled as ``[anchor, d_1..d_L]`` with L chosen by the confidence scheduler
-(or all of them), capped so no step can emit past ``max_tokens``/``max_model_len``. Its
-blocks cover N more positions (the proposer's next draft block writes them). When the step
-returns ``1 + accepted`` tokens, ``num_computed_tokens`` rolls back over the rejected drafts:
-their KV rows lie at positions the next step writes again before any query reads them.
+Speculative decoding (``num_speculative_tokens`` N > 0): a decoding request is scheduled as
+``[anchor, d_1..d_L]``, L = every draft it may use (capped so no step can emit past
+``max_tokens``/``max_model_len``); confidence-scheduled verification trims L in the runner.
+The drafts live in the runner (its proposer made them); ``Request.spec_token_ids`` is the
+engine's copy of the last completed step's, used for the count. Accounting is optimistic: a
+verify step advances ``num_computed_tokens`` by all ``1 + L`` fed tokens and counts ``1 + L``
+output placeholders; when it returns ``e = 1 + accepted`` tokens both roll back by the rest. So under
+async scheduling the next step is planned as if every draft were accepted (its ids are
+placeholders), and the runner, which knows the truth when it runs it, feeds the real anchor
+position and drafts. Blocks cover the optimistic range plus N positions for the proposer's next
+draft block, which bounds every position the runner can write. Rejected rows lie at positions
+the next step writes again before any query reads them.
 """
 from __future__ import annotations
 
@@ -62,10 +67,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from deepinfer_core.kv.manager import KVCacheManager
-from deepinfer_core.request import Request, RequestStatus
+from deepinfer_core.request import PLACEHOLDER_TOKEN_ID, Request, RequestStatus
 from deepinfer_core.sched_output import ScheduledRequest, SchedulerOutput
-from deepinfer_core.spec_decode.confidence import ConfidenceScheduler
-from deepinfer_core.spec_decode.stats import SpecDecodeStats
 
 
 @dataclass(frozen=True)
@@ -99,8 +102,7 @@ def _priority(req: Request) -> tuple[float, int]:
 class Scheduler:
     """Owns WAITING/RUNNING queues and the KV manager; see the module docstring for the rules."""
 
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager,
-                 confidence: ConfidenceScheduler | None = None) -> None:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
         if config.max_num_seqs > kv.max_num_seqs:
             raise ValueError(
                 f"scheduler max_num_seqs {config.max_num_seqs} exceeds the KV manager's {kv.max_num_seqs} state slots"
@@ -117,10 +119,7 @@ class Scheduler:
         self._finished_ids: list[str] = []  # for the next SchedulerOutput
         self._failed: list[Request] = []  # errored in schedule(); returned by the next update
         self.spec_n = config.num_speculative_tokens
-        self.confidence = confidence
-        self.spec_stats = SpecDecodeStats(self.spec_n) if self.spec_n else None
         self._drafts_planned: dict[str, int] = {}  # this schedule(): drafts to verify per request
-        self._proposed: dict[str, int] = {}  # drafts each of those requests held (metrics)
 
     # -- queries ---------------------------------------------------------------
     def has_unfinished(self) -> bool:
@@ -283,12 +282,10 @@ class Scheduler:
             if current:
                 req.num_inflight_tokens -= e.num_scheduled_tokens
             if e.samples:
-                req.num_output_placeholders -= 1
+                req.num_output_placeholders -= 1 + e.num_draft_tokens
                 tokens = sampled[e.req_id]
-                if e.num_draft_tokens and current:  # rejected drafts: their positions are recomputed
+                if e.num_draft_tokens and current:  # rejected (or unfed) drafts: their positions are recomputed
                     req.num_computed_tokens -= e.num_draft_tokens + 1 - len(tokens)
-                if self.spec_stats is not None and e.req_id in self._proposed:  # a draft step (maybe 0 verified)
-                    self.spec_stats.observe(self._proposed.pop(e.req_id), e.num_draft_tokens, len(tokens) - 1)
                 updated.append(req)
                 status = None
                 for token in tokens:
@@ -303,14 +300,11 @@ class Scheduler:
                 self.kv.free_skipped_blocks(req)
         return updated
 
-    def set_drafts(self, request_id: str, tokens: Sequence[int], confidence: Sequence[float] | None = None) -> None:
+    def set_drafts(self, request_id: str, tokens: Sequence[int]) -> None:
         """Drafts for the positions after ``request_id``'s last token (from the runner's proposer)."""
         req = self.requests.get(request_id)
-        if req is None or req.status is not RequestStatus.RUNNING:
-            return
-        req.spec_token_ids = list(tokens[:self.spec_n])
-        conf = [1.0] * len(req.spec_token_ids) if confidence is None else [float(c) for c in confidence]
-        req.spec_confidence = conf[:len(req.spec_token_ids)]
+        if req is not None and req.status is RequestStatus.RUNNING:
+            req.spec_token_ids = list(tokens[:self.spec_n])
 
     # -- internals ---------------------------------------------------------------
     def _alloc(self, req: Request, n: int) -> bool:
@@ -320,26 +314,24 @@ class Scheduler:
         return self.kv.allocate_slots(req, n + extra)
 
     def _draft_cap(self, req: Request) -> int:
-        """Most drafts ``req`` may verify: every emitted token must fit max_tokens / max_model_len."""
-        if req.num_output_placeholders or req.num_known_tokens - req.num_computed_tokens != 1:
+        """Most drafts ``req`` may verify: every token it may emit must fit max_tokens / max_model_len.
+        With a step in flight its drafts do not exist yet (the runner will have N)."""
+        if req.num_known_tokens - req.num_computed_tokens != 1 or req.num_computed_tokens < req.num_prompt_tokens - 1:
             return 0
-        cap = len(req.spec_token_ids)
+        cap = self.spec_n if req.num_output_placeholders else len(req.spec_token_ids)
         if req.max_tokens is not None:
-            cap = min(cap, req.max_tokens - req.num_output_tokens - 1)
+            cap = min(cap, req.max_tokens - req.num_output_tokens - req.num_output_placeholders - 1)
         if self.config.max_model_len is not None:
-            cap = min(cap, self.config.max_model_len - req.num_tokens - 1)
+            cap = min(cap, self.config.max_model_len - req.num_known_tokens - 1)
         return max(cap, 0)
 
     def _plan_drafts(self, budget: int) -> dict[str, int]:
-        """Drafts each running decoding request verifies this step (confidence-scheduled)."""
+        """Drafts each running decoding request may verify this step (an upper bound)."""
+        # Room for every draft: confidence-scheduled verification trims them in the runner, which has
+        # the fresh confidences (under async scheduling this plan precedes the drafts); vLLM likewise
+        # schedules 1 + N and trims on the device.
         caps = {r.request_id: self._draft_cap(r) for r in self.running}
-        order = [rid for rid, c in caps.items() if c > 0]
-        self._proposed = {r.request_id: len(r.spec_token_ids) for r in self.running if caps[r.request_id] > 0}
-        if self.confidence is None or not order:
-            return {rid: caps[rid] for rid in order}
-        base = sum(min(r.num_known_tokens - r.num_computed_tokens, budget) for r in self.running)
-        conf = {rid: self.requests[rid].spec_confidence[:caps[rid]] for rid in order}
-        return self.confidence.plan(conf, order, min(base, budget))
+        return {rid: c for rid, c in caps.items() if c > 0}
 
     def _max_final_len(self, req: Request) -> int:
         """Longest the sequence can get (prompt + outputs); unbounded counts as prompt + 1."""
@@ -418,7 +410,7 @@ class Scheduler:
         req.num_computed_tokens = 0
         req.num_inflight_tokens = 0
         req.cached_until = 0
-        req.spec_token_ids, req.spec_confidence = [], []
+        req.spec_token_ids = []
         req.num_preemptions += 1  # new epoch: older in-flight steps become stale
         bisect.insort(self.waiting, req, key=_priority)
         preempted.append(req.request_id)
@@ -451,9 +443,12 @@ class Scheduler:
             c = req.num_computed_tokens
             drafts = max(0, c + n - req.num_known_tokens)  # tokens past the last known one are drafts
             samples = c + n >= req.num_known_tokens
-            ids = req.token_ids_slice(c, c + n - drafts) + req.spec_token_ids[:drafts]
+            ids = req.token_ids_slice(c, c + n - drafts)
+            if drafts:  # the runner feeds its own drafts; these ids are informative (placeholders in flight)
+                known = req.spec_token_ids[:drafts] if not req.num_output_placeholders else []
+                ids += known + [PLACEHOLDER_TOKEN_ID] * (drafts - len(known))
             if self.spec_n:
-                req.spec_token_ids, req.spec_confidence = [], []  # consumed; the runner proposes anew
+                req.spec_token_ids = []  # consumed; the runner proposes anew
             e = ScheduledRequest(
                 req_id=req.request_id,
                 num_scheduled_tokens=n,
@@ -470,7 +465,7 @@ class Scheduler:
             req.num_computed_tokens += n
             req.num_inflight_tokens += n
             if samples:
-                req.num_output_placeholders += 1
+                req.num_output_placeholders += 1 + drafts
             entries.append((req, e))
         out = SchedulerOutput(
             step_id=self._next_step,

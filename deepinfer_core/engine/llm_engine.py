@@ -37,6 +37,7 @@ from deepinfer_core.scheduler import Scheduler, SchedulerConfig
 from deepinfer_core.spec_decode.confidence import ConfidenceScheduler, StepCostModel
 from deepinfer_core.spec_decode.config import SpeculativeConfig
 from deepinfer_core.spec_decode.draft_runner import DraftRunner
+from deepinfer_core.spec_decode.stats import SpecDecodeStats
 from deepinfer_core.sched_output import SchedulerOutput
 from deepinfer_core.tokenizer import load_tokenizer
 
@@ -97,22 +98,21 @@ class LLMEngine:
         self.scheduler = Scheduler(SchedulerConfig(
             max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
             enable_chunked_prefill=config.enable_chunked_prefill, max_model_len=config.max_model_len,
-            num_speculative_tokens=n_spec), self.kv, confidence=self._confidence_scheduler(proposer))
+            num_speculative_tokens=n_spec), self.kv)
+        self.confidence = self._confidence_scheduler(proposer)
         eos = tuple(x for x in (self.tokenizer.eos_token_id,) if x is not None)
         self.eos_token_ids = eos
         _, apply_bitmask = get_registry().resolve("structured.apply_bitmask", self.platform.default_providers,
                                                   config.kernel_overrides or None, batch_invariant=self.batch_invariant)
         drafter = DraftRunner(proposer, self.executor, self.spec_config.draft_sample_method) if proposer else None
         self.runner = ModelRunner(self.model, self.executor, Sampler(seed=config.seed), eos, apply_bitmask,
-                                  drafter=drafter)
+                                  drafter=drafter, confidence=self.confidence)
         self.outputs = OutputProcessor(self.tokenizer)
         self._request_counter = itertools.count()
         self._children: dict[str, list[str]] = {}
         self._emitted: dict[str, int] = {}
-        async_ok = config.async_scheduling and proposer is None
-        if config.async_scheduling and not async_ok:
-            logger.info("speculative decoding runs steps synchronously (async scheduling is off)")
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="deepinfer-step") if async_ok else None
+        self.spec_stats = SpecDecodeStats(n_spec) if n_spec else None
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="deepinfer-step") if config.async_scheduling else None
         self._inflight: tuple[SchedulerOutput, Future] | None = None
         logger.info("KV cache: %d blocks x %d B per block id (%d groups)", num_blocks, per_block, len(groups))
 
@@ -154,23 +154,24 @@ class LLMEngine:
 
     def spec_decode_stats(self) -> dict | None:
         """Speculative-decoding metrics since start (None when it is off), plus the step-cost table."""
-        st = self.scheduler.spec_stats
+        st = self.spec_stats
         if st is None:
             return None
         out = st.as_dict()
-        conf = self.scheduler.confidence
+        conf = self.confidence
         out["cost_table"] = conf.cost_model.table() if conf is not None else None
         return out
 
     def _run(self, so: SchedulerOutput) -> StepResult:
-        """Run a step on this thread, timing it for the verification cost model."""
+        """Run a step on this thread."""
+        return self._timed(self._host_copies_then(self.runner.execute), so)
+
+    def _timed(self, execute, so: SchedulerOutput) -> StepResult:
+        """``execute(so)``, timed for the verification cost model (runs on the worker in async mode)."""
         t0 = time.perf_counter()
-        result = self._host_copies_then(self.runner.execute)(so)
-        if not so.is_empty:
-            if self.scheduler.spec_stats is not None:
-                self.scheduler.spec_stats.num_target_steps += 1
-            if self.scheduler.confidence is not None:
-                self.scheduler.confidence.cost_model.observe(so.total_num_scheduled_tokens, time.perf_counter() - t0)
+        result = execute(so)
+        if not so.is_empty and self.confidence is not None:
+            self.confidence.cost_model.observe(so.total_num_scheduled_tokens, time.perf_counter() - t0)
         return result
 
     def _default_budget(self) -> int:
@@ -280,7 +281,8 @@ class LLMEngine:
 
     def _submit(self, so: SchedulerOutput) -> Future:
         assert self._worker is not None
-        return self._worker.submit(self._host_copies_then(self.runner.execute), so)
+        # host copies are taken now (in step order), applied on the worker just before the step
+        return self._worker.submit(self._timed, self._host_copies_then(self.runner.execute), so)
 
     def step(self) -> list[RequestOutput]:
         """Run one step; returns the RequestOutputs of requests that finished in it."""
@@ -307,8 +309,12 @@ class LLMEngine:
         for cid, items in result.prompt_logprobs.items():
             self.outputs.add_prompt_logprobs(cid, items)
         updated = self.scheduler.update_from_output(so, result.sampled)
-        for cid, (tokens, conf) in result.drafts.items():
-            self.scheduler.set_drafts(cid, tokens, conf)
+        if self.spec_stats is not None:
+            self.spec_stats.num_target_steps += not so.is_empty
+            for cid, (proposed, verified) in result.spec_counts.items():
+                self.spec_stats.observe(proposed, verified, len(result.sampled.get(cid, [0])) - 1)
+        for cid, (tokens, _) in result.drafts.items():
+            self.scheduler.set_drafts(cid, tokens)
         grammar_done = result.grammar_terminated
         grammar_err = result.grammar_errors
         parents_touched = set()

@@ -20,6 +20,7 @@ from deepinfer_core.runner.sampler import (LogprobsTensors, Sampler, SamplingMet
                                            position_seed)
 from deepinfer_core.sampling_params import SamplingParams
 from deepinfer_core.sched_output import ScheduledRequest, SchedulerOutput
+from deepinfer_core.spec_decode.confidence import ConfidenceScheduler
 from deepinfer_core.spec_decode.draft_runner import DraftRequest, DraftRunner
 from deepinfer_core.spec_decode.verify import accept_uniform, verify_greedy, verify_sampled
 from deepinfer_core.structured.xgrammar_backend import allowed_prefix
@@ -37,6 +38,8 @@ class RunnerRequest:
     seed: int = 0  # the request's seed (or one derived from the engine seed) ...
     seq_index: int = 0  # ... and which of its n sequences this is: the random stream is keyed by position
     draft_probs: Any = None  # speculative: [N, V] distributions of the pending drafts (probabilistic drafting)
+    pending_drafts: list[int] = field(default_factory=list)  # speculative: drafts for the positions after the last token
+    pending_conf: list[float] | None = None  # ... and the proposer's confidence in each
 
 
 @dataclass
@@ -47,6 +50,7 @@ class _SampleGroup:
     rr: RunnerRequest
     row: int
     drafts: list[int]
+    anchor_pos: int  # the anchor's position
     emitted: list[int] = field(default_factory=list)
 
 
@@ -73,14 +77,18 @@ class StepResult:
     grammar_terminated: set[str] = field(default_factory=set)  # grammar complete after this token
     grammar_errors: dict[str, str] = field(default_factory=dict)  # token rejected by the grammar
     drafts: dict[str, tuple[list[int], list[float] | None]] = field(default_factory=dict)  # next drafts
+    spec_counts: dict[str, tuple[int, int]] = field(default_factory=dict)  # draft steps: (proposed, verified)
 
 
 class ModelRunner:
     def __init__(self, model, executor: PagedExecutor, sampler: Sampler, eos_token_ids: tuple[int, ...],
-                 apply_bitmask: Callable | None = None, grammar=None, drafter: DraftRunner | None = None):
+                 apply_bitmask: Callable | None = None, grammar=None, drafter: DraftRunner | None = None,
+                 confidence: ConfidenceScheduler | None = None):
         """``apply_bitmask``: the resolved ``structured.apply_bitmask`` op; ``grammar``: a GrammarBackend
-        (None until the first structured request); ``drafter``: speculative decoding's proposer side."""
+        (None until the first structured request); ``drafter``: speculative decoding's proposer side;
+        ``confidence``: confidence-scheduled verification (None: verify every scheduled draft)."""
         self.drafter = drafter
+        self.confidence = confidence
         self.apply_bitmask = apply_bitmask
         self.grammar = grammar
         self.model = model
@@ -115,13 +123,25 @@ class ModelRunner:
             return result
         slices: list[SeqSlice] = []
         ids: list[int] = []
+        feeds: list[tuple[int, int]] = []  # per entry: (start position, drafts fed)
+        verify = self._verify_counts(so)
         for s in so.scheduled:
-            toks = s.token_ids
-            if toks and toks[-1] == PLACEHOLDER_TOKEN_ID:
-                toks = toks[:-1] + [self.requests[s.req_id].output_token_ids[-1]]
+            toks, start, fed_drafts = s.token_ids, s.num_computed_tokens, 0
+            if s.num_draft_tokens or (toks and toks[-1] == PLACEHOLDER_TOKEN_ID):
+                # A decode continuing this runner's own state: the anchor is the last token it
+                # emitted, at the position after its history (the scheduler's count is optimistic
+                # while a speculative step is in flight), and the drafts are the ones it proposed.
+                rr = self.requests[s.req_id]
+                start = len(rr.prompt_token_ids) + len(rr.output_token_ids) - 1
+                drafts = rr.pending_drafts[:verify.get(s.req_id, s.num_draft_tokens)]
+                fed_drafts = len(drafts)
+                if s.num_draft_tokens or rr.pending_drafts:
+                    result.spec_counts[s.req_id] = (len(rr.pending_drafts), fed_drafts)
+                rr.pending_drafts = []
+                toks = [rr.output_token_ids[-1]] + drafts
             ids.extend(toks)
-            slices.append(SeqSlice(s.num_computed_tokens, s.num_scheduled_tokens, s.block_tables, s.state_slot,
-                                   s.cached_until))
+            feeds.append((start, fed_drafts))
+            slices.append(SeqSlice(start, len(toks), s.block_tables, s.state_slot, s.cached_until))
         input_ids = torch.tensor(ids, dtype=torch.long)
         if self.drafter is not None:
             hidden, taps, ctx = self.executor.run_with_taps(input_ids, slices, self.drafter.proposer.tap_layer_ids)
@@ -134,18 +154,18 @@ class ModelRunner:
         groups: list[_SampleGroup] = []
         prompt_rows = []
         row = 0
-        for s in so.scheduled:
+        for s, sl, (start, L) in zip(so.scheduled, slices, feeds):
             rr = self.requests[s.req_id]
             if rr.params.prompt_logprobs is not None:
                 n_prompt = len(rr.prompt_token_ids)
-                for j in range(s.num_scheduled_tokens):
-                    p = s.num_computed_tokens + j
+                for j in range(sl.num_tokens):
+                    p = start + j
                     if p + 1 < n_prompt:
                         prompt_rows.append((s.req_id, row + j, p + 1))
             if s.samples:
-                L = s.num_draft_tokens
-                groups.append(_SampleGroup(s, rr, row + s.num_scheduled_tokens - 1 - L, list(s.token_ids[-L:]) if L else []))
-            row += s.num_scheduled_tokens
+                anchor = row + sl.num_tokens - 1 - L
+                groups.append(_SampleGroup(s, rr, anchor, ids[anchor + 1:anchor + 1 + L], start + sl.num_tokens - 1 - L))
+            row += sl.num_tokens
         if groups:
             self._sample(hidden, groups, result)
             if self.drafter is not None:
@@ -153,6 +173,21 @@ class ModelRunner:
         if prompt_rows:
             self._prompt_logprobs(hidden, prompt_rows, result)
         return result
+
+    def _verify_counts(self, so: SchedulerOutput) -> dict[str, int]:
+        """Confidence-scheduled verification: how many of its scheduled drafts each request verifies,
+        planned here with the proposer's fresh confidences (the scheduler reserved room for all)."""
+        if self.confidence is None:
+            return {}
+        conf, order, base = {}, [], 0
+        for s in so.scheduled:
+            base += s.num_scheduled_tokens - s.num_draft_tokens
+            if s.num_draft_tokens:
+                rr = self.requests[s.req_id]
+                c = rr.pending_conf if rr.pending_conf is not None else [1.0] * len(rr.pending_drafts)
+                conf[s.req_id] = c[:min(s.num_draft_tokens, len(rr.pending_drafts))]
+                order.append(s.req_id)
+        return self.confidence.plan(conf, order, base) if order else {}
 
     def _sample(self, hidden: torch.Tensor, groups: list["_SampleGroup"], result: StepResult) -> None:
         """Sample (and verify drafts of) every sampling request; fills result.sampled/logprobs/grammar."""
@@ -251,8 +286,7 @@ class ModelRunner:
             rr, s = g.rr, g.s
             if s.req_id in result.grammar_terminated or s.req_id in result.grammar_errors:
                 continue
-            anchor_pos = s.num_computed_tokens + s.num_scheduled_tokens - 1 - s.num_draft_tokens + len(g.emitted)
-            reqs.append(DraftRequest(s.req_id, g.emitted[-1], anchor_pos, s.block_tables, s.state_slot,
+            reqs.append(DraftRequest(s.req_id, g.emitted[-1], g.anchor_pos + len(g.emitted), s.block_tables, s.state_slot,
                                      self.drafter.draft_seed(rr.params, rr.seed, rr.seq_index),
                                      rr.params.temperature if not rr.params.greedy else 1.0))
         for rid, (tokens, conf, probs) in self.drafter.propose(reqs).items():
@@ -260,6 +294,8 @@ class ModelRunner:
             if rr.matcher is not None and not rr.matcher.is_terminated():
                 tokens = tokens[:allowed_prefix(rr.matcher, tokens)]  # a forbidden draft cannot be accepted
             rr.draft_probs = probs
+            rr.pending_drafts = list(tokens)
+            rr.pending_conf = None if conf is None else conf[:len(tokens)]
             result.drafts[rid] = (tokens, None if conf is None else conf[:len(tokens)])
 
     def _prompt_logprobs(self, hidden: torch.Tensor, rows: list[tuple[str, int, int]], result: StepResult) -> None:

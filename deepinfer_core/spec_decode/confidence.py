@@ -10,6 +10,7 @@ drafts never changes which tokens are correct (verification is lossless for any 
 from __future__ import annotations
 
 import bisect
+import threading
 from collections.abc import Mapping, Sequence
 
 
@@ -34,20 +35,23 @@ class StepCostModel:
         self.fixed = table is not None
         self.alpha = alpha
         self._points: dict[int, float] = dict(table) if table else {}
+        self._lock = threading.Lock()  # observed on the step worker, read by the scheduler
 
     def observe(self, tokens: int, seconds: float) -> None:
         if self.fixed or tokens < 1 or not seconds > 0:
             return
         b = 1 << (tokens - 1).bit_length()  # bucket: next power of two
-        old = self._points.get(b)
-        self._points[b] = seconds if old is None else (1 - self.alpha) * old + self.alpha * seconds
+        with self._lock:
+            old = self._points.get(b)
+            self._points[b] = seconds if old is None else (1 - self.alpha) * old + self.alpha * seconds
 
     def table(self) -> dict[int, float]:
-        return dict(sorted(self._points.items()))
+        with self._lock:
+            return dict(sorted(self._points.items()))
 
     def cost(self, tokens: int) -> float | None:
         """Predicted seconds for a step of ``tokens`` tokens; None while unknown."""
-        pts = sorted(self._points.items())
+        pts = sorted(self.table().items())
         if len(pts) < (1 if self.fixed else 2):
             return None
         xs, ys, best = [], [], 0.0
@@ -86,11 +90,7 @@ class ConfidenceScheduler:
         if len(order) < self.min_batch or total == 0 or self.cost_model.cost(base_tokens + total) is None:
             self.last_budget = total
             return full
-        items = []  # (survival desc, position asc, request order asc): value-independent ties
-        for ri, rid in enumerate(order):
-            for k, s in enumerate(survival(confidences[rid])):
-                items.append((-s, k, ri, rid))
-        items.sort()
+        items = _ranked(confidences, order)
         r = len(order)
         best_b, best_theta, acc = 0, r / self.cost_model.cost(base_tokens), 0.0
         for b, (neg_s, _, _, _) in enumerate(items, start=1):
@@ -98,8 +98,25 @@ class ConfidenceScheduler:
             theta = (r + acc) / self.cost_model.cost(base_tokens + b)
             if theta > best_theta:
                 best_b, best_theta = b, theta
-        out = dict.fromkeys(order, 0)
-        for _, _, _, rid in items[:best_b]:
-            out[rid] += 1
         self.last_budget = best_b
-        return out
+        return select_top(confidences, order, best_b)
+
+
+def _ranked(confidences: Mapping[str, Sequence[float]], order: Sequence[str]) -> list[tuple]:
+    """Every (request, draft) slot, best survival first; ties by position, then batch order
+    (value-independent, so every caller ranks identically)."""
+    items = []
+    for ri, rid in enumerate(order):
+        for k, s in enumerate(survival(confidences[rid])):
+            items.append((-s, k, ri, rid))
+    items.sort()
+    return items
+
+
+def select_top(confidences: Mapping[str, Sequence[float]], order: Sequence[str], budget: int) -> dict[str, int]:
+    """Drafts per request when only the ``budget`` best survival slots are verified (a prefix of each
+    request's drafts, since survival never grows along a request's drafts)."""
+    out = dict.fromkeys(order, 0)
+    for _, _, _, rid in _ranked(confidences, order)[:max(budget, 0)]:
+        out[rid] += 1
+    return out
