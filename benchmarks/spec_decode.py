@@ -29,12 +29,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def run_mode(model: str, dtype: str, prompts, max_tokens: int, spec, max_num_seqs: int, batch_invariant: bool):
+def run_mode(model: str, dtype: str, prompts, max_tokens: int, spec, max_num_seqs: int, batch_invariant: bool,
+             async_scheduling: bool):
     from deepinfer_core import LLM, SamplingParams
 
     llm = LLM(model, dtype=dtype, speculative_config=spec, max_num_seqs=max_num_seqs,
               max_num_batched_tokens=max(2048, 8 * len(prompts)), batch_invariant=batch_invariant,
-              kv_cache_memory_bytes=1 << 30)  # every mode gets the same pool (and engines are built in turn)
+              kv_cache_memory_bytes=1 << 30, async_scheduling=async_scheduling)  # every mode gets the same pool (and engines are built in turn)
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
     eng = llm.llm_engine
@@ -69,6 +70,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", default=None)
     ap.add_argument("--batch-invariant", action="store_true", help="LLM(batch_invariant=True) for every mode")
+    ap.add_argument("--async-scheduling", choices=("on", "off"), default="on",
+                    help="the same for every mode (on a 2-core CPU 'off' is ~3x faster for every mode)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -91,7 +94,7 @@ def main() -> None:
             g = torch.Generator().manual_seed(b)
             prompts = [torch.randint(3, 129000, (args.prompt_len + i % 7,), generator=g).tolist() for i in range(b)]
         res = {m: run_mode(model, args.dtype, prompts, args.max_tokens, spec, max(b, 1),
-                        args.batch_invariant) for m, spec in modes.items()}
+                        args.batch_invariant, args.async_scheduling == "on") for m, spec in modes.items()}
         same = all(r["outputs"] == res["off"]["outputs"] for r in res.values())
         for m, r in res.items():
             st = r["stats"] or {}
