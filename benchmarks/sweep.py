@@ -30,13 +30,14 @@ step and one prefill step (with kernel-launch counts). Writes ``sweep.json``,
 ``sweep.png``, ``profile.txt``.
 
 ``--graphs``: every triton decode config is measured a second time (provider
-``triton+graphs``) with each layer's MoE FFN (router, routed experts, shared
-expert) captured as a CUDA graph (``deepinfer_nvidia.graphs.CudaGraphRunner``,
-one graph per batch size, static input buffers) and the rest of the step eager:
-the whole step cannot be captured yet because the attention cache writes and the
-compressor use data-dependent shapes (``nonzero``); ``--sync-audit`` lists every
-host synchronisation of one decode step (``torch.cuda.set_sync_debug_mode``).
-The graphed step's final hidden states are checked bit-identical to the eager ones, and eager and
+``triton+graphs``) with the whole model step replayed from a CUDA graph, exactly as
+the engine does it (``deepinfer_core/runner/decode_graphs.py``: the step is padded
+to its batch/context bucket, its metadata packed into one tensor, and the graph
+captured by ``deepinfer_nvidia.graphs.CudaGraphRunner`` replayed); the logits GEMM
+stays outside. ``--sync-audit`` lists every host synchronisation of one decode step
+(``torch.cuda.set_sync_debug_mode``).
+The graphed step's final hidden states are compared with the eager ones (bitwise, and the max
+difference: the graph reads a context bucket wider than the step's own), and eager and
 graphed steps are also timed alternately (``paired_*_ms``), since the host's speed drifts between
 measurements taken seconds apart.
 ``--moe-tune FILE``: apply ``moe_tune.json`` from ``deepinfer_nvidia.tests.bench_moe``.
@@ -193,23 +194,17 @@ def profile_step(model, ex, slices, ids, last_only: bool, title: str, fh) -> dic
     return {"profiled_wall_ms": wall * 1e3, "gpu_busy_ms": dev_us / 1e3, "launches": launches}
 
 
-def graph_ffns(model) -> tuple[list, list]:
-    """Wrap every layer's MoE FFN in a CudaGraphRunner (captured per input shape on first use).
-    Returns (original callables, runners); ``set_ffns`` switches between them."""
-    from deepinfer_nvidia.graphs import CudaGraphRunner
+def graph_steps(ex, batch: int, ctx: int):
+    """Whole decode steps replayed from CUDA graphs, as the engine runs them: ``ex.graphs`` pads the
+    step to its bucket and replays the graph captured for it (``deepinfer_core/runner/decode_graphs.py``
+    over ``deepinfer_nvidia.graphs.CudaGraphRunner``)."""
+    from deepinfer_core.runner.decode_graphs import DecodeGraphs
+    from deepinfer_nvidia.platform import NvidiaPlatform
 
-    originals = [layer["ffn"] for layer in model.layers]
-    runners = [CudaGraphRunner(fn) for fn in originals]
-    set_ffns(model, runners)
-    return originals, runners
-
-
-def set_ffns(model, fns: list) -> None:
-    for layer, fn in zip(model.layers, fns):
-        layer["ffn"] = fn
+    return DecodeGraphs(ex, NvidiaPlatform().graph_runner, (batch,), max_context=ctx + 2)
 
 
-def time_ab(model, ex, slices, ids, originals: list, runners: list, reps: int) -> dict[str, float]:
+def time_ab(model, ex, slices, ids, graphs, reps: int) -> dict[str, float]:
     """Eager and graphed steps alternated (the same CPU conditions for both): medians and minima."""
     def step():
         h = ex.run(ids, slices)
@@ -217,14 +212,14 @@ def time_ab(model, ex, slices, ids, originals: list, runners: list, reps: int) -
 
     times: dict[str, list[float]] = {"eager": [], "graphs": []}
     for _ in range(reps):
-        for mode, fns in (("eager", originals), ("graphs", runners)):
-            set_ffns(model, fns)
+        for mode, g in (("eager", None), ("graphs", graphs)):
+            ex.graphs = g
             sync()
             t0 = time.perf_counter()
             step()
             sync()
             times[mode].append(time.perf_counter() - t0)
-    set_ffns(model, runners)
+    ex.graphs = graphs
     return {f"paired_{m}_ms": statistics.median(v) * 1e3 for m, v in times.items()} | \
         {f"paired_{m}_ms_min": min(v) * 1e3 for m, v in times.items()}
 
@@ -465,17 +460,24 @@ def main() -> None:
                     log(f"sync audit failed: {exc}")
             if provider == "triton" and kind == "decode" and args.graphs:
                 with torch.inference_mode():
-                    eager_h = ex.run(ids, slices)
-                originals, runners = graph_ffns(model)
+                    eager_h = ex.run(ids, slices).clone()
                 try:
+                    graphs = graph_steps(ex, n, ctx)
+                    ex.graphs = graphs
+                    t_cap = time.perf_counter()
                     with torch.inference_mode():
-                        ex.run(ids, slices)  # capture (the runners warm up, record, replay)
-                        graph_h = ex.run(ids, slices)  # replay
+                        ex.run(ids, slices)  # capture (warm up, record, replay)
+                    sync()
+                    t_cap = time.perf_counter() - t_cap
+                    with torch.inference_mode():
+                        graph_h = ex.run(ids, slices).clone()  # replay
                     same = bool(torch.equal(eager_h, graph_h))
+                    diff = float((eager_h.float() - graph_h.float()).abs().max())
                     gm = time_step(model, ex, slices, ids, False, warmup=2, reps=args.reps)
                     with torch.inference_mode():
-                        gm.update(time_ab(model, ex, slices, ids, originals, runners, args.reps))
+                        gm.update(time_ab(model, ex, slices, ids, graphs, args.reps))
                     grow = {**row, **gm, "provider": "triton+graphs", "graph_bit_identical": same,
+                            "graph_max_abs_diff": diff, "capture_s": t_cap,
                             "tok_s": tokens / (gm["ms"] * 1e-3), "x_roofline": gm["ms"] / row["roofline_ms"]}
                     grow.pop("profile", None)
                     if n in prof_decode and ctx == args.context:
@@ -484,15 +486,15 @@ def main() -> None:
                     results["rows"].append(grow)
                     save()
                     log(f"{'+graphs':9s} {label:22s} {gm['ms']:9.2f} ms (meta {gm['metadata_ms']:.2f}) "
-                        f"x{grow['x_roofline']:.1f}  bit-identical to eager: {same}; alternated eager/graphs "
+                        f"x{grow['x_roofline']:.1f}  capture {t_cap:.1f} s, bit-identical to eager: {same} "
+                        f"(max diff {diff:.2e}); alternated eager/graphs "
                         f"{gm['paired_eager_ms']:.2f} / {gm['paired_graphs_ms']:.2f} ms")
                 except Exception as exc:  # noqa: BLE001 - recorded; eager numbers stand
                     results["rows"].append({"provider": "triton+graphs", "kind": kind, "n": n,
                                             "error": f"{type(exc).__name__}: {exc}"[:400]})
-                    log(f"graphs failed for {label}: {exc}")
+                    log(f"graphs failed for {label}: {type(exc).__name__}: {exc}")
                 finally:
-                    set_ffns(model, originals)
-                    del originals, runners
+                    ex.graphs = None
             del ex, slices, ids
             if DEV == "cuda":
                 torch.cuda.empty_cache()

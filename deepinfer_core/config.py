@@ -49,6 +49,8 @@ class EngineConfig:
     batch_invariant: bool = False  # also DEEPINFER_BATCH_INVARIANT=1; see docs/determinism.md
     enable_prefix_caching: bool = True  # see docs/prefix_caching.md
     speculative_config: object = None  # dict / SpeculativeConfig; see docs/speculative_decoding.md
+    enforce_eager: bool = False  # never replay decode steps from captured graphs (platforms that have them)
+    cuda_graph_sizes: tuple = ()  # batch buckets of captured decode steps; () = decode_graphs.DEFAULT_BATCH_SIZES
 
     def __post_init__(self) -> None:
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -62,5 +64,9 @@ class EngineConfig:
         h = self.host_kv_cache_bytes
         if isinstance(h, bool) or not isinstance(h, int) or h < 0:
             raise ValueError(f"host_kv_cache_bytes must be an int >= 0 (0 = off), got {h!r}")
+        sizes = self.cuda_graph_sizes
+        if not isinstance(sizes, (tuple, list)) or any(isinstance(b, bool) or not isinstance(b, int) or b < 1
+                                                       for b in sizes):
+            raise ValueError(f"cuda_graph_sizes must be a list of positive ints, got {sizes!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")

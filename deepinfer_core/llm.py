@@ -41,7 +41,8 @@ class LLM:
                  revision: str | None = None, kernel_overrides: dict | None = None, platform=None,
                  batch_invariant: bool = False, enable_prefix_caching: bool = True,
                  speculative_config: dict | None = None,
-                 host_kv_cache_bytes: int = 0):
+                 host_kv_cache_bytes: int = 0, enforce_eager: bool = False,
+                 cuda_graph_sizes: Sequence[int] | None = None):
         register_embedded_models()
         model_dir = resolve_model_path(model, revision)
         try:
@@ -56,7 +57,8 @@ class LLM:
                            kernel_overrides=dict(kernel_overrides or {}), tokenizer=tokenizer, revision=revision,
                            batch_invariant=batch_invariant, enable_prefix_caching=enable_prefix_caching,
                            speculative_config=speculative_config,
-                           host_kv_cache_bytes=host_kv_cache_bytes)
+                           host_kv_cache_bytes=host_kv_cache_bytes, enforce_eager=enforce_eager,
+                           cuda_graph_sizes=tuple(cuda_graph_sizes or ()))
         self.llm_engine = LLMEngine(cfg, platform=platform, model_dir=model_dir)
         self._counter = 0
 

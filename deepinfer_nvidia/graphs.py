@@ -102,7 +102,9 @@ class CudaGraphRunner:
                 self.fn(*static_args, **static_kwargs)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # thread_local: the engine captures on its worker thread while the scheduler thread runs Python
+        # (no CUDA calls); "global" would also fail on harmless calls made by other threads.
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             out = self.fn(*static_args, **static_kwargs)
         if self._pool is None:
             self._pool = graph.pool()

@@ -29,6 +29,7 @@ from deepinfer_core.models import chat_encoding, model_loader, read_architecture
 from deepinfer_core.outputs import RequestOutput
 from deepinfer_core.platform.loader import current_platform
 from deepinfer_core.request import Request, RequestStatus
+from deepinfer_core.runner.decode_graphs import DEFAULT_BATCH_SIZES
 from deepinfer_core.runner.executor import PagedExecutor, group_specs
 from deepinfer_core.runner.host_store import HostKVStore
 from deepinfer_core.runner.sampler import Sampler, make_generator
@@ -83,8 +84,13 @@ class LLMEngine:
         layers_per_group = {g: len(names) for g, names in members.items()}
         per_block = bytes_per_block_id(groups, layers_per_group)
         num_blocks = num_blocks_from_memory_budget(groups, layers_per_group, budget)
+        # Decode steps replay captured graphs where the platform has them (None on the CPU platform).
+        graphs = self.platform.capabilities.graph_capture and not config.enforce_eager
         self.executor = PagedExecutor(self.model, num_blocks, config.max_num_seqs, device,
-                                      extra_specs=proposer.kv_cache_specs() if proposer else None)
+                                      extra_specs=proposer.kv_cache_specs() if proposer else None,
+                                      graph_runner=self.platform.graph_runner if graphs else None,
+                                      graph_batch_sizes=tuple(config.cuda_graph_sizes) or DEFAULT_BATCH_SIZES,
+                                      max_context=config.max_model_len)
         states = [s for s in specs.values() if isinstance(s, StateSpec)]
         replay = getattr(self.model, "prefix_replay_tokens", lambda: 0)()
         # Prefix-cache host tier: the store holds the host tensors, the HostTier (inside the KV

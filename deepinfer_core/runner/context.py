@@ -93,16 +93,6 @@ def upload(host: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     return host.pin_memory().to(dev, non_blocking=True)
 
 
-def _padded_rows(slices: list[SeqSlice], gid: int) -> tuple[int, list[int]]:
-    """Block tables of group ``gid`` as [B, width] (row-major, 0 padded), flat; and the width."""
-    width = max((len(s.block_tables[gid]) for s in slices), default=0) or 1
-    flat: list[int] = []
-    for s in slices:
-        flat += s.block_tables[gid]
-        flat += [0] * (width - len(s.block_tables[gid]))
-    return width, flat
-
-
 def _sliding_meta(spec: SlidingWindowSpec, tok: _TokenIndex, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     bs, w = spec.block_size, spec.window
     p = tok.pos
@@ -126,47 +116,93 @@ def _compressed_meta(spec: CompressedSpec, tok: _TokenIndex, table: torch.Tensor
     return writes, torch.where(g < ((p + 1) // r)[:, None], rows, torch.full_like(rows, -1))
 
 
-def build_step_context(slices: list[SeqSlice], group_specs: dict[int, KVCacheSpec], cache_group: dict[str, int],
-                       caches: dict[str, torch.Tensor], device: torch.device) -> StepContext:
-    """Build the step's metadata: one small host-to-device copy (asynchronous, from pinned memory, on an
-    accelerator), then index math on ``device`` for all requests at once (no per-token or per-request
-    Python loops, and no host synchronisation)."""
-    # one host-to-device copy for the whole step: per-request info rows, then every group's table
-    b = len(slices)
+@dataclass(frozen=True)
+class StepLayout:
+    """Shapes of a packed step (host ints; hashable, so it can key a captured graph).
+
+    ``table_widths``: (gid, block-table width) per paged group; ``read_widths``: (gid, entries read per
+    token) per compressed group; ``has_ids``: the packed tensor starts with the step's input ids."""
+
+    num_seqs: int
+    num_tokens: int
+    has_ids: bool
+    table_widths: tuple[tuple[int, int], ...]
+    read_widths: tuple[tuple[int, int], ...]
+
+
+def pack_step(slices: list[SeqSlice], group_specs: dict[int, KVCacheSpec], input_ids: list[int] | None = None,
+              table_widths: dict[int, int] | None = None, read_widths: dict[int, int] | None = None
+              ) -> tuple[torch.Tensor, StepLayout]:
+    """Everything the device needs to build a step's metadata, as one flat int64 host tensor:
+    [input ids (optional)] + per-request rows (start, no_write_before, state_slot, num_tokens) + every
+    group's block tables, row-major. ``table_widths`` / ``read_widths`` fix the widths (a captured graph
+    needs them static; longer tables are cut, shorter ones padded with the null block 0); by default they
+    are the step's own maxima."""
+    flat: list[int] = list(input_ids) if input_ids is not None else []
+    flat += [v for s in slices for v in (s.start_pos, s.no_write_before, s.state_slot, s.num_tokens)] or [0, 0, 0, 0]
+    tw: list[tuple[int, int]] = []
+    rw: list[tuple[int, int]] = []
+    for gid, spec in group_specs.items():
+        width = (table_widths or {}).get(gid) or max((len(s.block_tables[gid]) for s in slices), default=0) or 1
+        for s in slices:
+            row = s.block_tables[gid][:width]
+            flat += row
+            flat += [0] * (width - len(row))
+        tw.append((gid, width))
+        if isinstance(spec, CompressedSpec):
+            n = (read_widths or {}).get(gid)
+            rw.append((gid, n if n is not None else max(((s.start_pos + s.num_tokens) // spec.ratio for s in slices),
+                                                        default=0)))
     total = sum(s.num_tokens for s in slices)
-    flat = [v for s in slices for v in (s.start_pos, s.no_write_before, s.state_slot, s.num_tokens)] or [0, 0, 0, 0]
-    widths: dict[int, int] = {}
-    for gid in group_specs:
-        widths[gid], rows = _padded_rows(slices, gid)
-        flat += rows
-    host = torch.tensor(flat, dtype=torch.long)
-    dev = upload(host, device)
-    info = dev[:max(b, 1) * 4].view(-1, 4)
+    layout = StepLayout(len(slices), total, input_ids is not None, tuple(tw), tuple(rw))
+    return torch.tensor(flat, dtype=torch.long), layout
+
+
+def context_from_packed(dev: torch.Tensor, layout: StepLayout, group_specs: dict[int, KVCacheSpec],
+                        cache_group: dict[str, int], caches: dict[str, torch.Tensor], slices: list[SeqSlice]
+                        ) -> tuple[torch.Tensor | None, StepContext]:
+    """(input ids [T] or None, the StepContext) from ``pack_step``'s tensor already on the device: index
+    math only, shapes from ``layout`` alone (no host synchronisation, capturable in a graph)."""
+    device = dev.device
+    b, total = layout.num_seqs, layout.num_tokens
+    ids = dev[:total] if layout.has_ids else None
+    off = total if layout.has_ids else 0
+    info = dev[off:off + max(b, 1) * 4].view(-1, 4)
+    off += max(b, 1) * 4
     counts_d = info[:b, 3]
     # output_size: the token count is known on the host, so the device need not report it
     seq = torch.repeat_interleave(torch.arange(b, device=device), counts_d, output_size=total)
     first_row = torch.cumsum(counts_d, 0) - counts_d
     pos = info[seq, 0] + torch.arange(total, device=device) - first_row[seq]
     tok = _TokenIndex(seq, pos, info[seq, 0], info[seq, 1])
+    read_widths = dict(layout.read_widths)
     groups: dict[int, GroupMetadata] = {}
-    off = max(b, 1) * 4
-    for gid, spec in group_specs.items():
-        table = dev[off:off + b * widths[gid]].view(b, widths[gid])
-        off += b * widths[gid]
+    for gid, width in layout.table_widths:
+        spec = group_specs[gid]
+        table = dev[off:off + b * width].view(b, width)
+        off += b * width
         if isinstance(spec, SlidingWindowSpec):
             w, r = _sliding_meta(spec, tok, table)
         elif isinstance(spec, CompressedSpec):
-            width = max(((s.start_pos + s.num_tokens) // spec.ratio for s in slices), default=0)
-            w, r = _compressed_meta(spec, tok, table, width)
+            w, r = _compressed_meta(spec, tok, table, read_widths[gid])
         else:
             raise TypeError(f"group {gid} has non-paged spec {spec!r}")
         groups[gid] = GroupMetadata(spec, w, r)
     ctx = StepContext(positions=pos, token_seq=seq, slices=slices, groups=groups, cache_group=cache_group,
-                      caches=caches, state_slots=info[:len(slices), 2])
+                      caches=caches, state_slots=info[:b, 2])
     ctx.extras["token_start"] = tok.start
     ctx.extras["seq_first_row"] = first_row
-    ctx.extras["seq_end"] = info[:len(slices), 0] + counts_d
-    return ctx
+    ctx.extras["seq_end"] = info[:b, 0] + counts_d
+    return ids, ctx
+
+
+def build_step_context(slices: list[SeqSlice], group_specs: dict[int, KVCacheSpec], cache_group: dict[str, int],
+                       caches: dict[str, torch.Tensor], device: torch.device) -> StepContext:
+    """Build the step's metadata: one small host-to-device copy (asynchronous, from pinned memory, on an
+    accelerator), then index math on ``device`` for all requests at once (no per-token or per-request
+    Python loops, and no host synchronisation)."""
+    host, layout = pack_step(slices, group_specs)
+    return context_from_packed(upload(host, device), layout, group_specs, cache_group, caches, slices)[1]
 
 
 def is_state(spec: KVCacheSpec) -> bool:

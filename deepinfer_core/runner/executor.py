@@ -7,10 +7,13 @@ driver in tests) passes block tables in every ``SeqSlice``.
 """
 from __future__ import annotations
 
+from typing import Callable, Sequence
+
 import torch
 
 from deepinfer_core.kv.spec import KVCacheSpec, StateSpec
 from deepinfer_core.runner.context import SeqSlice, StepContext, build_step_context
+from deepinfer_core.runner.decode_graphs import DEFAULT_BATCH_SIZES, DecodeGraphs
 
 
 def group_specs(specs: dict[str, KVCacheSpec]) -> tuple[dict[int, KVCacheSpec], dict[str, int], dict[int, list[str]]]:
@@ -29,8 +32,13 @@ def group_specs(specs: dict[str, KVCacheSpec]) -> tuple[dict[int, KVCacheSpec], 
 
 class PagedExecutor:
     def __init__(self, model, num_blocks: int, max_num_seqs: int, device: torch.device | str = "cpu",
-                 extra_specs: dict[str, KVCacheSpec] | None = None):
-        """``extra_specs``: caches of a second model sharing the block tables (a draft model)."""
+                 extra_specs: dict[str, KVCacheSpec] | None = None, graph_runner: Callable | None = None,
+                 graph_batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, max_context: int = 4096):
+        """``extra_specs``: caches of a second model sharing the block tables (a draft model).
+        ``graph_runner``: the platform's graph runner factory (``fn -> callable``, or None when the platform
+        has none); with one, pure-decode steps run padded to ``graph_batch_sizes`` buckets from captured
+        graphs (``decode_graphs.py``). State tensors get one scratch row (``scratch_state_slot``) for the
+        padding requests."""
         self.model = model
         self.device = torch.device(device)
         self.specs = {**model.kv_cache_specs(), **(extra_specs or {})}
@@ -39,17 +47,27 @@ class PagedExecutor:
         self.caches: dict[str, torch.Tensor] = {}
         for name, spec in self.specs.items():
             if isinstance(spec, StateSpec):
-                shape = (max_num_seqs, *spec.entry_shape)
+                shape = (max_num_seqs + 1, *spec.entry_shape)  # + the padding requests' scratch row
             else:
                 shape = (num_blocks * spec.entries_per_block, *spec.entry_shape)
             self.caches[name] = torch.zeros(shape, dtype=spec.dtype, device=self.device)
+        self.scratch_state_slot = max_num_seqs
+        self.graphs: DecodeGraphs | None = None
+        if graph_runner is not None:
+            graphs = DecodeGraphs(self, graph_runner, graph_batch_sizes, max_context)
+            self.graphs = graphs if graphs.graphed is not None else None  # the platform declined
 
     def context(self, slices: list[SeqSlice]) -> StepContext:
         return build_step_context(slices, self.group_specs, self.cache_group, self.caches, self.device)
 
     @torch.inference_mode()
     def run(self, input_ids: torch.Tensor, slices: list[SeqSlice]) -> torch.Tensor:
-        """input_ids [T] (concatenated in slice order) -> hidden [T, D]."""
+        """input_ids [T] (concatenated in slice order) -> hidden [T, D].
+
+        A pure-decode step that fits a graph bucket replays a captured graph; its result is then only
+        valid until the next step (the graph's static output)."""
+        if self.graphs is not None and self.graphs.supports(slices):
+            return self.graphs.run(input_ids, slices)
         ctx = self.context(slices)
         return self.model.forward(input_ids.to(self.device), ctx)
 

@@ -1,0 +1,101 @@
+"""Decode steps replayed from captured graphs: pad the step to a fixed shape, run it through the platform's
+graph runner.
+
+A captured graph replays fixed shapes, while a decode step has a varying number of requests and
+context lengths. ``DecodeGraphs`` maps a pure-decode step (every request feeds one token) onto a
+*bucket*:
+
+- the batch is padded to the next captured batch size with dummy requests that feed position 0 of the
+  null block with ``no_write_before = 1`` (they write no KV entry) and use a scratch state slot
+  (``executor.scratch_state_slot``), so they touch nothing a real request reads;
+- block tables are padded (null block) or cut to the width of a context bucket (the next power of two
+  of the longest context, at least ``min_context``), and each compressed group reads that bucket's
+  number of entries per token (-1 beyond a token's own visible entries, as in an eager step).
+
+The step's input ids and all of its metadata travel in one packed int64 tensor (``context.pack_step``);
+the function handed to the platform builds the ``StepContext`` from it on the device and runs the model
+with ``ctx.extras["static_shapes"] = True`` (the models' capturable path: no host-side shortcuts). The
+core never touches a graph API: ``wrap`` is the platform's ``graph_runner`` (CUDA graphs on NVIDIA),
+which captures one graph per distinct (bucket) signature on first use and replays it afterwards.
+
+Why dummy rows are harmless: every op of the model is per token or per request except the MoE's
+routing load, and a padded row's outputs are dropped. In batch-invariant mode a real row's result is
+bit-identical to the eager step's (tests/engine/test_decode_graphs.py checks this with an identity
+``wrap`` on the CPU); in default mode GEMM tiling may differ with the padded batch size, as it may
+with any other batch size.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+from deepinfer_core.kv.spec import CompressedSpec, KVCacheSpec
+from deepinfer_core.runner.context import SeqSlice, StepLayout, context_from_packed, pack_step, upload
+
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+class DecodeGraphs:
+    """Pad pure-decode steps to captured shapes and replay them.
+
+    ``executor``: the ``PagedExecutor`` (model, group specs, caches, scratch state slot);
+    ``wrap``: the platform's graph runner factory (``fn -> callable`` keyed by input signature);
+    ``batch_sizes``: the batch buckets (sizes above ``executor.max_num_seqs`` are dropped);
+    ``max_context``: the longest context a step may have (the engine's max_model_len).
+    """
+
+    def __init__(self, executor: Any, wrap: Callable[[Callable[..., Any]], Callable[..., Any]],
+                 batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, max_context: int = 4096,
+                 min_context: int = 256) -> None:
+        sizes = sorted({int(b) for b in batch_sizes if 0 < int(b) <= executor.max_num_seqs})
+        if not sizes:
+            raise ValueError(f"no graph batch size fits max_num_seqs={executor.max_num_seqs}: {list(batch_sizes)}")
+        self.ex = executor
+        self.batch_sizes = sizes
+        self.max_context = _next_pow2(max(1, max_context))
+        self.min_context = min(_next_pow2(max(1, min_context)), self.max_context)
+        self.graphed = wrap(self._step)
+        self.steps = 0  # decode steps served from graphs (a metric)
+
+    def supports(self, slices: list[SeqSlice]) -> bool:
+        """A pure-decode step whose batch and context fit a bucket."""
+        return (0 < len(slices) <= self.batch_sizes[-1] and all(s.num_tokens == 1 for s in slices)
+                and max(s.start_pos for s in slices) < self.max_context)
+
+    def bucket(self, slices: list[SeqSlice]) -> tuple[int, int]:
+        """(padded batch size, context bucket) of a supported step. Context buckets step by a quarter of
+        the power of two above them (256, 320, 384, 448, 512, 640, ...), so the padded reads cost at most
+        ~25% more than the step's own while a long generation crosses few buckets (one graph each)."""
+        b = next(n for n in self.batch_sizes if n >= len(slices))
+        need = max(s.start_pos for s in slices) + 1
+        quarter = max(_next_pow2(need) // 4, 1)
+        ctx = min(max(-(-need // quarter) * quarter, self.min_context), self.max_context)
+        return b, ctx
+
+    def run(self, input_ids: torch.Tensor, slices: list[SeqSlice]) -> torch.Tensor:
+        """input_ids [B] (CPU, one per slice) -> hidden [B, D] of the real requests.
+
+        The result is a view of the graph's static output: valid until the next step runs."""
+        b_pad, ctx_len = self.bucket(slices)
+        specs: dict[int, KVCacheSpec] = self.ex.group_specs
+        dummy_tables = {gid: [] for gid in specs}
+        pad = SeqSlice(0, 1, dummy_tables, state_slot=self.ex.scratch_state_slot, no_write_before=1)
+        padded = list(slices) + [pad] * (b_pad - len(slices))
+        ids = [int(t) for t in input_ids.tolist()] + [0] * (b_pad - len(slices))
+        widths = {gid: -(-ctx_len // spec.block_size) for gid, spec in specs.items()}
+        reads = {gid: ctx_len // spec.ratio for gid, spec in specs.items() if isinstance(spec, CompressedSpec)}
+        host, layout = pack_step(padded, specs, ids, widths, reads)
+        hidden = self.graphed(upload(host, self.ex.device), layout=layout)
+        self.steps += 1
+        return hidden[:len(slices)]
+
+    def _step(self, packed: torch.Tensor, layout: StepLayout) -> torch.Tensor:
+        """The captured function: packed metadata [L] int64 (device) -> hidden [B_pad, D]."""
+        ids, ctx = context_from_packed(packed, layout, self.ex.group_specs, self.ex.cache_group, self.ex.caches, [])
+        ctx.extras["static_shapes"] = True
+        return self.ex.model.forward(ids, ctx)

@@ -1,0 +1,132 @@
+"""Decode steps padded to graph buckets (``runner/decode_graphs.py``) give the eager step's results.
+
+The CPU has no graph API, so these tests hand the executor an identity "graph runner" that records the
+signatures it is called with: what runs is exactly the function a CUDA graph would capture (the padded,
+packed, static-shape step). In batch-invariant mode the padded step must be bit-identical to the eager
+one and must not touch any cache row a real request owns; the engine must route decode steps through
+it and give the same tokens and logprobs as ``enforce_eager=True``.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepinfer_core import LLM, SamplingParams
+from deepinfer_core.kernels.mode import kernel_mode
+from deepinfer_core.kv.spec import StateSpec
+from deepinfer_core.platform.cpu import CpuPlatform
+from deepinfer_core.platform.interface import PlatformCapabilities
+from deepinfer_core.runner.executor import PagedExecutor
+from deepinfer_core.runner.simple_driver import run_requests
+from deepinfer_models.deepseek_v4.loading import load_deepseek_v4
+from deepinfer_models.deepseek_v41.loading import load_deepseek_v41
+from deepinfer_models.testing import write_tiny_v4_checkpoint
+from tests.engine.conftest import random_prompt
+from tests.models.v41_helpers import prompt, tiny_ckpt
+
+
+class RecordingRunner:
+    """An identity graph runner: calls ``fn`` and records each call's layout (the graph signature)."""
+
+    def __init__(self):
+        self.layouts = []
+
+    def __call__(self, fn):
+        def run(*args, **kwargs):
+            self.layouts.append(kwargs["layout"])
+            return fn(*args, **kwargs)
+        return run
+
+
+def _load(arch, tmp_path, bi):
+    with kernel_mode(batch_invariant=bi):
+        if arch == "v4":
+            return load_deepseek_v4(write_tiny_v4_checkpoint(tmp_path / "v4", quant="fp8", seed=3),
+                                    dtype=torch.float32)
+        return load_deepseek_v41(tiny_ckpt("mixed", "fp4"), dtype=torch.float32)
+
+
+def _steps(lens):
+    """Prefill every request, 4 decode steps of all of them, then 4 of the first len-1 (another bucket)."""
+    n = len(lens)
+    return ([[(i, k) for i, k in enumerate(lens)]] + [[(i, 1) for i in range(n)] for _ in range(4)]
+            + [[(i, 1) for i in range(n - 1)] for _ in range(4)])
+
+
+def _compare(arch, tmp_path, bi):
+    model = _load(arch, tmp_path, bi)
+    lens = [1, 3, 5, 250]  # contexts cross the 256 bucket during decode
+    reqs = [prompt(k + 8, seed=k) for k in lens]
+    eager_ex = PagedExecutor(model, num_blocks=256, max_num_seqs=6)
+    rec = RecordingRunner()
+    graph_ex = PagedExecutor(model, num_blocks=256, max_num_seqs=6, graph_runner=rec, graph_batch_sizes=(1, 2, 5),
+                             max_context=512)
+    graph_ex.graphs.min_context = 16
+    eager = run_requests(eager_ex, reqs, _steps(lens))
+    graphed = run_requests(graph_ex, reqs, _steps(lens))
+    return eager_ex, graph_ex, rec, eager, graphed
+
+
+@pytest.mark.parametrize("arch", ["v4", "v41"])
+def test_padded_decode_is_bit_identical_in_batch_invariant_mode(arch, tmp_path):
+    eager_ex, graph_ex, rec, eager, graphed = _compare(arch, tmp_path, bi=True)
+    for i in eager:
+        assert torch.equal(eager[i], graphed[i]), f"request {i}"
+    # every decode step went through the graph path, padded to a bucket (4 -> 5, 3 -> 5)
+    assert graph_ex.graphs.steps == 8 and len(rec.layouts) == 8
+    assert {lay.num_seqs for lay in rec.layouts} == {5}
+    assert len({lay for lay in rec.layouts}) >= 2  # the context bucket moved: another signature
+    # the padding requests wrote nothing a real request owns: every paged cache and every real state row match
+    for name, cache in eager_ex.caches.items():
+        if isinstance(eager_ex.specs[name], StateSpec):
+            assert torch.equal(cache[:6], graph_ex.caches[name][:6]), name
+        else:
+            assert torch.equal(cache, graph_ex.caches[name]), name
+
+
+def test_padded_decode_default_mode_is_close(tmp_path):
+    """Default mode: padding changes the GEMM batch size, which may move the last bits (reported)."""
+    _, _, _, eager, graphed = _compare("v4", tmp_path, bi=False)
+    worst = max(float((eager[i] - graphed[i]).abs().max()) for i in eager)
+    print(f"default mode, padded vs eager decode: max |diff| of hidden states = {worst:.3e}")
+    for i in eager:
+        torch.testing.assert_close(eager[i], graphed[i], rtol=1e-4, atol=1e-4)
+
+
+class GraphingCpu(CpuPlatform):
+    """The CPU platform claiming graph capture, with the recording identity runner."""
+
+    capabilities = PlatformCapabilities(fp8=False, fp4=False, graph_capture=True, deterministic_kernels=True)
+
+    def __init__(self):
+        self.recorder = RecordingRunner()
+
+    def graph_runner(self, fn):
+        return self.recorder(fn)
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_engine_decode_graphs_match_eager(tiny_v4_dir, async_scheduling):
+    prompts = [random_prompt(n, 70 + n) for n in (4, 40, 130, 9, 77)]
+    params = [SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True, logprobs=2),
+              SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_tokens=12, ignore_eos=True, logprobs=2)] * 3
+    outs = {}
+    for eager in (True, False):
+        platform = GraphingCpu()
+        llm = LLM(str(tiny_v4_dir), dtype="float32", max_model_len=512, max_num_seqs=8, batch_invariant=True,
+                  kv_cache_memory_bytes=64 << 20, platform=platform, enforce_eager=eager,
+                  async_scheduling=async_scheduling, cuda_graph_sizes=[1, 2, 4, 8])
+        res = llm.generate(prompts, params[:len(prompts)], use_tqdm=False)
+        outs[eager] = [(o.outputs[0].token_ids, [sorted((k, v.logprob) for k, v in d.items())
+                                                 for d in o.outputs[0].logprobs]) for o in res]
+        graphs = llm.llm_engine.executor.graphs
+        if eager:
+            assert graphs is None and not platform.recorder.layouts
+        else:
+            assert graphs.steps > 0 and {lay.num_seqs for lay in platform.recorder.layouts} <= {1, 2, 4, 8}
+    assert outs[True] == outs[False]
+
+
+def test_bad_graph_sizes_are_named():
+    with pytest.raises(ValueError, match="cuda_graph_sizes"):
+        LLM("deepinfer/tiny-v4", cuda_graph_sizes=[0, 4])
