@@ -28,10 +28,14 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+import logging
+
 import torch
 
 from deepinfer_core.kv.spec import CompressedSpec, KVCacheSpec
 from deepinfer_core.runner.context import SeqSlice, StepLayout, context_from_packed, pack_step, upload
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
@@ -61,10 +65,12 @@ class DecodeGraphs:
         self.min_context = min(_next_pow2(max(1, min_context)), self.max_context)
         self.graphed = wrap(self._step)
         self.steps = 0  # decode steps served from graphs (a metric)
+        self.disabled_reason: str | None = None  # set when a capture failed: every later step runs eagerly
+        self.strict = False  # re-raise a failed capture instead (diagnostics)
 
     def supports(self, slices: list[SeqSlice]) -> bool:
-        """A pure-decode step whose batch and context fit a bucket."""
-        return (0 < len(slices) <= self.batch_sizes[-1] and all(s.num_tokens == 1 for s in slices)
+        """A pure-decode step whose batch and context fit a bucket (and graphs still work)."""
+        return (self.disabled_reason is None and 0 < len(slices) <= self.batch_sizes[-1] and all(s.num_tokens == 1 for s in slices)
                 and max(s.start_pos for s in slices) < self.max_context)
 
     def bucket(self, slices: list[SeqSlice]) -> tuple[int, int]:
@@ -77,8 +83,9 @@ class DecodeGraphs:
         ctx = min(max(-(-need // quarter) * quarter, self.min_context), self.max_context)
         return b, ctx
 
-    def run(self, input_ids: torch.Tensor, slices: list[SeqSlice]) -> torch.Tensor:
-        """input_ids [B] (CPU, one per slice) -> hidden [B, D] of the real requests.
+    def run(self, input_ids: torch.Tensor, slices: list[SeqSlice]) -> torch.Tensor | None:
+        """input_ids [B] (CPU, one per slice) -> hidden [B, D] of the real requests, or None when the
+        capture failed (graphs are then off for good and the caller runs the step eagerly).
 
         The result is a view of the graph's static output: valid until the next step runs."""
         b_pad, ctx_len = self.bucket(slices)
@@ -90,7 +97,17 @@ class DecodeGraphs:
         widths = {gid: -(-ctx_len // spec.block_size) for gid, spec in specs.items()}
         reads = {gid: ctx_len // spec.ratio for gid, spec in specs.items() if isinstance(spec, CompressedSpec)}
         host, layout = pack_step(padded, specs, ids, widths, reads)
-        hidden = self.graphed(upload(host, self.ex.device), layout=layout)
+        try:
+            hidden = self.graphed(upload(host, self.ex.device), layout=layout)
+        except Exception as exc:  # noqa: BLE001 - a kernel that cannot be captured must not stop serving
+            if self.strict:
+                raise
+            # The capture ran the step's eager warm-ups first, so the caches may hold this step's
+            # writes already; they are the same values the eager step below writes again.
+            self.disabled_reason = f"{type(exc).__name__}: {exc}"
+            logger.warning("decode graphs disabled, running eager steps: capture of batch %d / context %d "
+                           "failed (%s)", b_pad, ctx_len, self.disabled_reason.splitlines()[0][:300])
+            return None
         self.steps += 1
         return hidden[:len(slices)]
 

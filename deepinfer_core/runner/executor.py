@@ -67,7 +67,9 @@ class PagedExecutor:
         A pure-decode step that fits a graph bucket replays a captured graph; its result is then only
         valid until the next step (the graph's static output)."""
         if self.graphs is not None and self.graphs.supports(slices):
-            return self.graphs.run(input_ids, slices)
+            hidden = self.graphs.run(input_ids, slices)
+            if hidden is not None:
+                return hidden
         ctx = self.context(slices)
         return self.model.forward(input_ids.to(self.device), ctx)
 

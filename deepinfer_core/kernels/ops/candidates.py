@@ -34,8 +34,10 @@ def candidate_blocks(scores: torch.Tensor, num_visible: torch.Tensor, block_size
     newest = (num_visible - 1).div(block_size, rounding_mode="floor")
     force = (num_visible > 0) & (newest < nb)
     if nb:
-        rows = torch.arange(t, device=scores.device)[force]
-        bmax[rows, newest[force]] = float("inf")
+        # a masked fill over all blocks, not bmax[rows[force], ...]: boolean indexing would make the
+        # host wait for the device (no graph capture)
+        hit = force[:, None] & (torch.arange(nb, device=scores.device)[None, :] == newest[:, None])
+        bmax = bmax.masked_fill(hit, float("inf"))
     vals, ids = torch.sort(bmax, dim=-1, descending=True, stable=True)
     k = min(topk_blocks, nb)
     ids = torch.where(torch.isneginf(vals[:, :k]), torch.full_like(ids[:, :k], -1), ids[:, :k])
