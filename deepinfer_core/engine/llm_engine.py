@@ -35,7 +35,9 @@ from deepinfer_core.runner.host_store import HostKVStore
 from deepinfer_core.runner.sampler import Sampler, make_generator
 from deepinfer_core.sampling_params import SamplingParams
 from deepinfer_core.scheduler import Scheduler, SchedulerConfig
-from deepinfer_core.spec_decode.confidence import ConfidenceScheduler, StepCostModel
+from deepinfer_core.spec_decode.confidence import AUTO_MARGIN, ConfidenceScheduler, StepCostModel
+from deepinfer_core.spec_decode.cost_model import BatchCostModel, is_batched_table
+from deepinfer_core.spec_decode.profile import profile_step_costs
 from deepinfer_core.spec_decode.config import SpeculativeConfig
 from deepinfer_core.spec_decode.draft_runner import DraftRunner
 from deepinfer_core.spec_decode.stats import SpecDecodeStats
@@ -90,7 +92,8 @@ class LLMEngine:
                                       extra_specs=proposer.kv_cache_specs() if proposer else None,
                                       graph_runner=self.platform.graph_runner if graphs else None,
                                       graph_batch_sizes=tuple(config.cuda_graph_sizes) or DEFAULT_BATCH_SIZES,
-                                      max_context=config.max_model_len)
+                                      max_context=config.max_model_len,
+                                      max_query_len=1 + (proposer.num_draft_tokens if proposer else 0))
         states = [s for s in specs.values() if isinstance(s, StateSpec)]
         replay = getattr(self.model, "prefix_replay_tokens", lambda: 0)()
         # Prefix-cache host tier: the store holds the host tensors, the HostTier (inside the KV
@@ -120,7 +123,14 @@ class LLMEngine:
         self.spec_stats = SpecDecodeStats(n_spec) if n_spec else None
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="deepinfer-step") if config.async_scheduling else None
         self._inflight: tuple[SchedulerOutput, Future] | None = None
+        # Where an async step runs: on the worker (default), or on the calling thread while the worker
+        # plans the next step (platforms whose kernels use the calling thread's CPU thread pool; see
+        # CpuPlatform.steps_on_calling_thread). ``_pending``: the planned step not yet run, then.
+        self._steps_here = bool(getattr(self.platform, "steps_on_calling_thread", False))
+        self._pending: tuple[SchedulerOutput, Any] | None = None
         logger.info("KV cache: %d blocks x %d B per block id (%d groups)", num_blocks, per_block, len(groups))
+        if self.confidence is not None and self.spec_config.cost_table == "profile":
+            self._profile_step_costs()
 
     def prefix_cache_stats(self) -> dict[str, float]:
         """Prefix-cache metrics since start: tokens looked up, tokens served, hit rate, evictions."""
@@ -155,8 +165,21 @@ class LLMEngine:
                              "has no confidence head")
         if want is False or (want == "auto" and not proposer.has_confidence):
             return None
-        return ConfidenceScheduler(proposer.num_draft_tokens, StepCostModel(self.spec_config.cost_table),
-                                   self.spec_config.min_batch_for_confidence)
+        table = self.spec_config.cost_table
+        if table is None or table == "profile":  # "profile": replaced by the measured table in __init__
+            model = BatchCostModel()
+        else:
+            model = BatchCostModel(table) if is_batched_table(table) else StepCostModel(table)
+        return ConfidenceScheduler(proposer.num_draft_tokens, model, self.spec_config.min_batch_for_confidence,
+                                   margin=AUTO_MARGIN if want == "auto" else 0.0, explore=not model.fixed)
+
+    def _profile_step_costs(self) -> None:
+        """``cost_table="profile"``: time real steps at every (batch size, drafts per request) now."""
+        t0 = time.perf_counter()
+        table = profile_step_costs(self)
+        self.confidence.cost_model = BatchCostModel(table)
+        self.confidence.explore = False
+        logger.info("profiled the verification step-cost table in %.1fs: %s", time.perf_counter() - t0, table)
 
     def spec_decode_stats(self) -> dict | None:
         """Speculative-decoding metrics since start (None when it is off), plus the step-cost table."""
@@ -177,7 +200,7 @@ class LLMEngine:
         t0 = time.perf_counter()
         result = execute(so)
         if not so.is_empty and self.confidence is not None:
-            self.confidence.cost_model.observe(so.total_num_scheduled_tokens, time.perf_counter() - t0)
+            self.confidence.observe_step(time.perf_counter() - t0)
         return result
 
     def _default_budget(self) -> int:
@@ -266,7 +289,8 @@ class LLMEngine:
                 self.outputs.finish(cid, "abort")
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished() or self._inflight is not None or bool(self.outputs.parents)
+        return (self.scheduler.has_unfinished() or self._inflight is not None or self._pending is not None
+                or bool(self.outputs.parents))
 
     # -- stepping ------------------------------------------------------------
     def _host_copies_then(self, execute):
@@ -295,6 +319,8 @@ class LLMEngine:
         if self._worker is None:
             so = self.scheduler.schedule()
             return self._process(so, self._run(so))
+        if self._steps_here:
+            return self._step_here()
         if self._inflight is None:
             so = self.scheduler.schedule()
             if so.is_empty:
@@ -309,6 +335,31 @@ class LLMEngine:
             finished += self._process(nxt, self.runner.execute(nxt))
         else:
             self._inflight = (nxt, self._submit(nxt))
+        return finished
+
+    def _step_here(self) -> list[RequestOutput]:
+        """Async step with the roles swapped: step N runs on this thread while the worker plans step
+        N+1 (same overlap, same order of schedule / host copies / process as ``step``). On the CPU the
+        step's kernels run on the calling thread's OpenMP pool; running them on the worker instead
+        gives a second pool (the one that loaded the model stays), more spinning threads than cores,
+        and libgomp then parks its threads after every parallel region (docs/speculative_decoding.md)."""
+        if self._pending is None:
+            so = self.scheduler.schedule()
+            if so.is_empty:
+                return self._process(so, self.runner.execute(so))
+            self._pending = (so, self._host_copies_then(self.runner.execute))
+        so, execute = self._pending
+        planned = self._worker.submit(self.scheduler.schedule)  # plan step N+1 while step N runs here
+        try:
+            result = self._timed(execute, so)
+        finally:
+            nxt = planned.result()  # never leave the scheduler mid-plan, even when the step raised
+        finished = self._process(so, result)
+        if nxt.is_empty:
+            self._pending = None
+            finished += self._process(nxt, self.runner.execute(nxt))
+        else:
+            self._pending = (nxt, self._host_copies_then(self.runner.execute))
         return finished
 
     def _process(self, so: SchedulerOutput, result: StepResult) -> list[RequestOutput]:
