@@ -50,12 +50,13 @@ class DecodeGraphs:
     ``executor``: the ``PagedExecutor`` (model, group specs, caches, scratch state slot);
     ``wrap``: the platform's graph runner factory (``fn -> callable`` keyed by input signature);
     ``batch_sizes``: the batch buckets (sizes above ``executor.max_num_seqs`` are dropped);
-    ``max_context``: the longest context a step may have (the engine's max_model_len).
+    ``max_context``: the longest context a step may have (the engine's max_model_len);
+    ``max_query_len``: the most tokens per request of a graphed step (1 + drafts under speculative decoding).
     """
 
     def __init__(self, executor: Any, wrap: Callable[[Callable[..., Any]], Callable[..., Any]],
                  batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, max_context: int = 4096,
-                 min_context: int = 256) -> None:
+                 min_context: int = 256, max_query_len: int = 1) -> None:
         sizes = sorted({int(b) for b in batch_sizes if 0 < int(b) <= executor.max_num_seqs})
         if not sizes:
             raise ValueError(f"no graph batch size fits max_num_seqs={executor.max_num_seqs}: {list(batch_sizes)}")
@@ -63,56 +64,69 @@ class DecodeGraphs:
         self.batch_sizes = sizes
         self.max_context = _next_pow2(max(1, max_context))
         self.min_context = min(_next_pow2(max(1, min_context)), self.max_context)
+        self.max_query_len = max_query_len
         self.graphed = wrap(self._step)
         self.steps = 0  # decode steps served from graphs (a metric)
         self.disabled_reason: str | None = None  # set when a capture failed: every later step runs eagerly
         self.strict = False  # re-raise a failed capture instead (diagnostics)
 
     def supports(self, slices: list[SeqSlice]) -> bool:
-        """A pure-decode step whose batch and context fit a bucket (and graphs still work)."""
-        return (self.disabled_reason is None and 0 < len(slices) <= self.batch_sizes[-1] and all(s.num_tokens == 1 for s in slices)
-                and max(s.start_pos for s in slices) < self.max_context)
+        """A uniform decode step (every request feeds the same number of tokens, at most
+        ``max_query_len``: 1, or 1 + drafts for a speculative verify step) whose batch and context fit a
+        bucket (and graphs still work)."""
+        if self.disabled_reason is not None or not 0 < len(slices) <= self.batch_sizes[-1]:
+            return False
+        q = slices[0].num_tokens
+        return (q <= self.max_query_len and all(s.num_tokens == q for s in slices)
+                and max(s.start_pos for s in slices) + q <= self.max_context)
 
     def bucket(self, slices: list[SeqSlice]) -> tuple[int, int]:
         """(padded batch size, context bucket) of a supported step. Context buckets step by a quarter of
         the power of two above them (256, 320, 384, 448, 512, 640, ...), so the padded reads cost at most
         ~25% more than the step's own while a long generation crosses few buckets (one graph each)."""
         b = next(n for n in self.batch_sizes if n >= len(slices))
-        need = max(s.start_pos for s in slices) + 1
+        need = max(s.start_pos + s.num_tokens for s in slices)
         quarter = max(_next_pow2(need) // 4, 1)
         ctx = min(max(-(-need // quarter) * quarter, self.min_context), self.max_context)
         return b, ctx
 
-    def run(self, input_ids: torch.Tensor, slices: list[SeqSlice]) -> torch.Tensor | None:
-        """input_ids [B] (CPU, one per slice) -> hidden [B, D] of the real requests, or None when the
-        capture failed (graphs are then off for good and the caller runs the step eagerly).
+    def run(self, input_ids: torch.Tensor, slices: list[SeqSlice], taps: tuple[int, ...] = ()) -> Any:
+        """input_ids [B*q] (CPU, slice order) -> hidden [B*q, D] of the real requests; with ``taps``
+        (layer ids) -> (hidden [B_pad*q, D], {layer: [B_pad*q, D]}, the padded StepContext), the padding
+        rows last (the speculative proposer reads every row; the padding ones write nothing). None when
+        the capture failed (graphs are then off for good and the caller runs the step eagerly).
 
-        The result is a view of the graph's static output: valid until the next step runs."""
+        The results are the graph's static outputs: valid until the next step runs."""
         b_pad, ctx_len = self.bucket(slices)
+        q = slices[0].num_tokens
         specs: dict[int, KVCacheSpec] = self.ex.group_specs
         dummy_tables = {gid: [] for gid in specs}
-        pad = SeqSlice(0, 1, dummy_tables, state_slot=self.ex.scratch_state_slot, no_write_before=1)
+        pad = SeqSlice(0, q, dummy_tables, state_slot=self.ex.scratch_state_slot, no_write_before=q)
         padded = list(slices) + [pad] * (b_pad - len(slices))
-        ids = [int(t) for t in input_ids.tolist()] + [0] * (b_pad - len(slices))
+        ids = [int(t) for t in input_ids.tolist()] + [0] * (q * (b_pad - len(slices)))
         widths = {gid: -(-ctx_len // spec.block_size) for gid, spec in specs.items()}
         reads = {gid: ctx_len // spec.ratio for gid, spec in specs.items() if isinstance(spec, CompressedSpec)}
         host, layout = pack_step(padded, specs, ids, widths, reads)
         try:
-            hidden = self.graphed(upload(host, self.ex.device), layout=layout)
+            out = self.graphed(upload(host, self.ex.device), layout=layout, taps=tuple(taps))
         except Exception as exc:  # noqa: BLE001 - a kernel that cannot be captured must not stop serving
             if self.strict:
                 raise
             # The capture ran the step's eager warm-ups first, so the caches may hold this step's
             # writes already; they are the same values the eager step below writes again.
             self.disabled_reason = f"{type(exc).__name__}: {exc}"
-            logger.warning("decode graphs disabled, running eager steps: capture of batch %d / context %d "
-                           "failed (%s)", b_pad, ctx_len, self.disabled_reason.splitlines()[0][:300])
+            logger.warning("decode graphs disabled, running eager steps: capture of batch %d x %d tokens / "
+                           "context %d failed (%s)", b_pad, q, ctx_len, self.disabled_reason.splitlines()[0][:300])
             return None
         self.steps += 1
-        return hidden[:len(slices)]
+        return out if taps else out[:len(slices) * q]
 
-    def _step(self, packed: torch.Tensor, layout: StepLayout) -> torch.Tensor:
-        """The captured function: packed metadata [L] int64 (device) -> hidden [B_pad, D]."""
+    def _step(self, packed: torch.Tensor, layout: StepLayout, taps: tuple[int, ...] = ()) -> Any:
+        """The captured function: packed metadata [L] int64 (device) -> hidden [B_pad*q, D], or with
+        ``taps`` (hidden, {layer: features}, ctx): the context's tensors are graph outputs too."""
         ids, ctx = context_from_packed(packed, layout, self.ex.group_specs, self.ex.cache_group, self.ex.caches, [])
         ctx.extras["static_shapes"] = True
-        return self.ex.model.forward(ids, ctx)
+        if not taps:
+            return self.ex.model.forward(ids, ctx)
+        hidden, features = self.ex.model.forward_with_taps(ids, ctx, list(taps))
+        return hidden, features, ctx

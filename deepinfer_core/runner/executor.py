@@ -33,11 +33,12 @@ def group_specs(specs: dict[str, KVCacheSpec]) -> tuple[dict[int, KVCacheSpec], 
 class PagedExecutor:
     def __init__(self, model, num_blocks: int, max_num_seqs: int, device: torch.device | str = "cpu",
                  extra_specs: dict[str, KVCacheSpec] | None = None, graph_runner: Callable | None = None,
-                 graph_batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, max_context: int = 4096):
+                 graph_batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, max_context: int = 4096,
+                 max_query_len: int = 1):
         """``extra_specs``: caches of a second model sharing the block tables (a draft model).
         ``graph_runner``: the platform's graph runner factory (``fn -> callable``, or None when the platform
-        has none); with one, pure-decode steps run padded to ``graph_batch_sizes`` buckets from captured
-        graphs (``decode_graphs.py``). State tensors get one scratch row (``scratch_state_slot``) for the
+        has none); with one, uniform decode steps (the same number of tokens, at most ``max_query_len``, for
+        every request) run padded to ``graph_batch_sizes`` buckets from captured graphs (``decode_graphs.py``). State tensors get one scratch row (``scratch_state_slot``) for the
         padding requests."""
         self.model = model
         self.device = torch.device(device)
@@ -54,7 +55,7 @@ class PagedExecutor:
         self.scratch_state_slot = max_num_seqs
         self.graphs: DecodeGraphs | None = None
         if graph_runner is not None:
-            graphs = DecodeGraphs(self, graph_runner, graph_batch_sizes, max_context)
+            graphs = DecodeGraphs(self, graph_runner, graph_batch_sizes, max_context, max_query_len=max_query_len)
             self.graphs = graphs if graphs.graphed is not None else None  # the platform declined
 
     def context(self, slices: list[SeqSlice]) -> StepContext:
@@ -76,7 +77,15 @@ class PagedExecutor:
     @torch.inference_mode()
     def run_with_taps(self, input_ids: torch.Tensor, slices: list[SeqSlice], tap_layer_ids
                       ) -> tuple[torch.Tensor, dict[int, torch.Tensor], StepContext]:
-        """``run`` plus the model's features at ``tap_layer_ids`` ({layer: [T, D]}) and the step context."""
+        """``run`` plus the model's features at ``tap_layer_ids`` ({layer: [T, D]}) and the step context.
+
+        From a captured graph, the features and the context cover the padded batch (padding rows last,
+        writing nothing); ``hidden`` is cut to the real rows."""
+        if self.graphs is not None and self.graphs.supports(slices):
+            out = self.graphs.run(input_ids, slices, tuple(tap_layer_ids))
+            if out is not None:
+                hidden, taps, ctx = out
+                return hidden[:sum(s.num_tokens for s in slices)], taps, ctx
         ctx = self.context(slices)
         hidden, taps = self.model.forward_with_taps(input_ids.to(self.device), ctx, tap_layer_ids)
         return hidden, taps, ctx

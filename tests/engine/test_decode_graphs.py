@@ -135,3 +135,32 @@ def test_engine_decode_graphs_match_eager(tiny_v4_dir, async_scheduling):
 def test_bad_graph_sizes_are_named():
     with pytest.raises(ValueError, match="cuda_graph_sizes"):
         LLM("deepinfer/tiny-v4", cuda_graph_sizes=[0, 4])
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_speculative_verify_steps_graphed_match_eager(tmp_path, async_scheduling):
+    """DSpark verify steps (1 + 5 tokens per request) run from the graph path too: the same tokens,
+    logprobs and acceptance as eager steps (batch-invariant mode), and the proposer reads the padded taps."""
+    from deepinfer_models.deepseek_v41.agreeing_checkpoint import write_agreeing_v41_checkpoint
+
+    lang = write_agreeing_v41_checkpoint(tmp_path / "agree")
+    prompts = [{"prompt_token_ids": lang.prompt(10 + 7 * i, start_token=lang.tokens[(5 * i) % len(lang.tokens)])}
+               for i in range(5)]
+    params = SamplingParams(temperature=0, max_tokens=30, logprobs=1)
+    spec = {"method": "dspark", "num_speculative_tokens": 5, "confidence_scheduling": False}
+    res = {}
+    for eager in (True, False):
+        platform = GraphingCpu()
+        llm = LLM(str(tmp_path / "agree"), dtype="float32", max_model_len=512, max_num_seqs=8, batch_invariant=True,
+                  kv_cache_memory_bytes=64 << 20, platform=platform, enforce_eager=eager,
+                  async_scheduling=async_scheduling, cuda_graph_sizes=[1, 2, 4, 8], speculative_config=spec)
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        stats = llm.llm_engine.spec_decode_stats()
+        res[eager] = ([(o.outputs[0].token_ids, [sorted((k, v.logprob) for k, v in d.items())
+                                                 for d in o.outputs[0].logprobs]) for o in outs],
+                      stats["num_accepted_tokens"], stats["num_drafts"])
+        if not eager:
+            sizes = {lay.num_tokens // lay.num_seqs for lay in platform.recorder.layouts}
+            assert llm.llm_engine.executor.graphs.steps > 0 and 6 in sizes, sizes
+    assert res[True] == res[False]
+    assert res[False][1] > 2 * res[False][2]  # drafts really got accepted (> 2 per draft step)
