@@ -179,6 +179,7 @@ class LLMEngine:
         table = profile_step_costs(self)
         self.confidence.cost_model = BatchCostModel(table)
         self.confidence.explore = False
+        self.spec_stats = SpecDecodeStats(self.spec_stats.num_speculative_tokens)  # serving metrics start now
         logger.info("profiled the verification step-cost table in %.1fs: %s", time.perf_counter() - t0, table)
 
     def spec_decode_stats(self) -> dict | None:
