@@ -177,9 +177,10 @@ def context_from_packed(dev: torch.Tensor, layout: StepLayout, group_specs: dict
     tok = _TokenIndex(seq, pos, info[seq, 0], info[seq, 1])
     read_widths = dict(layout.read_widths)
     groups: dict[int, GroupMetadata] = {}
+    tables: dict[int, torch.Tensor] = {}
     for gid, width in layout.table_widths:
         spec = group_specs[gid]
-        table = dev[off:off + b * width].view(b, width)
+        table = tables[gid] = dev[off:off + b * width].view(b, width)
         off += b * width
         if isinstance(spec, SlidingWindowSpec):
             w, r = _sliding_meta(spec, tok, table)
@@ -190,6 +191,8 @@ def context_from_packed(dev: torch.Tensor, layout: StepLayout, group_specs: dict
         groups[gid] = GroupMetadata(spec, w, r)
     ctx = StepContext(positions=pos, token_seq=seq, slices=slices, groups=groups, cache_group=cache_group,
                       caches=caches, state_slots=info[:b, 2])
+    ctx.extras["seq_start"] = info[:b, 0]  # [B] first position of each slice
+    ctx.extras["tables"] = tables  # {gid: [B, width] int64} block tables (0 padded)
     ctx.extras["token_start"] = tok.start
     ctx.extras["seq_first_row"] = first_row
     ctx.extras["seq_end"] = info[:b, 0] + counts_d

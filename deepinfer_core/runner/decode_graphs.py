@@ -69,6 +69,10 @@ class DecodeGraphs:
         self.steps = 0  # decode steps served from graphs (a metric)
         self.disabled_reason: str | None = None  # set when a capture failed: every later step runs eagerly
         self.strict = False  # re-raise a failed capture instead (diagnostics)
+        self._wrap = wrap
+        self._graphed_draft: Callable[..., Any] | None = None  # the proposer's block step, wrapped on first use
+        self.proposer: Any = None  # set by the speculative DraftRunner: its greedy draft blocks are graphed too
+        self.draft_steps = 0
 
     def supports(self, slices: list[SeqSlice]) -> bool:
         """A uniform decode step (every request feeds the same number of tokens, at most
@@ -130,3 +134,43 @@ class DecodeGraphs:
             return self.ex.model.forward(ids, ctx)
         hidden, features = self.ex.model.forward_with_taps(ids, ctx, list(taps))
         return hidden, features, ctx
+
+    # -- speculative proposer: one draft block of N positions per request --------------------------
+    def supports_draft(self, slices: list[SeqSlice]) -> bool:
+        return self.proposer is not None and self.supports(slices)
+
+    def run_draft(self, anchors: list[int], slices: list[SeqSlice]) -> Any:
+        """Greedy draft blocks of the proposer: ``slices`` of N tokens at each request's P..P+N-1 and one
+        anchor token id per request -> the proposer's ``DraftBatch`` over the padded batch (rows of the
+        real requests first), or None when the capture failed (then graphs are off, as for ``run``)."""
+        n = slices[0].num_tokens
+        b_pad, ctx_len = self.bucket(slices)
+        specs: dict[int, KVCacheSpec] = self.ex.group_specs
+        pad = SeqSlice(0, n, {gid: [] for gid in specs}, state_slot=self.ex.scratch_state_slot, no_write_before=n)
+        padded = list(slices) + [pad] * (b_pad - len(slices))
+        ids = [t for a in anchors for t in [int(a)] + [0] * (n - 1)] + [0] * (n * (b_pad - len(slices)))
+        widths = {gid: -(-ctx_len // spec.block_size) for gid, spec in specs.items()}
+        reads = {gid: ctx_len // spec.ratio for gid, spec in specs.items() if isinstance(spec, CompressedSpec)}
+        host, layout = pack_step(padded, specs, ids, widths, reads)
+        try:
+            if self._graphed_draft is None:
+                self._graphed_draft = self._wrap(self._draft_step)
+            out = self._graphed_draft(upload(host, self.ex.device), layout=layout)
+        except Exception as exc:  # noqa: BLE001 - as in run(): serve eagerly from now on
+            if self.strict:
+                raise
+            self.disabled_reason = f"{type(exc).__name__}: {exc}"
+            logger.warning("decode graphs disabled, running eager steps: capture of a draft block of batch %d "
+                           "failed (%s)", b_pad, self.disabled_reason.splitlines()[0][:300])
+            return None
+        self.draft_steps += 1
+        return out
+
+    def _draft_step(self, packed: torch.Tensor, layout: StepLayout) -> Any:
+        """Captured: packed draft-block metadata (ids hold each request's anchor, then N-1 fillers) ->
+        the proposer's greedy DraftBatch [B_pad, N]."""
+        ids, ctx = context_from_packed(packed, layout, self.ex.group_specs, self.ex.cache_group, self.ex.caches, [])
+        ctx.extras["static_shapes"] = True
+        b = layout.num_seqs
+        anchors = ids.view(b, -1)[:, 0]
+        return self.proposer.propose(anchors, ctx, [None] * b, [1.0] * b)

@@ -37,6 +37,9 @@ class DraftRunner:
     def __init__(self, proposer: Proposer, executor, draft_sample_method: str = "greedy"):
         self.proposer = proposer
         self.executor = executor
+        graphs = getattr(executor, "graphs", None)
+        if graphs is not None:  # greedy draft blocks replay captured graphs (decode_graphs.py)
+            graphs.proposer = proposer
         self.n = proposer.num_draft_tokens
         self.probabilistic = draft_sample_method == "probabilistic"
 
@@ -55,9 +58,15 @@ class DraftRunner:
         """-> {req_id: (draft tokens [N], confidences [N] or None, draft probs [N, V] or None)}."""
         if not reqs:
             return {}
-        ctx = self.executor.context([SeqSlice(r.position, self.n, r.block_tables, r.state_slot) for r in reqs])
-        anchors = torch.tensor([r.anchor for r in reqs], dtype=torch.long)
-        out = self.proposer.propose(anchors, ctx, [r.seed for r in reqs], [r.temperature for r in reqs])
+        slices = [SeqSlice(r.position, self.n, r.block_tables, r.state_slot) for r in reqs]
+        graphs = getattr(self.executor, "graphs", None)
+        out = None
+        if graphs is not None and all(r.seed is None for r in reqs) and graphs.supports_draft(slices):
+            out = graphs.run_draft([r.anchor for r in reqs], slices)  # greedy blocks from a captured graph
+        if out is None:
+            ctx = self.executor.context(slices)
+            anchors = torch.tensor([r.anchor for r in reqs], dtype=torch.long)
+            out = self.proposer.propose(anchors, ctx, [r.seed for r in reqs], [r.temperature for r in reqs])
         tokens = out.tokens.tolist()
         conf = out.confidence.tolist() if out.confidence is not None else None
         result = {}

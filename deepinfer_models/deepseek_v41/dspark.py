@@ -36,7 +36,7 @@ import torch
 from deepinfer_core.kernels.resolve import resolve_kernels
 from deepinfer_core.kv.spec import KVCacheSpec, SlidingWindowSpec
 from deepinfer_core.loader import CheckpointError, load_checkpoint
-from deepinfer_core.runner.context import GroupMetadata, StepContext, upload
+from deepinfer_core.runner.context import GroupMetadata, StepContext
 from deepinfer_models.deepseek_v4.model import make_linear_factory, rope_tables
 from deepinfer_models.deepseek_v4.moe import MoEV4
 from deepinfer_models.deepseek_v41.attention import AttentionV41
@@ -246,20 +246,21 @@ class DSparkDrafter:
         """``ctx``: a step context of N tokens per request at positions P..P+N-1 (slices with
         ``num_tokens = N``; their block tables cover those positions). Returns a copy whose draft
         SWA read rows are the draft mask: context ``[max(P-W,0), P)`` then all block positions."""
-        bad = [i for i, s in enumerate(ctx.slices) if s.num_tokens != self.n]
-        if bad:
-            raise DSparkError(f"every request of a draft block has {self.n} tokens; slices {bad} do not")
+        if ctx.slices:
+            bad = [i for i, s in enumerate(ctx.slices) if s.num_tokens != self.n]
+            if bad:
+                raise DSparkError(f"every request of a draft block has {self.n} tokens; slices {bad} do not")
+        elif ctx.positions.shape[0] != self.n * ctx.extras["seq_start"].shape[0]:  # a captured step: no slices
+            raise DSparkError(f"a draft block step needs {self.n} tokens per request")
         groups = dict(ctx.groups)
         dev = ctx.positions.device
         for gid in {ctx.cache_group[layer["attn"].swa_name] for layer in self.layers}:
             meta = ctx.groups[gid]
             spec: SlidingWindowSpec = meta.spec
             bs, width = spec.block_size, spec.window + self.n
-            width_blocks = max(len(s.block_tables[gid]) for s in ctx.slices)
-            host = torch.tensor([[s.start_pos] + s.block_tables[gid] + [0] * (width_blocks - len(s.block_tables[gid]))
-                                 for s in ctx.slices], dtype=torch.long)
-            both = upload(host, dev)  # one asynchronous copy (pinned) on an accelerator
-            start, table = both[:, 0], both[:, 1:]  # P, block table
+            # P and the block table of every request, from the context's device tensors (no host data,
+            # so a captured graph runs this too)
+            start, table = ctx.extras["seq_start"], ctx.extras["tables"][gid]
             q = start[:, None] - spec.window + torch.arange(width, device=dev)[None, :]  # [B, W + N]
             qc = q.clamp(min=0)
             rows = table.gather(1, qc // bs) * bs + qc % bs
@@ -272,8 +273,8 @@ class DSparkDrafter:
         pre-norm head hidden h [B*N, D] in ``dtype`` (rows request-major, block-order)."""
         k, cfg = self.k, self.cfg
         b = anchor_ids.shape[0]
-        if b != len(ctx.slices):
-            raise DSparkError(f"{b} anchor tokens for {len(ctx.slices)} requests")
+        if b != ctx.extras["seq_start"].shape[0]:
+            raise DSparkError(f"{b} anchor tokens for {ctx.extras['seq_start'].shape[0]} requests")
         bctx = self.block_context(ctx)
         ids = torch.full((b, self.n), self.noise_id, dtype=torch.long, device=anchor_ids.device)
         ids[:, 0] = anchor_ids
@@ -316,7 +317,7 @@ class DSparkDrafter:
                 raise DSparkError(f"draft temperature must be > 0 (greedy rows have seed None), got {t}")
         base = self.base_logits(h).view(b, n, -1)
         prev = anchor_ids.to(self.device)
-        pos = [int(p) for p in positions.tolist()]
+        pos = [int(p) for p in positions.tolist()] if any(x is not None for x in seeds) else []
         tokens = torch.empty(b, n, dtype=torch.long, device=self.device)
         logits = torch.empty_like(base)
         embs = []

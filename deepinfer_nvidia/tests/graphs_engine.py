@@ -87,11 +87,63 @@ def speed(path, batches, new_tokens) -> None:
               f"graphs/eager {row[False] / row[True]:.2f}x", flush=True)
 
 
+def speculative(root, batches, new_tokens) -> bool:
+    """DSpark (agreeing tiny V4.1): graphed verify steps give the eager tokens (batch-invariant, fp32), and
+    tokens/s of {off, DSpark} x {eager, graphs} (bf16, default mode, greedy)."""
+    from deepinfer_models.deepseek_v41.agreeing_checkpoint import write_agreeing_v41_checkpoint
+
+    lang = write_agreeing_v41_checkpoint(f"{root}/agree")
+    spec = {"method": "dspark", "num_speculative_tokens": 5, "confidence_scheduling": False}
+    from deepinfer_nvidia.platform import NvidiaPlatform
+
+    def llm_for(eager, bi, dtype, use_spec, seqs):
+        return LLM(f"{root}/agree", dtype=dtype, max_model_len=1024, max_num_seqs=seqs, batch_invariant=bi,
+                   kv_cache_memory_bytes=2 << 30, platform=NvidiaPlatform(), enforce_eager=eager,
+                   speculative_config=spec if use_spec else None)
+
+    def ps(b, n=16):
+        return [{"prompt_token_ids": lang.prompt(n + i % 7, start_token=lang.tokens[(5 * i) % len(lang.tokens)])}
+                for i in range(b)]
+
+    params = SamplingParams(temperature=0.0, max_tokens=40, logprobs=1)
+    res = {}
+    for eager in (True, False):
+        llm = llm_for(eager, True, "float32", True, 8)
+        outs = llm.generate(ps(6), params, use_tqdm=False)
+        st = llm.llm_engine.spec_decode_stats()
+        g = llm.llm_engine.executor.graphs
+        res[eager] = fingerprint(outs)
+        print(f"dspark fp32 BI eager={eager!s:5}: graph steps {0 if g is None else g.steps}, mean acceptance "
+              f"{st['mean_acceptance_length']:.2f}", flush=True)
+        del llm
+    ok = res[True] == res[False]
+    print(f"dspark graphed verify steps == eager (ids + logprobs): {ok}", flush=True)
+    for b in batches:
+        row = {}
+        for use_spec in (False, True):
+            for eager in (True, False):
+                llm = llm_for(eager, False, "bfloat16", use_spec, max(b, 8))
+                sp = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+                llm.generate(ps(b), sp, use_tqdm=False)
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                llm.generate(ps(b), sp, use_tqdm=False)
+                torch.cuda.synchronize()
+                row[(use_spec, eager)] = b * new_tokens / (time.perf_counter() - t0)
+                del llm
+        base = row[(False, False)]
+        print(f"speed agreeing V4.1 bf16 B={b:3d} tok/s: off eager {row[(False, True)]:7.0f}, off graphs {base:7.0f}, "
+              f"dspark eager {row[(True, True)]:7.0f}, dspark graphs {row[(True, False)]:7.0f} "
+              f"(dspark graphs / off graphs {row[(True, False)] / base:.2f}x)", flush=True)
+    return ok
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fp32 only, V4.1 only")
     ap.add_argument("--batches", default="1,8,64")
     ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--only", default="", help="correctness,speed,spec (default: all)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     root = tempfile.mkdtemp()
@@ -99,8 +151,15 @@ def main() -> None:
     ckpts = {"v41": v41}
     if not args.quick:
         ckpts["v4"] = write_tiny_v4_checkpoint(f"{root}/v4", quant="fp4", seed=1)  # FP8 experts: not capturable yet
-    ok = correctness(ckpts, ["float32"] if args.quick else ["float32", "bfloat16"])
-    speed(v41, [int(b) for b in args.batches.split(",")], args.new_tokens)
+    only = set(args.only.split(",")) if args.only else {"correctness", "speed", "spec"}
+    batches = [int(b) for b in args.batches.split(",")]
+    ok = True
+    if "correctness" in only:
+        ok = correctness(ckpts, ["float32"] if args.quick else ["float32", "bfloat16"])
+    if "speed" in only:
+        speed(v41, batches, args.new_tokens)
+    if "spec" in only:
+        ok = speculative(root, batches, args.new_tokens) and ok
     print("GRAPHS ENGINE CHECK", "PASSED" if ok else "FAILED")
 
 

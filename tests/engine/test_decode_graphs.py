@@ -139,8 +139,9 @@ def test_bad_graph_sizes_are_named():
 
 @pytest.mark.parametrize("async_scheduling", [True, False])
 def test_speculative_verify_steps_graphed_match_eager(tmp_path, async_scheduling):
-    """DSpark verify steps (1 + 5 tokens per request) run from the graph path too: the same tokens,
-    logprobs and acceptance as eager steps (batch-invariant mode), and the proposer reads the padded taps."""
+    """DSpark verify steps (1 + 5 tokens per request) and greedy draft blocks run from the graph path
+    too: the same tokens, logprobs and acceptance as eager steps (batch-invariant mode); the proposer
+    reads the padded taps."""
     from deepinfer_models.deepseek_v41.agreeing_checkpoint import write_agreeing_v41_checkpoint
 
     lang = write_agreeing_v41_checkpoint(tmp_path / "agree")
@@ -161,6 +162,8 @@ def test_speculative_verify_steps_graphed_match_eager(tmp_path, async_scheduling
                       stats["num_accepted_tokens"], stats["num_drafts"])
         if not eager:
             sizes = {lay.num_tokens // lay.num_seqs for lay in platform.recorder.layouts}
-            assert llm.llm_engine.executor.graphs.steps > 0 and 6 in sizes, sizes
+            graphs = llm.llm_engine.executor.graphs
+            assert graphs.steps > 0 and 6 in sizes, sizes  # verify steps: anchor + 5 drafts
+            assert graphs.draft_steps > 0 and 5 in sizes  # draft blocks of 5 positions
     assert res[True] == res[False]
     assert res[False][1] > 2 * res[False][2]  # drafts really got accepted (> 2 per draft step)
