@@ -1,8 +1,9 @@
-"""Decode / prefill sweep of a full-width DeepSeek-V4 slice on one GPU, against the roofline.
+"""Decode / prefill sweep of a full-width DeepSeek-V4 or V4.1 slice on one GPU, against the roofline.
 
-    python benchmarks/sweep.py --out DIR [--arch v4] [--layers 2] [--ratios 4,128]
+    python benchmarks/sweep.py --out DIR [--arch v4|v41] [--layers 2] [--ratios 4,128]
         [--decode 1,8,64,256] [--context 4096] [--prefill 1024,8192] [--providers triton,reference]
         [--hf-batch 32] [--budget-s 400] [--graphs] [--moe-tune moe_tune.json] [--sync-audit] [--reps 5]
+        [--save-checkpoint DIR [--save-only]] [--engram-vocab 1048576]
 
 What it builds: the real V4-Flash widths (hidden 4096, 64 heads x 512, q_lora 1024,
 256 experts top-6, moe_inter 2048, vocab 129280) with ``--layers`` layers whose
@@ -10,6 +11,18 @@ compress ratios are ``--ratios`` (layer 0 a hash-routed MoE layer), random weigh
 in the native layout (e4m3 + UE8M0 128x128 block scales for the dense linears,
 MXFP4 experts: the ``fp4`` preset of the checkpoint writer) generated directly
 on the GPU (the CPU writer would spend minutes quantising 768 experts per layer).
+
+``--arch v41``: the V4.1-Flash widths (hidden 5120, 64 heads x 512, q_lora 1280, 384 experts
+top-6, moe_inter 2304, vocab 129280, 32x32 UE8M0 FP8 blocks, MXFP4 experts) with one layer of
+each of its layer kinds by default (``--layers 8``: ratio 0, ratio 0 + Engram, the ratio-2 kv +
+index source, a ratio-2 consumer, a ratio-2 index-only source + Engram, the ratio-1 kv + index +
+candidate source, a ratio-1 consumer, a candidate-masked ratio-1 index source; ``--ratios`` is
+ignored), Engram tables of ``--engram-vocab``-based size, and its own byte / FLOP accounting
+(Engram rows and ``wkv``, mHC, compressors and indexers per layer kind, the candidate filter):
+``benchmarks/sweep_slice_v41.py`` says what each column counts. No HF peer for V4.1
+(transformers has V4 only). ``--save-checkpoint DIR`` writes the slice (with the DSpark
+``mtp.{0,1,2}`` stages) as a native checkpoint that ``LLM(DIR)``, ``benchmarks/spec_decode.py
+--model DIR`` and ``benchmarks/prefix_cache.py --model DIR`` load; ``--save-only`` stops there.
 
 What it measures, per provider (``triton`` = the nvidia platform's kernels plus
 the ``aten`` grouped-GEMM experts and cuBLAS dense GEMMs; ``reference`` = core's
@@ -61,8 +74,8 @@ from deepinfer_core.runner.context import SeqSlice  # noqa: E402
 from deepinfer_core.runner.executor import PagedExecutor  # noqa: E402
 from deepinfer_core.runner.simple_driver import SimpleBlockAllocator  # noqa: E402
 from deepinfer_models.deepseek_v4.config import DeepseekV4Config  # noqa: E402
-from deepinfer_models.deepseek_v4.model import DeepseekV4ForCausalLM  # noqa: E402
-from benchmarks.sweep_slice import arch_config, build_weights, kv_bytes, prefill_flops, weight_bytes  # noqa: E402
+from benchmarks.sweep_slice import (  # noqa: E402
+    arch_config, build_weights, describe, kv_bytes, model_class, native_bytes, prefill_flops, weight_bytes)
 from deepinfer_models.deepseek_v4.checkpoint_writer import QUANT_PRESETS  # noqa: E402
 
 T0 = time.time()
@@ -112,17 +125,19 @@ def ceilings() -> dict[str, float]:
 
 # -- running ---------------------------------------------------------------------------------------
 def make_model(cfg, weights, provider: str):
+    """The slice's model class (V4 or V4.1: ``model_class``; V4.1 also gets its Engram token map)."""
+    cls, extra = model_class(cfg)
     if provider == "reference":
-        return DeepseekV4ForCausalLM(cfg, weights, dtype=torch.bfloat16, device=DEV, platform=None)
+        return cls(cfg, weights, dtype=torch.bfloat16, device=DEV, platform=None, **extra)
     from deepinfer_nvidia.platform import NvidiaPlatform
 
     if provider == "bi":  # batch-invariant mode: only providers registered batch_invariant=True, else references
         from deepinfer_core.kernels.mode import kernel_mode
 
         with kernel_mode(batch_invariant=True):
-            return DeepseekV4ForCausalLM(cfg, weights, dtype=torch.bfloat16, device="cuda", platform=NvidiaPlatform())
-    return DeepseekV4ForCausalLM(cfg, weights, dtype=torch.bfloat16, device="cuda", platform=NvidiaPlatform(),
-                                 kernel_overrides=ATEN_OVERRIDES)
+            return cls(cfg, weights, dtype=torch.bfloat16, device="cuda", platform=NvidiaPlatform(), **extra)
+    return cls(cfg, weights, dtype=torch.bfloat16, device="cuda", platform=NvidiaPlatform(),
+               kernel_overrides=ATEN_OVERRIDES, **extra)
 
 
 def setup_step(model, cfg, batch: int, ctx: int, new_tokens: int):
@@ -134,7 +149,10 @@ def setup_step(model, cfg, batch: int, ctx: int, new_tokens: int):
     need = sum(batch * -(-(ctx + new_tokens) // s.block_size) for s in gspecs.values()) + 2
     ex = PagedExecutor(model, num_blocks=need, max_num_seqs=batch, device=DEV)
     for t in ex.caches.values():
-        t.normal_()
+        if t.is_floating_point():
+            t.normal_()
+        else:  # V4.1's Engram history: token ids
+            t.random_(0, cfg.vocab_size)
     alloc = SimpleBlockAllocator(ex)
     slices = [SeqSlice(ctx, new_tokens, alloc.tables_for(i, ctx + new_tokens), state_slot=i) for i in range(batch)]
     ids = torch.randint(0, cfg.vocab_size, (batch * new_tokens,), device=DEV)
@@ -318,7 +336,8 @@ def plot(results: dict, path: str) -> None:
     ax.set_ylabel("ms per step")
     ax.set_xticks([i + width for i in range(len(labels))])
     ax.set_xticklabels(labels, rotation=20)
-    ax.set_title(f"DeepSeek-V4 slice, {results['config']['layers']} layers, {results.get('device', '')}")
+    arch = {"v4": "V4", "v41": "V4.1"}.get(results["config"]["arch"], results["config"]["arch"])
+    ax.set_title(f"DeepSeek-{arch} slice, {results['config']['layers']} layers, {results.get('device', '')}")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -328,7 +347,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--arch", default="v4")
-    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--layers", type=int, default=None, help="default: 2 for v4, 8 (one of each kind) for v41")
     ap.add_argument("--ratios", default="4,128")
     ap.add_argument("--quant", default="fp4", choices=sorted(QUANT_PRESETS))
     ap.add_argument("--decode", default="1,8,64,256")
@@ -348,24 +367,26 @@ def main() -> None:
     ap.add_argument("--profile-decode", default="1,64", help="decode batch sizes to profile (triton)")
     ap.add_argument("--skip-hf", action="store_true", help="measure the --hf-batch config but not the HF peer")
     ap.add_argument("--reps", type=int, default=5, help="timed steps per triton config (median reported)")
+    ap.add_argument("--save-checkpoint", default="", help="v41: also write the slice (with mtp.*) as a checkpoint")
+    ap.add_argument("--save-only", action="store_true", help="with --save-checkpoint: write it and stop")
+    ap.add_argument("--engram-vocab", type=int, default=1 << 20,
+                    help="v41: engram_vocab_size (table rows ~ 24x this; the real ~16M gives 98 GB tables)")
     args = ap.parse_args()
     global DEV
     DEV = args.device
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    cfg = arch_config(args.arch, args.layers, [int(r) for r in args.ratios.split(",")], args.quant)
-    if args.tiny:
-        from deepinfer_models.deepseek_v4.checkpoint_writer import tiny_v4_config
-
-        t = tiny_v4_config()
-        cfg = dataclasses.replace(t, num_hidden_layers=cfg.num_hidden_layers, compress_ratios=cfg.compress_ratios,
-                                  num_hash_layers=cfg.num_hash_layers, quant=cfg.quant, vocab_size=1024,
-                                  hidden_size=128, moe_intermediate_size=64)
+    if args.save_checkpoint and args.arch != "v41":
+        raise SystemExit("--save-checkpoint: only --arch v41 (V4 has deepinfer_models.deepseek_v4.checkpoint_writer)")
+    if args.arch == "v41" and args.ratios != ap.get_default("ratios"):
+        log("--ratios is ignored for --arch v41: the layer kinds fix every ratio (sweep_slice_v41.py)")
+    cfg = arch_config(args.arch, args.layers, [int(r) for r in args.ratios.split(",")], args.quant, tiny=args.tiny,
+                      engram_vocab=args.engram_vocab)
     results: dict = {"config": {"arch": args.arch, "layers": cfg.num_hidden_layers,
                                 "ratios": list(cfg.compress_ratios), "quant": args.quant, "context": args.context,
                                 "hidden": cfg.hidden_size, "heads": cfg.num_attention_heads,
                                 "head_dim": cfg.head_dim, "experts": cfg.n_routed_experts,
-                                "top_k": cfg.num_experts_per_tok, "vocab": cfg.vocab_size},
+                                "top_k": cfg.num_experts_per_tok, "vocab": cfg.vocab_size, **describe(cfg)},
                      "device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu", "torch": torch.__version__, "rows": []}
     if args.moe_tune and not os.path.exists(args.moe_tune):
         log(f"--moe-tune {args.moe_tune}: no such file; the defaults of triton_moe stay")
@@ -381,9 +402,18 @@ def main() -> None:
         log(f"moe tune applied: {results['moe_tune']}")
     results.update(ceilings())
     log(f"copy {results['copy_bw'] / 1e12:.2f} TB/s, bf16 dense {results['bf16_peak'] / 1e12:.0f} TFLOP/s")
-    weights = build_weights(cfg, DEV)
+    weights = build_weights(cfg, DEV, draft=bool(args.save_checkpoint))
     sync()
-    log(f"weights built: {sum(t.numel() * t.element_size() for t in weights.values()) / 1e9:.1f} GB native")
+    log(f"weights built: {native_bytes(weights) / 1e9:.1f} GB native")
+    if args.save_checkpoint:
+        from benchmarks.sweep_slice_v41 import save_checkpoint
+
+        t_save = time.time()
+        path = save_checkpoint(weights, args.save_checkpoint)
+        results["checkpoint"] = {"path": str(path), "gb": native_bytes(weights) / 1e9, "s": time.time() - t_save}
+        log(f"checkpoint written to {path} in {time.time() - t_save:.0f} s (LLM({str(path)!r}) loads it)")
+        if args.save_only:
+            return
 
     def save():
         with open(out / "sweep.json", "w") as fh:
@@ -505,7 +535,10 @@ def main() -> None:
     del weights
     if DEV == "cuda":
         torch.cuda.empty_cache()
-    if args.hf_batch and not args.skip_hf and time.time() - T0 < args.budget_s + 60:
+    if args.arch == "v41" and args.hf_batch and not args.skip_hf:
+        results["hf"] = {"skipped": "transformers implements DeepseekV4ForCausalLM only; V4.1 has no HF peer"}
+        log("HF peer skipped: transformers has no DeepSeek-V4.1 (no Engram, delayed mHC, ratio-1/2 compressors)")
+    elif args.hf_batch and not args.skip_hf and time.time() - T0 < args.budget_s + 60:
         run_hf(cfg, args.hf_batch, args.hf_prompt, results)
         ours = next((r for r in results["rows"] if r.get("provider") == "triton" and r.get("kind") == "decode"
                      and r.get("n") == args.hf_batch and "ms" in r and r.get("context") == args.hf_prompt), None)

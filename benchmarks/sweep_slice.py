@@ -1,7 +1,12 @@
 """The full-width slice ``sweep.py`` measures: its config, random native-layout weights built on the
-device, and the bytes / FLOPs a step must at least move (for the roofline columns)."""
+device, and the bytes / FLOPs a step must at least move (for the roofline columns).
+
+``--arch v4`` lives here; ``--arch v41`` in ``sweep_slice_v41.py``, reached through the same
+functions (``arch_config``, ``build_weights``, ``weight_bytes``, ``kv_bytes``, ``prefill_flops``,
+``model_class``), which dispatch on the config type."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -23,75 +28,143 @@ def v4_slice(layers: int, ratios: list[int], quant: str) -> DeepseekV4Config:
                       "beta_fast": 32, "beta_slow": 1})
 
 
-ARCHS = {"v4": v4_slice}
+def v4_tiny(cfg: DeepseekV4Config) -> DeepseekV4Config:
+    """``cfg``'s topology at the tiny test checkpoint's widths (smoke runs)."""
+    from deepinfer_models.deepseek_v4.checkpoint_writer import tiny_v4_config
+
+    return dataclasses.replace(tiny_v4_config(), num_hidden_layers=cfg.num_hidden_layers,
+                               compress_ratios=cfg.compress_ratios, num_hash_layers=cfg.num_hash_layers,
+                               quant=cfg.quant, vocab_size=1024, hidden_size=128, moe_intermediate_size=64)
 
 
-def arch_config(name: str, layers: int, ratios: list[int], quant: str) -> DeepseekV4Config:
+def _v41_slice(layers: int, ratios: list[int], quant: str, tiny: bool = False, engram_vocab: int = 1 << 20):
+    return _v41().v41_slice(layers, ratios, quant, tiny=tiny, engram_vocab=engram_vocab)
+
+
+ARCHS = {"v4": v4_slice, "v41": _v41_slice}
+DEFAULT_LAYERS = {"v4": 2, "v41": 8}  # v41: one layer of each kind (sweep_slice_v41.py)
+
+
+def _v41():
+    """The V4.1 slice module (imported on use: it imports this one)."""
+    import benchmarks.sweep_slice_v41 as m
+
+    return m
+
+
+def _is_v41(cfg) -> bool:
+    from deepinfer_models.deepseek_v41.config import DeepseekV41Config
+
+    return isinstance(cfg, DeepseekV41Config)
+
+
+def arch_config(name: str, layers: int | None, ratios: list[int], quant: str, tiny: bool = False,
+                engram_vocab: int = 1 << 20):
+    """The slice config of ``--arch name`` (``layers`` None: the arch's default); ``tiny``: test widths;
+    ``engram_vocab``: V4.1's ``engram_vocab_size`` (Engram table rows ~ 24x it per table)."""
     if name not in ARCHS:
-        raise SystemExit(f"--arch {name!r}: known architectures {sorted(ARCHS)} (V4.1 lands with its model code; "
-                         f"add a slice builder to ARCHS then)")
-    return ARCHS[name](layers, ratios, quant)
+        raise SystemExit(f"--arch {name!r}: known architectures {sorted(ARCHS)}")
+    layers = DEFAULT_LAYERS[name] if layers is None else layers
+    if name == "v41":
+        return ARCHS[name](layers, ratios, quant, tiny=tiny, engram_vocab=engram_vocab)
+    cfg = ARCHS[name](layers, ratios, quant)
+    return v4_tiny(cfg) if tiny else cfg
+
+
+def model_class(cfg):
+    """The model class of a slice config and the extra constructor keywords it needs."""
+    if _is_v41(cfg):
+        from deepinfer_models.deepseek_v41.model import DeepseekV41ForCausalLM
+
+        return DeepseekV41ForCausalLM, {"token_map": _v41().token_map(cfg)}
+    from deepinfer_models.deepseek_v4.model import DeepseekV4ForCausalLM
+
+    return DeepseekV4ForCausalLM, {}
+
+
+def describe(cfg) -> dict:
+    """Arch-specific config fields for ``sweep.json``."""
+    return _v41().describe(cfg) if _is_v41(cfg) else {"hash_layers": cfg.num_hash_layers}
 
 
 # -- weights -----------------------------------------------------------------------------------
 _E2M1_RMS = math.sqrt(sum(v * v for v in (0, .5, 1, 1.5, 2, 3, 4, 6)) / 8)  # rms of a uniform random code
 
 
-def build_weights(cfg: DeepseekV4Config, device: str, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Random tensors in the native layout of ``cfg`` (names/shapes/dtypes from ``expected_tensors``), on device.
+def random_tensor(name: str, spec, cfg, g: torch.Generator, device: str) -> dict[str, torch.Tensor]:
+    """One random tensor of role ``spec.role`` in the native layout (an fp8 / MXFP4 weight comes with its
+    ``.scale``; scale specs themselves give nothing). Shared by the V4 and V4.1 slices.
 
     Linear weights have std ~ 1/sqrt(fan_in); MXFP4 experts are uniform random codes with one
-    power-of-two scale chosen for that std; fp8 linears are quantised from Gaussians.
+    power-of-two (UE8M0) scale chosen for that std; fp8 linears are quantised from Gaussians.
     """
-    specs = expected_tensors(cfg)
-    g = torch.Generator(device=device).manual_seed(seed)
+    shape, dt, role = spec.shape, spec.dtypes[0], spec.role
+    leaf = name.rsplit(".", 1)[-1]
+    stem = name[: -len(".weight")] if name.endswith(".weight") else name
     block = tuple(cfg.quant.weight_block_size)
-    out: dict[str, torch.Tensor] = {}
 
     def randn(shape, std=1.0, mean=0.0):
         return torch.randn(shape, generator=g, device=device) * std + mean
 
+    if role in ("fp8_scale", "mxfp4_scale"):
+        return {}
+    if role == "fp8_weight":
+        q, s = quant_fp8_block(randn(shape, shape[1] ** -0.5), block, cfg.quant.scale_fmt)
+        return {name: q, stem + ".scale": s}
+    if role == "mxfp4_weight":
+        n, half = shape
+        k = 2 * half
+        e = round(math.log2(1.0 / (math.sqrt(k) * _E2M1_RMS)))
+        return {name: torch.randint(0, 256, shape, generator=g, device=device, dtype=torch.uint8),
+                stem + ".scale": torch.full((n, k // 32), e + 127, device=device,
+                                            dtype=torch.uint8).view(torch.float8_e8m0fnu)}
+    if role == "index":
+        return {name: torch.rand(shape[0], cfg.n_routed_experts, generator=g, device=device).argsort(dim=1)[
+            :, : shape[1]].to(dt)}
+    if name.endswith("norm.weight"):
+        t = randn(shape, 0.1, 1.0)
+    elif leaf == "attn_sink":
+        t = randn(shape)
+    elif leaf == "ape":
+        t = randn(shape, 0.5)
+    elif leaf.endswith("_fn"):
+        t = randn(shape, shape[1] ** -0.5)
+    elif leaf.endswith("_base"):
+        t = randn(shape, 0.5)
+    elif leaf.endswith("_scale"):
+        t = torch.rand(shape, generator=g, device=device) + 0.5
+    elif leaf == "bias":
+        t = randn(shape, 0.1)
+    elif name == "embed.weight":
+        t = randn(shape)
+    else:
+        t = randn(shape, shape[1] ** -0.5)
+    return {name: t.to(dt)}
+
+
+def build_weights(cfg, device: str, seed: int = 0, draft: bool = False):
+    """Random tensors in the native layout of ``cfg`` (names/shapes/dtypes from ``expected_tensors``), on device.
+
+    V4.1 configs go to ``sweep_slice_v41.build_weights`` (``draft``: also the DSpark ``mtp.*`` stages).
+    """
+    if _is_v41(cfg):
+        return _v41().build_weights(cfg, device, seed, draft)
+    specs = expected_tensors(cfg)
+    g = torch.Generator(device=device).manual_seed(seed)
+    out: dict[str, torch.Tensor] = {}
     for name, spec in specs.items():
-        shape, dt, role = spec.shape, spec.dtypes[0], spec.role
-        leaf = name.rsplit(".", 1)[-1]
-        stem = name[: -len(".weight")] if name.endswith(".weight") else name
-        if role in ("fp8_scale", "mxfp4_scale"):
-            continue
-        if role == "fp8_weight":
-            out[name], out[stem + ".scale"] = quant_fp8_block(randn(shape, shape[1] ** -0.5), block,
-                                                              cfg.quant.scale_fmt)
-        elif role == "mxfp4_weight":
-            n, half = shape
-            k = 2 * half
-            out[name] = torch.randint(0, 256, shape, generator=g, device=device, dtype=torch.uint8)
-            e = round(math.log2(1.0 / (math.sqrt(k) * _E2M1_RMS)))
-            out[stem + ".scale"] = torch.full((n, k // 32), e + 127, device=device,
-                                              dtype=torch.uint8).view(torch.float8_e8m0fnu)
-        elif role == "index":
-            out[name] = torch.rand(shape[0], cfg.n_routed_experts, generator=g, device=device).argsort(dim=1)[
-                :, : shape[1]].to(dt)
-        elif name.endswith("norm.weight"):
-            out[name] = randn(shape, 0.1, 1.0).to(dt)
-        elif leaf == "attn_sink":
-            out[name] = randn(shape).to(dt)
-        elif leaf == "ape":
-            out[name] = randn(shape, 0.5).to(dt)
-        elif leaf.endswith("_fn"):
-            out[name] = randn(shape, shape[1] ** -0.5).to(dt)
-        elif leaf.endswith("_base"):
-            out[name] = randn(shape, 0.5).to(dt)
-        elif leaf.endswith("_scale"):
-            out[name] = (torch.rand(shape, generator=g, device=device) + 0.5).to(dt)
-        elif leaf == "bias":
-            out[name] = randn(shape, 0.1).to(dt)
-        elif name == "embed.weight":
-            out[name] = randn(shape).to(dt)
-        else:
-            out[name] = randn(shape, shape[1] ** -0.5).to(dt)
+        out.update(random_tensor(name, spec, cfg, g, device))
     missing = set(specs) - set(out)
     if missing:
         raise AssertionError(f"weights not built: {sorted(missing)[:5]}")
     return out
+
+
+def native_bytes(w) -> int:
+    """Native bytes of a weight mapping (a V4.1 ``SliceWeights`` counts from its specs, generating nothing)."""
+    if hasattr(w, "nbytes"):
+        return w.nbytes()
+    return sum(t.numel() * t.element_size() for t in w.values())
 
 
 # -- bytes and flops -------------------------------------------------------------------------------
@@ -102,6 +175,8 @@ def expected_distinct(picks: int, experts: int, k: int) -> float:
 
 def weight_bytes(w: dict[str, torch.Tensor], cfg: DeepseekV4Config, tokens: int) -> dict[str, float]:
     """Native-layout bytes a step of ``tokens`` tokens must read: dense weights once, touched experts once."""
+    if _is_v41(cfg):
+        return _v41().weight_bytes(w, cfg, tokens)
     per_expert = {}
     dense = 0
     for name, t in w.items():
@@ -123,6 +198,8 @@ def weight_bytes(w: dict[str, torch.Tensor], cfg: DeepseekV4Config, tokens: int)
 
 def kv_bytes(cfg: DeepseekV4Config, batch: int, ctx: int, elt: int = 2) -> float:
     """KV bytes one decode step reads: window rows, attended compressed rows, all visible index keys."""
+    if _is_v41(cfg):
+        return _v41().kv_bytes(cfg, batch, ctx, elt)
     total = 0.0
     p = ctx  # position of the new token
     for i in range(cfg.num_hidden_layers):
@@ -138,6 +215,8 @@ def kv_bytes(cfg: DeepseekV4Config, batch: int, ctx: int, elt: int = 2) -> float
 
 def prefill_flops(w: dict[str, torch.Tensor], cfg: DeepseekV4Config, L: int) -> float:
     """Matmul FLOPs of one L-token prefill (logits of the last token only)."""
+    if _is_v41(cfg):
+        return _v41().prefill_flops(w, cfg, L)
     per_tok = 0
     for name, t in w.items():
         if t.dim() != 2 or name.endswith(".scale") or name in ("embed.weight", "head.weight") or "tid2eid" in name:

@@ -1,0 +1,83 @@
+"""``benchmarks/sweep.py --arch v41`` at tiny widths on the CPU: the slice's random weights have
+exactly the loader's layout, the model built from them runs a decode step through the sweep's own
+helpers, the roofline byte accounting counts every target tensor once, and ``--save-checkpoint``
+writes a directory ``LLM`` loads (DSpark stages included)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from benchmarks import sweep, sweep_slice
+from benchmarks.sweep_slice_v41 import save_checkpoint, spec_bytes, tensor_bytes_read
+from deepinfer_models.deepseek_v41.checkpoint_writer import _all_specs
+from deepinfer_models.deepseek_v41.weights import expected_tensors
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return sweep_slice.arch_config("v41", None, [], "fp4", tiny=True)
+
+
+@pytest.fixture(scope="module")
+def weights(cfg):
+    return sweep_slice.build_weights(cfg, "cpu", draft=True)
+
+
+def test_topology_has_every_layer_kind(cfg):
+    assert cfg.num_hidden_layers == 8 and cfg.compress_ratios == (0, 0, 2, 2, 2, 1, 1, 1)
+    assert cfg.kv_source_layer_ids == (2, 5) and cfg.index_source_layer_ids == (2, 4, 5, 7)
+    assert cfg.candidate_source_layer_id == 5 and cfg.is_candidate_consumer(7)
+    assert cfg.engram_layer_ids == (1, 4) and not cfg.owns_index_keys(4)
+    full = sweep_slice.arch_config("v41", None, [], "fp4")
+    assert (full.hidden_size, full.q_lora_rank, full.n_routed_experts, full.moe_intermediate_size,
+            full.index_n_heads, full.vocab_size) == (5120, 1280, 384, 2304, 32, 129280)
+    assert full.compress_ratios == cfg.compress_ratios and tuple(full.quant.weight_block_size) == (32, 32)
+
+
+def test_weights_have_the_loader_layout(cfg, weights):
+    specs = _all_specs(cfg)  # target tensors + DSpark mtp.{0,1,2}
+    assert set(weights) == set(specs) and set(expected_tensors(cfg)) <= set(specs)
+    for name, spec in specs.items():
+        t = weights[name]
+        assert tuple(t.shape) == spec.shape and t.dtype in spec.dtypes, name
+        if t.dtype == torch.float8_e8m0fnu:  # UE8M0 scales: powers of two, never the NaN byte 255
+            assert int(t.view(torch.uint8).max()) < 255, name
+    e = "layers.3.ffn.experts.5.w2.weight"  # generated on access, identical each time
+    assert torch.equal(weights[e], weights[e])
+
+
+def test_decode_step_runs(cfg, weights, monkeypatch):
+    monkeypatch.setattr(sweep, "DEV", "cpu")
+    model = sweep.make_model(cfg, weights, "reference")
+    ex, slices, ids = sweep.setup_step(model, cfg, batch=2, ctx=40, new_tokens=1)
+    with torch.inference_mode():
+        logits = model.compute_logits(ex.run(ids, slices))
+    assert logits.shape == (2, cfg.vocab_size) and bool(torch.isfinite(logits).all())
+
+
+def test_byte_accounting_counts_each_tensor_once(cfg):
+    specs = expected_tensors(cfg)
+    dense_step = tensor_bytes_read(cfg, 10 ** 9)  # every expert, embedding row and Engram row touched
+    assert set(dense_step) == set(specs)
+    for name, spec in specs.items():
+        assert dense_step[name] == spec_bytes(spec), name
+    wb = sweep_slice.weight_bytes(None, cfg, 10 ** 9)
+    assert wb["dense"] + wb["experts"] == sum(spec_bytes(s) for s in specs.values())
+    one = sweep_slice.weight_bytes(None, cfg, 1)  # one token: top_k experts per layer
+    expert = sum(spec_bytes(s) for n, s in specs.items() if n.startswith("layers.0.ffn.experts.0."))
+    assert one["experts"] == pytest.approx(cfg.num_hidden_layers * cfg.num_experts_per_tok * expert)
+    assert sweep_slice.kv_bytes(cfg, 2, 40) == 2 * sweep_slice.kv_bytes(cfg, 1, 40) > 0
+    assert sweep_slice.prefill_flops(None, cfg, 64) > 2 * 64 * sum(
+        s.shape[0] * s.shape[1] for n, s in specs.items() if n.endswith("attn.wq_b.weight"))
+
+
+def test_saved_checkpoint_loads(cfg, weights, tmp_path):
+    from deepinfer_core import LLM, SamplingParams
+
+    d = save_checkpoint(weights, tmp_path / "slice", shard_bytes=2 << 20)  # several shards + index
+    assert (d / "model.safetensors.index.json").is_file() and (d / "tokenizer.json").is_file()
+    llm = LLM(str(d), dtype="float32", max_model_len=128, kv_cache_memory_bytes=16 << 20,
+              speculative_config={"num_speculative_tokens": 2})  # loads the mtp.* DSpark stages too
+    out = llm.generate(["Hello"], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True), use_tqdm=False)
+    assert out[0].error is None and len(out[0].outputs[0].token_ids) == 3
+    assert llm.llm_engine.spec_decode_stats()["num_drafts"] >= 1
