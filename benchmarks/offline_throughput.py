@@ -26,6 +26,7 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", default=None, help="write results here")
+    ap.add_argument("--async-scheduling", choices=("on", "off"), default="on")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -45,7 +46,7 @@ def main() -> None:
     rows = []
     # -- DeepInfer -----------------------------------------------------------
     llm = LLM(model, dtype=a.dtype, max_model_len=a.input_len + a.output_len + 8, max_num_seqs=max(a.batch, 1),
-              max_num_batched_tokens=max(2048, a.batch * a.input_len))
+              max_num_batched_tokens=max(2048, a.batch * a.input_len), async_scheduling=a.async_scheduling == "on")
     sp = SamplingParams(temperature=0.0, max_tokens=a.output_len, ignore_eos=True)
     llm.generate([prompts[0, :8].tolist()], SamplingParams(max_tokens=2), use_tqdm=False)  # warm-up
     t0 = time.perf_counter()
@@ -73,7 +74,7 @@ def main() -> None:
     rows.append(("transformers", n, dt))
 
     print(f"\nmodel={model} dtype={a.dtype} batch={a.batch} input_len={a.input_len} output_len={a.output_len} "
-          f"threads={torch.get_num_threads()}")
+          f"threads={torch.get_num_threads()} async_scheduling={a.async_scheduling}")
     print(f"{'engine':<14}{'tokens':>8}{'seconds':>10}{'tok/s':>10}")
     for name, n, dt in rows:
         print(f"{name:<14}{n:>8}{dt:>10.2f}{n / dt:>10.1f}")
