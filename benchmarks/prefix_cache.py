@@ -4,11 +4,14 @@
     python benchmarks/prefix_cache.py --model DIR --dtype bfloat16
 
 Workloads: (1) one long system prompt + many short questions; (2) a multi-turn chat where each
-turn resends the whole conversation; (3) host tier: several long documents, questions about them
+turn resends the whole conversation (both: caching off, exact replay, bounded replay); (3) host tier: several long documents, questions about them
 in round-robin order, under a device KV pool too small to keep more than about one document
 cached, with the host-memory tier (``host_kv_cache_bytes``) off and on (prefix caching on in
-both). Both engines of a workload see the same requests in the same order; "tokens computed"
-counts every token fed to the model (prefill, replay and decode).
+both); (4) replay accuracy: many prompts sharing a system prompt, one at a time, each a prefix
+hit: first-token logits and greedy tokens of exact / bounded (with and without V4.1's
+decoder-side replay) / decoder replay alone, against caching off. All engines of a workload see
+the same requests in the same order; "tokens fed" counts every token fed to the model (prefill,
+replay and decode); "late rows" is the share of rows V4.1 computes after the decoder-replay cut.
 """
 from __future__ import annotations
 
@@ -24,11 +27,17 @@ def rand(n: int, seed: int) -> list[int]:
     return torch.randint(3, 129000, (n,), generator=g).tolist()
 
 
-def run(model, dtype, caching: bool, workload: str, args, kv_bytes: int = 512 << 20, host_bytes: int = 0):
+MODES = {"off": dict(enable_prefix_caching=False), "exact": dict(),
+         "bounded": dict(prefix_replay="bounded")}
+
+
+def run(model, dtype, caching: bool | str, workload: str, args, kv_bytes: int = 512 << 20, host_bytes: int = 0):
+    """``caching``: True / False, or a mode name of ``MODES``."""
     from deepinfer_core import LLM, SamplingParams
 
-    llm = LLM(model, dtype=dtype, max_model_len=4096, enable_prefix_caching=caching,
-              kv_cache_memory_bytes=kv_bytes, host_kv_cache_bytes=host_bytes)
+    mode = MODES[caching] if isinstance(caching, str) else dict(enable_prefix_caching=caching)
+    llm = LLM(model, dtype=dtype, max_model_len=4096, kv_cache_memory_bytes=kv_bytes, host_kv_cache_bytes=host_bytes,
+              **mode)
     eng = llm.llm_engine
     fed = {"n": 0}
     orig = eng.runner.execute
@@ -60,7 +69,59 @@ def run(model, dtype, caching: bool, workload: str, args, kv_bytes: int = 512 <<
     dt = time.perf_counter() - t0
     stats = eng.prefix_cache_stats()
     stats["copy_seconds"] = eng.host_store.seconds if eng.host_store is not None else 0.0
+    rows = getattr(eng.model, "replay_rows", [0, 0])
+    stats["late_rows"] = rows[1] / rows[0] if rows[0] else 1.0
     return fed["n"], dt, [o.outputs[0].token_ids for o in outs], stats
+
+
+def accuracy(model, dtype, args) -> None:
+    """Replay accuracy: per prompt, the first token's logits and the greedy tokens of each mode vs caching off."""
+    from deepinfer_core import LLM, SamplingParams
+
+    system = rand(args.system_len, 5)
+    prompts = [system + rand(args.question_len, 500 + i) for i in range(args.num_prompts)]
+    sp = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
+    modes = {"off": dict(enable_prefix_caching=False), "exact": dict(),
+             "bounded": dict(prefix_replay="bounded"),
+             "bounded, no decoder replay": dict(prefix_replay="bounded", decoder_replay=False),
+             "decoder replay only": dict(enable_prefix_caching=False, decoder_replay=True),
+             # longer replays (an experiment, not an option): the error shrinks as the replay covers
+             # more of the receptive field (layers x window), exact once it covers all of it
+             "bounded, replay 2W, no dec.": dict(prefix_replay="bounded", decoder_replay=False, _mult=2),
+             "bounded, replay 4W, no dec.": dict(prefix_replay="bounded", decoder_replay=False, _mult=4)}
+    res = {}
+    for name, kw in modes.items():
+        kw = dict(kw)
+        mult = kw.pop("_mult", 1)
+        llm = LLM(model, dtype=dtype, max_model_len=4096, kv_cache_memory_bytes=512 << 20, async_scheduling=False, **kw)
+        llm.llm_engine.kv.replay_window *= mult
+        llm.generate([system], SamplingParams(max_tokens=1), use_tqdm=False)  # warm the cache: every prompt hits
+        m = llm.llm_engine.model
+        first: list = []
+        orig = m.compute_logits
+        m.compute_logits = lambda h: first.append(orig(h)) or first[-1]
+        toks, lg = [], []
+        for p in prompts:
+            first.clear()
+            toks.append(llm.generate([p], sp, use_tqdm=False)[0].outputs[0].token_ids)
+            lg.append(first[0][-1].clone())
+        res[name] = (toks, torch.stack(lg), llm.llm_engine.prefix_cache_stats()["hit_tokens"])
+    ref_toks, ref_lg, _ = res["off"]
+    top2 = ref_lg.topk(2, dim=-1).values
+    print(f"replay accuracy: {len(prompts)} prompts of {args.system_len}+{args.question_len} tokens, "
+          f"{args.output_len} greedy tokens; logit scale (max |logit|) {ref_lg.abs().max():.2f}, "
+          f"median top-2 margin {(top2[:, 0] - top2[:, 1]).median():.3f}")
+    print(f"{'mode':<28}{'hit tok':>8}{'max|dlogit|':>12}{'median':>9}{'argmax same':>12}{'all tokens same':>16}"
+          f"{'tokens same':>12}")
+    for name, (toks, lg, hit) in res.items():
+        if name == "off":
+            continue
+        d = (lg - ref_lg).abs().max(dim=-1).values
+        same_first = int((lg.argmax(-1) == ref_lg.argmax(-1)).sum())
+        same_all = sum(a == b for a, b in zip(toks, ref_toks))
+        agree = sum(next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a)) for a, b in zip(toks, ref_toks))
+        print(f"{name:<28}{hit:>8}{d.max():>12.4f}{d.median():>9.4f}{same_first:>8}/{len(prompts):<3}"
+              f"{same_all:>12}/{len(prompts):<3}{agree / sum(map(len, ref_toks)):>12.3f}")
 
 
 def small_pool_bytes(model, dtype, args) -> int:
@@ -85,7 +146,9 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=16)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--family", default="v41", choices=["v41", "v4"], help="tiny checkpoint family when --model is unset")
-    ap.add_argument("--workloads", default="system+questions,multi-turn,host-tier", help="comma-separated subset")
+    ap.add_argument("--workloads", default="system+questions,multi-turn,host-tier,accuracy",
+                    help="comma-separated subset")
+    ap.add_argument("--num-prompts", type=int, default=32, help="accuracy workload: prompts (each a prefix hit)")
     ap.add_argument("--num-docs", type=int, default=4, help="host-tier workload: documents cycled through")
     ap.add_argument("--doc-rounds", type=int, default=4, help="host-tier workload: questions per document")
     ap.add_argument("--pool-docs", type=float, default=1.5, help="host-tier workload: device pool in documents")
@@ -103,16 +166,19 @@ def main() -> None:
     print(f"model={model} dtype={args.dtype} threads={torch.get_num_threads()}")
     plain = [w for w in ("system+questions", "multi-turn") if w in args.workloads.split(",")]
     if plain:
-        print(f"{'workload':<18}{'caching':>8}{'tokens fed':>12}{'seconds':>9}{'hit rate':>10}")
+        print(f"{'workload':<18}{'mode':>8}{'tokens fed':>12}{'seconds':>9}{'hit rate':>10}{'cached blk':>11}"
+              f"{'late rows':>10}{'fed off/x':>10}{'time off/x':>11}{'outputs = off':>14}")
     for workload in plain:
         rows = {}
-        for caching in (False, True):
-            n, dt, toks, stats = run(model, args.dtype, caching, workload, args)
-            rows[caching] = (n, dt, toks)
-            print(f"{workload:<18}{'on' if caching else 'off':>8}{n:>12}{dt:>9.2f}{stats['hit_rate']:>10.2f}")
-        same = rows[True][2] == rows[False][2]
-        print(f"{workload:<18} tokens fed off/on = {rows[False][0] / rows[True][0]:.2f}x, "
-              f"time off/on = {rows[False][1] / rows[True][1]:.2f}x, outputs identical: {same}")
+        for mode in MODES:
+            n, dt, toks, stats = run(model, args.dtype, mode, workload, args)
+            rows[mode] = (n, dt, toks)
+            off = rows["off"]
+            same = sum(a == b for a, b in zip(toks, off[2]))
+            print(f"{workload:<18}{mode:>8}{n:>12}{dt:>9.2f}{stats['hit_rate']:>10.2f}{stats['cached_blocks']:>11}"
+                  f"{stats['late_rows']:>10.2f}{off[0] / n:>9.2f}x{off[1] / dt:>10.2f}x{same:>10}/{len(toks)}")
+    if "accuracy" in args.workloads.split(","):
+        accuracy(model, args.dtype, args)
     if "host-tier" not in args.workloads.split(","):
         return
     kv_bytes = small_pool_bytes(model, args.dtype, args)

@@ -28,6 +28,13 @@ class EngineConfig:
     platforms without device memory queries, else ``gpu_memory_utilization`` of free memory.
     host_kv_cache_bytes: host-memory budget of the prefix cache's second tier (evicted cached
     blocks are spilled there and copied back on a hit; docs/prefix_caching.md); 0 = off.
+    prefix_replay: how a prefix hit restores sliding-window state. ``"exact"`` (default): sliding
+    blocks are cached like any block and the hit is bit-identical to a cold prefill; ``"bounded"``:
+    sliding blocks are never cached (less memory) and the last ``min(window, hit)`` tokens are
+    recomputed with windows floored at the replay start (approximate; docs/prefix_caching.md).
+    decoder_replay: V4.1 decoder-side replay (layers from the last kv-source layer on run only on
+    each request's last window of rows in prefill steps; approximate); None = on iff
+    ``prefix_replay == "bounded"``.
     """
 
     model: str
@@ -48,9 +55,15 @@ class EngineConfig:
     disable_log_stats: bool = True
     batch_invariant: bool = False  # also DEEPINFER_BATCH_INVARIANT=1; see docs/determinism.md
     enable_prefix_caching: bool = True  # see docs/prefix_caching.md
+    prefix_replay: str = "exact"  # "exact" | "bounded" (SWA bounded replay)
+    decoder_replay: bool | None = None  # None: follows prefix_replay == "bounded"
     speculative_config: object = None  # dict / SpeculativeConfig; see docs/speculative_decoding.md
     enforce_eager: bool = False  # never replay decode steps from captured graphs (platforms that have them)
     cuda_graph_sizes: tuple = ()  # batch buckets of captured decode steps; () = decode_graphs.DEFAULT_BATCH_SIZES
+
+    @property
+    def use_decoder_replay(self) -> bool:
+        return self.prefix_replay == "bounded" if self.decoder_replay is None else self.decoder_replay
 
     def __post_init__(self) -> None:
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -64,6 +77,10 @@ class EngineConfig:
         h = self.host_kv_cache_bytes
         if isinstance(h, bool) or not isinstance(h, int) or h < 0:
             raise ValueError(f"host_kv_cache_bytes must be an int >= 0 (0 = off), got {h!r}")
+        if self.prefix_replay not in ("exact", "bounded"):
+            raise ValueError(f"prefix_replay must be 'exact' or 'bounded', got {self.prefix_replay!r}")
+        if self.decoder_replay not in (None, True, False):
+            raise ValueError(f"decoder_replay must be None, True or False, got {self.decoder_replay!r}")
         sizes = self.cuda_graph_sizes
         if not isinstance(sizes, (tuple, list)) or any(isinstance(b, bool) or not isinstance(b, int) or b < 1
                                                        for b in sizes):

@@ -33,6 +33,9 @@ class ScheduledRequest:
     - ``num_draft_tokens``: speculative decoding: the last L ids of ``token_ids`` are drafts
       to verify (the id before them is the anchor, the last known token); the runner returns
       1..L+1 tokens for this request and the scheduler rolls back the rejected positions.
+    - ``window_floor``: bounded prefix replay: the request has no sliding-window KV below this
+      position (its hit's replay start); attention windows are floored there and the replayed
+      tokens' sliding-window KV is written (rebuilt) even below ``cached_until``. 0 = none.
     """
 
     req_id: str
@@ -46,6 +49,7 @@ class ScheduledRequest:
     epoch: int = 0
     cached_until: int = 0
     num_draft_tokens: int = 0
+    window_floor: int = 0
 
 
 @dataclass(frozen=True)

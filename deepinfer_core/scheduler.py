@@ -120,6 +120,9 @@ class Scheduler:
         self._failed: list[Request] = []  # errored in schedule(); returned by the next update
         self.spec_n = config.num_speculative_tokens
         self._drafts_planned: dict[str, int] = {}  # this schedule(): drafts to verify per request
+        # bounded prefix replay: position below which a request has no sliding-window KV (its hit's
+        # replay start); kept until the request is preempted or finishes, sent with every step
+        self._window_floor: dict[str, int] = {}
 
     # -- queries ---------------------------------------------------------------
     def has_unfinished(self) -> bool:
@@ -396,12 +399,16 @@ class Scheduler:
             return 0
         req.num_computed_tokens = h - r
         req.cached_until = h
+        floor = getattr(tables, "window_floor", 0)
+        if floor:
+            self._window_floor[req.request_id] = floor
         return h - r
 
     def _undo_prefix_hit(self, req: Request) -> None:
         self.kv.free(req)
         req.num_computed_tokens = 0
         req.cached_until = 0
+        self._window_floor.pop(req.request_id, None)
 
     def _preempt(self, req: Request, preempted: list[str]) -> None:
         """Recompute preemption; the caller already removed ``req`` from ``running``."""
@@ -410,6 +417,7 @@ class Scheduler:
         req.num_computed_tokens = 0
         req.num_inflight_tokens = 0
         req.cached_until = 0
+        self._window_floor.pop(req.request_id, None)
         req.spec_token_ids = []
         req.num_preemptions += 1  # new epoch: older in-flight steps become stale
         bisect.insort(self.waiting, req, key=_priority)
@@ -421,6 +429,7 @@ class Scheduler:
         else:
             self.waiting.remove(req)
         self.kv.free(req)
+        self._window_floor.pop(req.request_id, None)
         req.status = status
         del self.requests[req.request_id]
         self._finished_ids.append(req.request_id)
@@ -461,6 +470,7 @@ class Scheduler:
                 epoch=req.num_preemptions,
                 cached_until=req.cached_until,
                 num_draft_tokens=drafts,
+                window_floor=self._window_floor.get(req.request_id, 0),
             )
             req.num_computed_tokens += n
             req.num_inflight_tokens += n

@@ -19,6 +19,9 @@ which is kept in LRU order: ``allocate`` takes the least recently freed block an
 evicts its hash. ``touch`` takes a cached block back for a new owner (prefix hit).
 ``on_evict`` (optional) is told ``(block_id, hash)`` of every evicted block before the id is
 handed out, while its pages still hold the cached contents (the host tier spills them).
+``reuse_uncached_first`` (set by the manager in bounded-replay mode): a block freed without a
+hash goes to the head of the free list, so it is reused before any cached block is evicted
+(vLLM's order: uncached frees are prepended, cached ones appended).
 """
 from __future__ import annotations
 
@@ -52,6 +55,7 @@ class BlockPool:
         self._by_hash: dict[int, int] = {}
         self.num_evictions = 0
         self.on_evict: Callable[[int, int], None] | None = None
+        self.reuse_uncached_first = False
 
     # -- queries ---------------------------------------------------------------
     @property
@@ -122,6 +126,8 @@ class BlockPool:
             self._ref_counts[b] -= 1
             if self._ref_counts[b] == 0:
                 self._free[b] = None  # most recently freed: evicted last
+                if self.reuse_uncached_first and self._hashes[b] is None:
+                    self._free.move_to_end(b, last=False)  # holds nothing findable: reuse it first
 
     # -- prefix-caching hooks --------------------------------------------------
     def set_block_hash(self, block_id: int, block_hash: int) -> None:

@@ -41,6 +41,13 @@ tokens before ``h`` (the model's compressor overlap span; at least one when
 the per-request compressor state; their cache writes are suppressed. Resume
 after preemption takes the same path. See docs/prefix_caching.md.
 
+Bounded replay (``replay_mode="bounded"``, vLLM/SGLang's SWA bounded replay): sliding-window
+groups are not cached at all (their blocks are freed without a hash and reused before any
+cached block). A hit at ``h`` reuses the compressed blocks below ``h`` and recomputes the last
+``w = min(window, h)`` tokens (plus ``history_tokens`` before them, the ids a per-request
+token history needs) with every sliding window floored at ``h - w`` (``PrefixTables.window_floor``):
+the rebuilt window KV is approximate, not bit-identical to a cold prefill.
+
 Host tier (``host_tier``, optional, see ``host_tier.py``): a cached block the pool evicts is
 spilled to host memory under ``(group, hash)``; ``find_prefix`` counts a hash found only there
 as a hit and ``allocate_prefix`` takes a fresh block for it and records the copy back. The
@@ -114,11 +121,14 @@ def num_blocks_from_memory_budget(
 class PrefixTables(dict):
     """``find_prefix``'s tables (group -> block ids) plus ``restores``: ``(group, index, hash)`` of
     entries found only on the host tier (their table entry is a null placeholder until
-    ``allocate_prefix`` gives them a device block)."""
+    ``allocate_prefix`` gives them a device block), and ``window_floor``: in bounded-replay mode
+    the position below which the request has no sliding-window KV (0 in exact mode)."""
 
-    def __init__(self, tables: dict[int, list[int]], restores: list[tuple[int, int, int]]) -> None:
+    def __init__(self, tables: dict[int, list[int]], restores: list[tuple[int, int, int]],
+                 window_floor: int = 0) -> None:
         super().__init__(tables)
         self.restores = restores
+        self.window_floor = window_floor
 
 
 class _RequestBlocks:
@@ -153,6 +163,8 @@ class KVCacheManager:
         enable_caching: bool = False,
         replay_tokens: int = 0,
         host_tier: HostTier | None = None,
+        replay_mode: str = "exact",
+        history_tokens: int = 0,
     ) -> None:
         for g, spec in enumerate(group_specs):
             if not isinstance(spec, (SlidingWindowSpec, CompressedSpec)):
@@ -166,6 +178,8 @@ class KVCacheManager:
             if not isinstance(spec, StateSpec):
                 raise TypeError(f"state_specs[{i}] must be a StateSpec, got {type(spec).__name__}")
         _check_positive_int("max_num_seqs", max_num_seqs)
+        if replay_mode not in ("exact", "bounded"):
+            raise ValueError(f"replay_mode must be 'exact' or 'bounded', got {replay_mode!r}")
         self.group_specs: tuple[PagedSpec, ...] = tuple(group_specs)
         self.state_specs: tuple[StateSpec, ...] = tuple(state_specs)
         self.max_num_seqs = max_num_seqs
@@ -174,7 +188,15 @@ class KVCacheManager:
         self._free_slots: deque[int] = deque(range(max_num_seqs))
         self.enable_caching = enable_caching
         self.replay_tokens = replay_tokens
-        self.align = math.lcm(*(spec.block_size for spec in self.group_specs)) if self.group_specs else 1
+        # bounded replay: sliding-window groups are never cached (their KV is rebuilt on a hit)
+        self.bounded = replay_mode == "bounded"
+        self.history_tokens = history_tokens
+        self.cached_groups = tuple(g for g, spec in enumerate(self.group_specs)
+                                   if not (self.bounded and isinstance(spec, SlidingWindowSpec)))
+        self.replay_window = max((s.window for s in self.group_specs if isinstance(s, SlidingWindowSpec)), default=0)
+        self.pool.reuse_uncached_first = self.bounded and enable_caching
+        cached = [self.group_specs[g].block_size for g in self.cached_groups]
+        self.align = math.lcm(*cached) if cached else 1
         self.num_query_tokens = 0  # prefix-cache metrics: tokens looked up ...
         self.num_hit_tokens = 0  # ... and tokens not recomputed thanks to a hit
         self.host = host_tier if enable_caching else None
@@ -388,7 +410,8 @@ class KVCacheManager:
             return
         tokens = req.all_token_ids
         processed = min(req.num_processed_tokens, len(tokens))
-        for g, spec in enumerate(self.group_specs):
+        for g in self.cached_groups:
+            spec = self.group_specs[g]
             full = min(processed // spec.block_size, len(rb.tables[g]))
             if full <= rb.num_hashed[g]:
                 continue
@@ -414,15 +437,18 @@ class KVCacheManager:
         top = n // self.align * self.align
         if not self.enable_caching or top == 0:
             return 0, 0, None
-        hashes = {g: self._hashes(tokens, g, top // spec.block_size) for g, spec in enumerate(self.group_specs)}
+        hashes = {g: self._hashes(tokens, g, top // self.group_specs[g].block_size) for g in self.cached_groups}
         for h in range(top, 0, -self.align):
-            r = max(self.replay_tokens, 1 if h == n else 0)
-            if h - r < 0:
+            r, floor = self._replay_span(h, n)
+            if h - r <= 0:  # nothing saved (a bounded hit no longer than the window)
                 continue
             tables: dict[int, list[int]] = {}
             restores: list[tuple[int, int, int]] = []
             for g, spec in enumerate(self.group_specs):
                 nb = h // spec.block_size
+                if g not in self.cached_groups:  # bounded: rebuilt by the replay, nothing to look up
+                    tables[g] = [NULL_BLOCK_ID] * ((h - r) // spec.block_size)
+                    continue
                 lo = 0
                 if isinstance(spec, SlidingWindowSpec):  # only the window before the replayed tokens
                     lo = max(0, h - r - spec.window + 1) // spec.block_size
@@ -432,8 +458,22 @@ class KVCacheManager:
                 tables[g] = table
             else:
                 if self._restorable(tables, restores):
-                    return h, r, PrefixTables(tables, restores)
+                    return h, r, PrefixTables(tables, restores, floor)
         return 0, 0, None
+
+    def _replay_span(self, h: int, n: int) -> tuple[int, int]:
+        """(tokens before ``h`` to recompute, sliding-window floor) for a hit at ``h`` of ``n`` known tokens.
+
+        Exact: the model's ``replay_tokens`` (at least one when ``h == n``, for logits), no floor.
+        Bounded: the last ``w = min(window, h)`` tokens rebuild the sliding windows, floored at
+        ``h - w``; ``history_tokens`` more before them only refill per-request token history
+        (their own outputs are never read: every window is floored above them).
+        """
+        last = 1 if h == n else 0
+        if not self.bounded:
+            return max(self.replay_tokens, last), 0
+        w = min(self.replay_window, h)
+        return min(h, max(w + self.history_tokens, self.replay_tokens, last)), h - w
 
     def _lookup_range(self, g: int, hashes: list[int], lo: int, nb: int,
                       restores: list[tuple[int, int, int]]) -> list[int] | None:

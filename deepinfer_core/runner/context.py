@@ -31,6 +31,12 @@ class SeqSlice:
     position the step writes or reads in group ``g`` (null/freed blocks may be any id
     for positions behind the window; they are never read). ``state_slot`` indexes
     per-request state tensors.
+
+    Bounded prefix replay: ``window_floor`` > 0 means the request has no sliding-window KV below
+    that position: sliding-window reads below it are dropped and its sliding-window writes are
+    never suppressed (the replay rebuilds them; ``no_write_before`` then only protects the
+    compressed groups). ``keep_all_rows``: a model that trims late layers to each request's last
+    window of rows (V4.1 decoder-side replay) keeps every row of this one (prompt logprobs).
     """
 
     start_pos: int
@@ -38,6 +44,8 @@ class SeqSlice:
     block_tables: dict[int, list[int]]
     state_slot: int = 0
     no_write_before: int = 0  # prefix-cache hit: KV of positions below is shared and already written
+    window_floor: int = 0
+    keep_all_rows: bool = False
 
 
 @dataclass
@@ -75,12 +83,13 @@ class StepContext:
 @dataclass
 class _TokenIndex:
     """Per-token views of the slices (device): request index, position, the request's first
-    position in this step and its no-write boundary."""
+    position in this step, its no-write boundary and its sliding-window floor."""
 
     seq: torch.Tensor
     pos: torch.Tensor
     start: torch.Tensor
     no_write_before: torch.Tensor
+    floor: torch.Tensor
 
 
 def upload(host: torch.Tensor, device: torch.device | str) -> torch.Tensor:
@@ -97,11 +106,21 @@ def _sliding_meta(spec: SlidingWindowSpec, tok: _TokenIndex, table: torch.Tensor
     bs, w = spec.block_size, spec.window
     p = tok.pos
     own = table[tok.seq, p // bs] * bs + p % bs
-    writes = torch.where(p < tok.no_write_before, torch.full_like(own, -1), own)
+    # a floored (bounded-replay) request rebuilds its window KV: nothing of this group is shared
+    no_write = torch.where(tok.floor > 0, torch.zeros_like(tok.no_write_before), tok.no_write_before)
+    writes = torch.where(p < no_write, torch.full_like(own, -1), own)
     q = p[:, None] - torch.arange(w - 1, -1, -1, device=p.device)[None, :]  # positions p-W+1 .. p
     qc = q.clamp(min=0)
     rows = table[tok.seq[:, None], qc // bs] * bs + qc % bs
-    return writes, torch.where(q >= 0, rows, torch.full_like(rows, -1))
+    return writes, torch.where(q >= tok.floor[:, None], rows, torch.full_like(rows, -1))
+
+
+def floor_window_reads(read_idx: torch.Tensor, positions: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
+    """A sliding-window ``read_idx [T, W]`` (column j = position ``p - W + 1 + j``) with every column
+    below ``floor [T]`` (int64, per token) set to -1: positions whose window KV does not exist."""
+    w = read_idx.shape[1]
+    q = positions[:, None] - torch.arange(w - 1, -1, -1, device=positions.device)[None, :]
+    return torch.where(q >= floor[:, None], read_idx, torch.full_like(read_idx, -1))
 
 
 def _compressed_meta(spec: CompressedSpec, tok: _TokenIndex, table: torch.Tensor, width: int
@@ -114,6 +133,9 @@ def _compressed_meta(spec: CompressedSpec, tok: _TokenIndex, table: torch.Tensor
     g = torch.arange(width, device=p.device)[None, :]
     rows = table[tok.seq[:, None], (g * r // bs).clamp(max=last)] * epb + g % epb
     return writes, torch.where(g < ((p + 1) // r)[:, None], rows, torch.full_like(rows, -1))
+
+
+_ROW = 6  # packed ints per request: start, no_write_before, state_slot, num_tokens, window_floor, keep_all_rows
 
 
 @dataclass(frozen=True)
@@ -134,12 +156,14 @@ def pack_step(slices: list[SeqSlice], group_specs: dict[int, KVCacheSpec], input
               table_widths: dict[int, int] | None = None, read_widths: dict[int, int] | None = None
               ) -> tuple[torch.Tensor, StepLayout]:
     """Everything the device needs to build a step's metadata, as one flat int64 host tensor:
-    [input ids (optional)] + per-request rows (start, no_write_before, state_slot, num_tokens) + every
+    [input ids (optional)] + per-request rows (start, no_write_before, state_slot, num_tokens, window_floor,
+    keep_all_rows) + every
     group's block tables, row-major. ``table_widths`` / ``read_widths`` fix the widths (a captured graph
     needs them static; longer tables are cut, shorter ones padded with the null block 0); by default they
     are the step's own maxima."""
     flat: list[int] = list(input_ids) if input_ids is not None else []
-    flat += [v for s in slices for v in (s.start_pos, s.no_write_before, s.state_slot, s.num_tokens)] or [0, 0, 0, 0]
+    flat += [v for s in slices for v in (s.start_pos, s.no_write_before, s.state_slot, s.num_tokens, s.window_floor,
+                                         int(s.keep_all_rows))] or [0] * _ROW
     tw: list[tuple[int, int]] = []
     rw: list[tuple[int, int]] = []
     for gid, spec in group_specs.items():
@@ -167,14 +191,14 @@ def context_from_packed(dev: torch.Tensor, layout: StepLayout, group_specs: dict
     b, total = layout.num_seqs, layout.num_tokens
     ids = dev[:total] if layout.has_ids else None
     off = total if layout.has_ids else 0
-    info = dev[off:off + max(b, 1) * 4].view(-1, 4)
-    off += max(b, 1) * 4
+    info = dev[off:off + max(b, 1) * _ROW].view(-1, _ROW)
+    off += max(b, 1) * _ROW
     counts_d = info[:b, 3]
     # output_size: the token count is known on the host, so the device need not report it
     seq = torch.repeat_interleave(torch.arange(b, device=device), counts_d, output_size=total)
     first_row = torch.cumsum(counts_d, 0) - counts_d
     pos = info[seq, 0] + torch.arange(total, device=device) - first_row[seq]
-    tok = _TokenIndex(seq, pos, info[seq, 0], info[seq, 1])
+    tok = _TokenIndex(seq, pos, info[seq, 0], info[seq, 1], info[seq, 4])
     read_widths = dict(layout.read_widths)
     groups: dict[int, GroupMetadata] = {}
     tables: dict[int, torch.Tensor] = {}
@@ -196,6 +220,7 @@ def context_from_packed(dev: torch.Tensor, layout: StepLayout, group_specs: dict
     ctx.extras["token_start"] = tok.start
     ctx.extras["seq_first_row"] = first_row
     ctx.extras["seq_end"] = info[:b, 0] + counts_d
+    ctx.extras["window_floor"] = info[:b, 4]
     return ids, ctx
 
 

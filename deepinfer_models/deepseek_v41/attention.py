@@ -40,8 +40,23 @@ class AttentionV41(SharedKVAttention):
             out.update(self.compressor.specs)
         return out
 
-    def __call__(self, x: torch.Tensor, ctx: StepContext, rows: StepRows, share: IndexShare) -> torch.Tensor:
-        """x [T, D] (normed attention input) -> [T, D]."""
+    def __call__(self, x: torch.Tensor, ctx: StepContext, rows: StepRows | None, share: IndexShare) -> torch.Tensor:
+        """x [T, D] (normed attention input) -> [T, D]. ``rows`` is only read by a kv source's compressor."""
+        self.write_kv(x, ctx, rows)
+        return self.attend(x, ctx, share)
+
+    def write_kv(self, x: torch.Tensor, ctx: StepContext, rows: StepRows | None) -> None:
+        """The KV half (vLLM's ``forward_kv``): SWA KV of every row, and on a kv source the compressed
+        entries and index keys. Decoder-side replay runs it on all rows of the cut layer, then
+        ``attend`` on the kept rows only."""
+        k, pos = self.k, ctx.positions
+        kv = k["rope.interleaved"](k["norm.rms"](self.wkv(x), self.kv_norm, self.eps), pos, self.inv_freq)
+        write_rows(ctx.caches[self.swa_name], ctx.meta(self.swa_name).write_slots, kv)  # -1: not written
+        if self.compressor is not None:
+            self.compressor(x, ctx, rows)
+
+    def attend(self, x: torch.Tensor, ctx: StepContext, share: IndexShare) -> torch.Tensor:
+        """The query half: x [T, D] -> [T, D], reading the caches ``write_kv`` filled."""
         k = self.k
         t, pos = x.shape[0], ctx.positions
         rope = k["rope.interleaved"]
@@ -50,13 +65,7 @@ class AttentionV41(SharedKVAttention):
         if self.cfg.q_head_norm:  # V4 behaviour; V4.1-Flash has it off ("qr is normed before wq_b")
             q = k["norm.rms_unweighted"](q, self.eps)
         q = rope(q, pos, self.inv_freq)
-        kv = rope(k["norm.rms"](self.wkv(x), self.kv_norm, self.eps), pos, self.inv_freq)
-        swa = ctx.caches[self.swa_name]
-        swa_meta = ctx.meta(self.swa_name)
-        w = swa_meta.write_slots
-        write_rows(swa, w, kv)  # -1: a position served by the prefix cache (its KV is already there)
-        if self.compressor is not None:
-            self.compressor(x, ctx, rows)
+        swa, swa_meta = ctx.caches[self.swa_name], ctx.meta(self.swa_name)
         if self.indexer is not None:
             share.topk[self.layer] = self.indexer(x, qr, ctx, share)
         cmp_cache, cmp_idx = None, None

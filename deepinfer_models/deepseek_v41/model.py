@@ -16,6 +16,7 @@ from deepinfer_models.deepseek_v4.model import DeepseekCausalLMBase
 from deepinfer_models.deepseek_v4.moe import MoEV4
 from deepinfer_models.deepseek_v41.attention import AttentionV41
 from deepinfer_models.deepseek_v41.config import DeepseekV41Config
+from deepinfer_models.deepseek_v41.decoder_replay import plan_replay, replay_cut
 from deepinfer_models.deepseek_v41.engram import EngramHasher, EngramLayer
 from deepinfer_models.deepseek_v41.hyper import HCLayer, run_delayed_mhc
 from deepinfer_models.deepseek_v41.step import IndexShare, StepRows
@@ -51,6 +52,8 @@ class DeepseekV41ForCausalLM(DeepseekCausalLMBase):
                 raise ValueError("this V4.1 config has Engram layers "
                                  f"{list(cfg.engram_layer_ids)}: pass token_map (built from the checkpoint tokenizer)")
             self.hasher = EngramHasher(cfg, token_map, self.k, self.device)
+        self.replay_cut: int | None = None  # decoder-side replay's cut layer when on (set_decoder_replay)
+        self.replay_rows = [0, 0]  # rows of the steps it planned: total, computed after the cut
         self.layers = []
         for i in range(cfg.num_hidden_layers):
             self.layers.append({
@@ -84,6 +87,16 @@ class DeepseekV41ForCausalLM(DeepseekCausalLMBase):
         """
         return self.cfg.engram_max_ngram_size if self.hasher is not None else 0
 
+    def prefix_history_tokens(self) -> int:
+        """Bounded prefix replay: tokens to feed before the replayed window only so that per-request
+        token history is exact (the Engram n-gram history: N-1 ids)."""
+        return self.cfg.engram_max_ngram_size - 1 if self.hasher is not None else 0
+
+    def set_decoder_replay(self, on: bool) -> None:
+        """Turn decoder-side replay on or off (``decoder_replay.py``); stays off where the topology
+        does not allow it. ``forward_with_taps`` (speculative decoding) never trims."""
+        self.replay_cut = replay_cut(self.cfg) if on else None
+
     def load_proposer(self, model_dir, spec, platform=None, kernel_overrides=None):
         """The speculative proposer for ``spec`` (a SpeculativeConfig): DSpark, from the
         checkpoint's ``mtp.*`` stages (dspark_proposer.py)."""
@@ -116,21 +129,47 @@ class DeepseekV41ForCausalLM(DeepseekCausalLMBase):
         share = IndexShare()
         hash_ids = self.hasher(input_ids, ctx, rows) if self.hasher is not None else None
         eps = cfg.rms_norm_eps
+        c = self.replay_cut
+        plan = plan_replay(ctx, cfg.sliding_window) if c is not None and taps is None else None
+        if c is not None and taps is None:
+            self.replay_rows[0] += input_ids.shape[0]
+            self.replay_rows[1] += plan.num_kept if plan is not None else input_ids.shape[0]
+        kept_ids = input_ids.index_select(0, plan.rows) if plan is not None else None
         stack = []
         for i, layer in enumerate(self.layers):
             attn, ffn, engram = layer["attn"], layer["ffn"], layer["engram"]
             inject = (lambda r, e=engram: e(r, hash_ids)) if engram is not None else None
             if taps is not None and i in taps:  # read-only: record the stream, return it unchanged
                 inject = _tapping(inject, taps, i)
+            if plan is None or i < c:
+                attn_fn = lambda x, a=attn, w=layer["attn_norm"]: a(k["norm.rms"](x, w, eps), ctx, rows, share)
+            elif i == c:  # the cut: every row's KV is already written, attend on the kept rows
+                attn_fn = lambda x, a=attn, w=layer["attn_norm"]: a.attend(k["norm.rms"](x, w, eps), plan.cut_ctx,
+                                                                           share)
+            else:  # owns only window KV: kept rows, windows floored where rows were trimmed
+                attn_fn = lambda x, a=attn, w=layer["attn_norm"]: a(k["norm.rms"](x, w, eps), plan.late_ctx, None,
+                                                                    share)
+            ids = kept_ids if plan is not None and i >= c else input_ids
             stack.append(HCLayer(
-                hc_attn=layer["hc"]["attn"], hc_ffn=layer["hc"]["ffn"],
-                attn=lambda x, a=attn, w=layer["attn_norm"]: a(k["norm.rms"](x, w, eps), ctx, rows, share),
-                ffn=lambda x, f=ffn, w=layer["ffn_norm"]: f(k["norm.rms"](x, w, eps), input_ids),
+                hc_attn=layer["hc"]["attn"], hc_ffn=layer["hc"]["ffn"], attn=attn_fn,
+                ffn=lambda x, f=ffn, w=layer["ffn_norm"], ids=ids: f(k["norm.rms"](x, w, eps), ids),
                 inject=inject,
             ))
+
+        def keep(x: torch.Tensor) -> torch.Tensor:
+            """At the cut: write every row's KV of layer c, move what earlier index sources published
+            to the kept rows, hand the kept rows to the driver."""
+            self.layers[c]["attn"].write_kv(k["norm.rms"](x, self.layers[c]["attn_norm"], eps), ctx, rows)
+            for key, v in share.topk.items():
+                share.topk[key] = v.index_select(0, plan.rows)
+            if share.candidates is not None:
+                share.candidates = share.candidates.index_select(0, plan.rows)
+            return plan.rows
+
         x = self.embed[input_ids]
         residual = x.unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()  # [T, n, D]
-        h = run_delayed_mhc(residual, stack, k, eps, cfg.hc_eps, cfg.hc_sinkhorn_iters)
+        h = run_delayed_mhc(residual, stack, k, eps, cfg.hc_eps, cfg.hc_sinkhorn_iters,
+                            cut=(c, keep) if plan is not None else None)
         return k["norm.rms"](h, self.norm_w, eps)
 
 
