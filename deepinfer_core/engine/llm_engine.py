@@ -101,8 +101,13 @@ class LLMEngine:
         use_host = bool(config.host_kv_cache_bytes) and config.enable_prefix_caching
         self.host_store = HostKVStore(self.executor) if use_host else None
         host = HostTier(config.host_kv_cache_bytes, self.host_store.block_bytes()) if use_host else None
+        history = getattr(self.model, "prefix_history_tokens", lambda: 0)()
         self.kv = KVCacheManager(groups, states, num_blocks, config.max_num_seqs,
-                                 enable_caching=config.enable_prefix_caching, replay_tokens=replay, host_tier=host)
+                                 enable_caching=config.enable_prefix_caching, replay_tokens=replay, host_tier=host,
+                                 replay_mode=config.prefix_replay, history_tokens=history)
+        # V4.1 decoder-side replay (late layers on each request's last window of rows); a model
+        # without it ignores the setting
+        getattr(self.model, "set_decoder_replay", lambda on: None)(config.use_decoder_replay)
         n_spec = proposer.num_draft_tokens if proposer else 0
         self.scheduler = Scheduler(SchedulerConfig(
             max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,

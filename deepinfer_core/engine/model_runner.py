@@ -141,7 +141,8 @@ class ModelRunner:
                 toks = [rr.output_token_ids[-1]] + drafts
             ids.extend(toks)
             feeds.append((start, fed_drafts))
-            slices.append(SeqSlice(start, len(toks), s.block_tables, s.state_slot, s.cached_until))
+            slices.append(SeqSlice(start, len(toks), s.block_tables, s.state_slot, s.cached_until, s.window_floor,
+                                   self.requests[s.req_id].params.prompt_logprobs is not None))
         input_ids = torch.tensor(ids, dtype=torch.long)
         if self.drafter is not None:
             hidden, taps, ctx = self.executor.run_with_taps(input_ids, slices, self.drafter.proposer.tap_layer_ids)
