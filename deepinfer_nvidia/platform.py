@@ -37,6 +37,29 @@ def capabilities_for(major: int, minor: int) -> PlatformCapabilities:
     )
 
 
+class _ProvidersByMode:
+    """``default_providers`` that follow the kernel mode at resolution time.
+
+    Default mode: ``default``. Batch-invariant mode (``kernel_mode(batch_invariant=True)`` or
+    ``DEEPINFER_BATCH_INVARIANT=1`` while a model resolves its kernels): ``invariant + default``,
+    so an op's batch-invariant launch (``triton_bi``) is taken before the registry would skip the
+    non-invariant ``triton`` one, and ops whose ``triton`` kernel is itself invariant still get it.
+    The ``triton_bi`` launches never run in default mode, where the faster row-count-dependent
+    tiles, cuBLAS and grouped GEMMs are free to differ in the last bits. Read on the class it is the
+    default order (what the platform contract states).
+    """
+
+    def __init__(self, default: tuple[str, ...], invariant: tuple[str, ...]) -> None:
+        self.default, self.invariant = default, invariant
+
+    def __get__(self, obj: Any, owner: Any = None) -> tuple[str, ...]:
+        if obj is None:
+            return self.default
+        from deepinfer_core.kernels.mode import batch_invariant_enabled
+
+        return self.invariant + self.default if batch_invariant_enabled() else self.default
+
+
 class NvidiaPlatform(Platform):
     """One process's view of its NVIDIA GPU (the current CUDA device).
 
@@ -48,8 +71,9 @@ class NvidiaPlatform(Platform):
     name = "nvidia"
     device_type = "cuda"
     dist_backend = "nccl"
-    # Tried in this order before the op's reference (see KernelRegistry.resolve).
-    default_providers = ("triton",)
+    # Tried in this order before the op's reference (see KernelRegistry.resolve); in batch-invariant
+    # mode "triton_bi" first (see _ProvidersByMode).
+    default_providers = _ProvidersByMode(("triton",), ("triton_bi",))
 
     def __init__(self) -> None:
         if not torch.cuda.is_available():

@@ -5,9 +5,18 @@ metadata only. Nothing under this package is imported until the registry
 resolves an op to one of these providers, so registering never imports triton.
 One provider family per module (``triton_norm.py``, ``flashmla.py``, ...).
 
-Providers: ``triton`` (Triton kernels, one module per op family) and
-``aten`` (vendor libraries through torch's CUDA operators: cuBLAS, CUTLASS
+Providers: ``triton`` (Triton kernels, one module per op family),
+``triton_bi`` (batch-invariant launches of those kernels: tile shapes and
+splits fixed or taken from the weight shape, never from the number of rows;
+used only in batch-invariant mode, see ``NvidiaPlatform.default_providers``)
+and ``aten`` (vendor libraries through torch's CUDA operators: cuBLAS, CUTLASS
 grouped GEMM). Ops listed nowhere here run core's reference on the device.
+
+The fifth element marks a provider batch-invariant (docs/determinism.md): each
+output row's bits do not depend on how many rows the call holds or where the
+row sits. A ``triton`` kernel is marked when its default launch already is (one
+program per row or token, or tiles that do not depend on the row count);
+otherwise its ``triton_bi`` entry is the invariant one.
 """
 from __future__ import annotations
 
@@ -17,16 +26,19 @@ from typing import Any
 # order of NvidiaPlatform.default_providers.
 _K = "deepinfer_nvidia.kernels"
 IMPLS: tuple[tuple, ...] = (
-    # batch-invariant: one program per row (norm) or per element (rope); no reduction spans rows
+    # batch-invariant as launched: one program per row (norm), per element (rope), per token and a
+    # fixed candidate lane (index.scores: BLOCK_N from (Hi, Di); CHUNKS only regroups whole chunks),
+    # per token and D tile (mhc.collapse / mhc.expand)
     ("norm.rms", "triton", f"{_K}.triton_norm:rms", f"{_K}.triton_norm:supports_rms", True),
     ("norm.rms_unweighted", "triton", f"{_K}.triton_norm:rms_unweighted", f"{_K}.triton_norm:supports_rms_unweighted",
      True),
     ("rope.interleaved", "triton", f"{_K}.triton_rope:rope", f"{_K}.triton_rope:supports", True),
+    ("index.scores", "triton", f"{_K}.triton_indexer:scores", f"{_K}.triton_indexer:supports", True),
+    ("mhc.collapse", "triton", f"{_K}.triton_mhc:collapse", f"{_K}.triton_mhc:supports_collapse", True),
+    ("mhc.expand", "triton", f"{_K}.triton_mhc:expand", f"{_K}.triton_mhc:supports_expand", True),
+    # not invariant: tiles / splits chosen from the row count, cuBLAS or grouped_mm above a size
     ("attention.sparse_sink", "triton", f"{_K}.triton_attention:sparse_sink", f"{_K}.triton_attention:supports"),
-    ("index.scores", "triton", f"{_K}.triton_indexer:scores", f"{_K}.triton_indexer:supports"),
     ("mhc.mix", "triton", f"{_K}.triton_mhc:mix", f"{_K}.triton_mhc:supports"),
-    ("mhc.collapse", "triton", f"{_K}.triton_mhc:collapse", f"{_K}.triton_mhc:supports_collapse"),
-    ("mhc.expand", "triton", f"{_K}.triton_mhc:expand", f"{_K}.triton_mhc:supports_expand"),
     ("gemm.fp8_block", "triton", f"{_K}.triton_gemm:gemm_fp8_block", f"{_K}.triton_gemm:supports_fp8"),
     ("gemm.mxfp4", "triton", f"{_K}.triton_gemm:gemm_mxfp4", f"{_K}.triton_gemm:supports_mxfp4"),
     ("gemm.dense", "aten", f"{_K}.aten_ops:gemm_dense", f"{_K}.aten_ops:supports_dense"),
@@ -35,6 +47,16 @@ IMPLS: tuple[tuple, ...] = (
     ("moe.experts_mxfp4", "triton", f"{_K}.triton_moe:moe_experts_mxfp4", f"{_K}.triton_moe:supports"),
     ("moe.experts_fp8", "aten", f"{_K}.aten_ops:moe_experts_fp8", f"{_K}.aten_ops:supports_experts_quant"),
     ("moe.experts_mxfp4", "aten", f"{_K}.aten_ops:moe_experts_mxfp4", f"{_K}.aten_ops:supports_experts_quant"),
+    # their batch-invariant launches: fixed tiles, splits from the weight shape (docstrings of each module)
+    ("attention.sparse_sink", "triton_bi", f"{_K}.triton_attention:sparse_sink_bi", f"{_K}.triton_attention:supports",
+     True),
+    ("mhc.mix", "triton_bi", f"{_K}.triton_mhc:mix_bi", f"{_K}.triton_mhc:supports", True),
+    ("gemm.fp8_block", "triton_bi", f"{_K}.triton_gemm:gemm_fp8_block_bi", f"{_K}.triton_gemm:supports_fp8", True),
+    ("gemm.mxfp4", "triton_bi", f"{_K}.triton_gemm:gemm_mxfp4_bi", f"{_K}.triton_gemm:supports_mxfp4", True),
+    ("gemm.dense", "triton_bi", f"{_K}.triton_gemm:gemm_dense_bi", f"{_K}.triton_gemm:supports_dense_bi", True),
+    ("moe.experts", "triton_bi", f"{_K}.triton_moe:moe_experts_dense_bi", f"{_K}.triton_moe:supports", True),
+    ("moe.experts_fp8", "triton_bi", f"{_K}.triton_moe:moe_experts_fp8_bi", f"{_K}.triton_moe:supports", True),
+    ("moe.experts_mxfp4", "triton_bi", f"{_K}.triton_moe:moe_experts_mxfp4_bi", f"{_K}.triton_moe:supports", True),
 )
 
 

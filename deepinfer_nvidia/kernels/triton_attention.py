@@ -13,6 +13,16 @@ cores with fp32 accumulation, and updates an online softmax whose running max
 starts at the head's sink logit with running sum 1: the sink enters only the
 denominator, and a row with no valid slot ends as ``0 / 1 = 0`` like the
 reference. ``O += P K`` reuses the gathered tile, so K is read once per chunk.
+
+``sparse_sink_bi`` (provider ``triton_bi``) is the batch-invariant launch: the default picks
+``BLOCK_H`` from T and the number of splits from T and the padded slot count (the longest row
+of the step), and a different split changes how a row's softmax is merged. The variant runs
+``BI_BLOCK_H`` heads per program and no split. That is invariant because of how the step
+metadata lays out the slot lists (``deepinfer_core/runner/context.py``): the sliding-window
+list of a token has the fixed width W with its -1 entries where its positions are < 0, and the
+compressed list holds the row's valid entries first and the batch's padding (-1) after them.
+So every valid slot sits in the same ``BLOCK_N`` chunk at the same lane whatever the batch, and
+a chunk of padding is an exact no-op (its max is -inf, so ``alpha = 1`` and ``p = 0``).
 """
 from __future__ import annotations
 
@@ -189,3 +199,15 @@ def sparse_sink(q: torch.Tensor, kv_a: torch.Tensor, idx_a: torch.Tensor, kv_b: 
                                   BLOCK_D=block_d, PREC=prec, num_warps=warps)
     _merge_kernel[(t, h)](part, ml, out, t, h, d, SPLITS=splits, BLOCK_D=block_d, num_warps=4)
     return out
+
+
+# Heads per program in the batch-invariant launch: 16 gives 4 programs per token at H=64, the most
+# parallelism available without a split at decode batch 1 (64 would be 1 program per token).
+BI_BLOCK_H = 16
+
+
+def sparse_sink_bi(q: torch.Tensor, kv_a: torch.Tensor, idx_a: torch.Tensor, kv_b: torch.Tensor | None,
+                   idx_b: torch.Tensor | None, sinks: torch.Tensor, scale: float) -> torch.Tensor:
+    """``attention.sparse_sink``, batch-invariant: q [T, H, D] -> [T, H, D] in q.dtype; ``BI_BLOCK_H`` heads
+    per program, ``BLOCK_N`` from (D, dtype) only, one pass over the slots (no split, no merge)."""
+    return sparse_sink(q, kv_a, idx_a, kv_b, idx_b, sinks, scale, block_h=BI_BLOCK_H, splits=1)

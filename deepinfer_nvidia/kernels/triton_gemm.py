@@ -17,6 +17,15 @@ and ``2j+1`` (high nibble), one UE8M0 scale per 32 elements.
 Small T (decode) uses split-K: ``SPLIT_K`` programs share a column tile, each
 summing a K range into fp32 partials that one reduction sums in fixed order,
 so the weight read is spread over enough SMs to reach the memory bandwidth.
+
+Batch-invariant variants (provider ``triton_bi``: ``gemm_fp8_block_bi``,
+``gemm_mxfp4_bi``, ``gemm_dense_bi``): the default launch picks its tile shape
+and split-K from the row count M and switches to dequant + cuBLAS at
+``DEQUANT_ROWS``, so a row's bits depend on the batch. The variants run one
+tile shape (``BI_BLOCK_M`` x ``BI_BLOCK_N`` x a K tile fixed per dtype) for
+every M and take split-K from (N, K) alone: each row then goes through the same
+dot instructions over the same K ranges in the same order, and the split
+partials are summed in fixed order (``sum_slices``), whatever else is in the call.
 """
 from __future__ import annotations
 
@@ -24,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_core.kernels.ops.gemm import _check_x, fp8_block, mxfp4
+from deepinfer_core.kernels.ops.gemm import _check_x, dense, fp8_block, mxfp4
 from deepinfer_core.kernels.ops.quant import MXFP4_GROUP, QuantFormatError, fp8_block_scale_shape
 from deepinfer_nvidia.kernels._common import FLOATS, dot_precision, hand_off, on_cuda
 
@@ -223,11 +232,8 @@ def supports_fp8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, block) -
     return bk % 16 == 0 and bn > 0
 
 
-def gemm_fp8_block(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, block) -> torch.Tensor:
-    """``gemm.fp8_block``: x [T, K] @ dequant(q [N, K], scale)^T -> [T, N] in x.dtype."""
-    if not supports_fp8(x, q, scale, block):
-        return hand_off("gemm.fp8_block", f"operands x {x.dtype} q {q.dtype} scale {scale.dtype} on {x.device} "
-                        f"block {block!r} not covered", fp8_block, x, q, scale, block)
+def _prep_fp8(x, q, scale, block):
+    """Validate (the reference's errors) and lay out the operands: (x, q, s, scale cols, bn, bk, UE8M0?)."""
     if q.dim() != 2:
         raise ValueError(f"gemm.fp8_block: q must be [N, K], got shape {tuple(q.shape)}")
     _check_x(x, q.shape[1], "gemm.fp8_block")
@@ -237,29 +243,41 @@ def gemm_fp8_block(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, block)
     if tuple(scale.shape) != want:
         raise QuantFormatError(f"fp8 block scale for weight [{n}, {k}] with block ({bn_blk}, {bk_blk}) must have "
                                f"shape {list(want)}, got {list(scale.shape)}")
-    m = x.shape[0]
-    if m == 0:
-        return x.new_zeros(0, n)
     x = x if x.stride(1) == 1 else x.contiguous()
-    q = q.contiguous()
-    e8 = scale.dtype != torch.float32
     s = (scale.view(torch.uint8) if scale.dtype == torch.float8_e8m0fnu else scale).contiguous()
-    if m >= DEQUANT_ROWS and x.dtype != torch.float32:
-        w = torch.empty(n, k, dtype=x.dtype, device=x.device)
-        _fp8_dequant_kernel[(triton.cdiv(n, 64), triton.cdiv(k, 128))](q, s, w, n, k, want[1], bn_blk, bk_blk,
-                                                                      SCALE_E8M0=e8, BLOCK_N=64, BLOCK_K=128,
-                                                                      num_warps=4)
-        return x @ w.t()
-    bm, bn, bk, split, warps, stages = _tiles(m, n, k, x.dtype, x.device, bk_blk & -bk_blk)
+    return x, q.contiguous(), s, want[1], bn_blk, bk_blk, scale.dtype != torch.float32
+
+
+def _launch_fp8(x, q, s, s_cols, bn_blk, bk_blk, e8, tiles) -> torch.Tensor:
+    m, (n, k) = x.shape[0], q.shape
+    bm, bn, bk, split, warps, stages = tiles
     k_per = triton.cdiv(triton.cdiv(k, split), bk) * bk
     split = triton.cdiv(k, k_per)
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), split)
     y = torch.empty(m, n, dtype=x.dtype, device=x.device) if split == 1 else \
         torch.empty(split, m, n, dtype=torch.float32, device=x.device)
-    _fp8_gemm_kernel[grid](x, q, s, y, m, n, k, x.stride(0), n, want[1], bn_blk, bk_blk, k_per,
+    _fp8_gemm_kernel[grid](x, q, s, y, m, n, k, x.stride(0), n, s_cols, bn_blk, bk_blk, k_per,
                            SCALE_E8M0=e8, SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                            PREC=dot_precision(x.dtype), num_warps=warps, num_stages=stages)
     return y if split == 1 else _finish(y, m, n, x.dtype)
+
+
+def gemm_fp8_block(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, block) -> torch.Tensor:
+    """``gemm.fp8_block``: x [T, K] @ dequant(q [N, K], scale)^T -> [T, N] in x.dtype."""
+    if not supports_fp8(x, q, scale, block):
+        return hand_off("gemm.fp8_block", f"operands x {x.dtype} q {q.dtype} scale {scale.dtype} on {x.device} "
+                        f"block {block!r} not covered", fp8_block, x, q, scale, block)
+    x, q, s, s_cols, bn_blk, bk_blk, e8 = _prep_fp8(x, q, scale, block)
+    m, (n, k) = x.shape[0], q.shape
+    if m == 0:
+        return x.new_zeros(0, n)
+    if m >= DEQUANT_ROWS and x.dtype != torch.float32:
+        w = torch.empty(n, k, dtype=x.dtype, device=x.device)
+        _fp8_dequant_kernel[(triton.cdiv(n, 64), triton.cdiv(k, 128))](q, s, w, n, k, s_cols, bn_blk, bk_blk,
+                                                                      SCALE_E8M0=e8, BLOCK_N=64, BLOCK_K=128,
+                                                                      num_warps=4)
+        return x @ w.t()
+    return _launch_fp8(x, q, s, s_cols, bn_blk, bk_blk, e8, _tiles(m, n, k, x.dtype, x.device, bk_blk & -bk_blk))
 
 
 # -- gemm.mxfp4 ------------------------------------------------------------------------
@@ -269,11 +287,8 @@ def supports_mxfp4(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -
             and scale.dtype in (torch.float8_e8m0fnu, torch.uint8))
 
 
-def gemm_mxfp4(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """``gemm.mxfp4``: x [T, K] @ dequant_mxfp4(packed [N, K/2], scale [N, K/32])^T -> [T, N] in x.dtype."""
-    if not supports_mxfp4(x, packed, scale):
-        return hand_off("gemm.mxfp4", f"operands x {x.dtype} packed {packed.dtype} scale {scale.dtype} on "
-                        f"{x.device} not covered", mxfp4, x, packed, scale)
+def _prep_mxfp4(x, packed, scale):
+    """Validate (the reference's errors) and lay out the operands: (x, packed bytes, scale bytes)."""
     if packed.dim() != 2:
         raise ValueError(f"gemm.mxfp4: packed must be [N, K/2], got shape {tuple(packed.shape)}")
     _check_x(x, 2 * packed.shape[1], "gemm.mxfp4")
@@ -282,13 +297,13 @@ def gemm_mxfp4(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> to
     if k % MXFP4_GROUP or tuple(scale.shape) != (n, k // MXFP4_GROUP):
         raise QuantFormatError(f"MXFP4 scale for packed [{n}, {half}] (K={k}) must have shape "
                                f"[{n}, {k // MXFP4_GROUP}] with K divisible by {MXFP4_GROUP}, got {list(scale.shape)}")
-    m = x.shape[0]
-    if m == 0:
-        return x.new_zeros(0, n)
     x = x if x.stride(1) == 1 else x.contiguous()
-    p = packed.view(torch.uint8).contiguous()
-    s = scale.view(torch.uint8).contiguous()
-    bm, bn, bk, split, warps, stages = _tiles(m, n, k, x.dtype, x.device, 128)
+    return x, packed.view(torch.uint8).contiguous(), scale.view(torch.uint8).contiguous()
+
+
+def _launch_mxfp4(x, p, s, tiles) -> torch.Tensor:
+    m, n, k = x.shape[0], p.shape[0], 2 * p.shape[1]
+    bm, bn, bk, split, warps, stages = tiles
     bk = max(bk, 32)  # one scale group at least
     k_per = triton.cdiv(triton.cdiv(k, split), bk) * bk
     split = triton.cdiv(k, k_per)
@@ -297,4 +312,127 @@ def gemm_mxfp4(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> to
         torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     _mxfp4_gemm_kernel[grid](x, p, s, y, m, n, k, x.stride(0), n, k_per, SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn,
                              BLOCK_K=bk, PREC=dot_precision(x.dtype), num_warps=warps, num_stages=stages)
+    return y if split == 1 else _finish(y, m, n, x.dtype)
+
+
+def gemm_mxfp4(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``gemm.mxfp4``: x [T, K] @ dequant_mxfp4(packed [N, K/2], scale [N, K/32])^T -> [T, N] in x.dtype."""
+    if not supports_mxfp4(x, packed, scale):
+        return hand_off("gemm.mxfp4", f"operands x {x.dtype} packed {packed.dtype} scale {scale.dtype} on "
+                        f"{x.device} not covered", mxfp4, x, packed, scale)
+    x, p, s = _prep_mxfp4(x, packed, scale)
+    m, n = x.shape[0], p.shape[0]
+    if m == 0:
+        return x.new_zeros(0, n)
+    return _launch_mxfp4(x, p, s, _tiles(m, n, 2 * p.shape[1], x.dtype, x.device, 128))
+
+
+# -- batch-invariant variants (provider ``triton_bi``) -----------------------------------
+# One tile shape for every M. 64 x 64 is what the default launch uses for 17..64 rows, so decode
+# up to batch 64 costs the same; fewer rows pad the tile (decode reads weights, the extra MMA rows
+# are nearly free), prefill re-dequantises the weight once per 64 rows instead of switching to cuBLAS.
+BI_BLOCK_M, BI_BLOCK_N = 64, 64
+# Split-K sizing constant: a fixed number rather than the device's SM count, so the split (and with
+# it the bits) is the same on every GPU model; a wrong value costs speed only.
+_BI_SMS = 132
+
+
+def bi_tiles(n: int, k: int, dtype: torch.dtype, k_align: int) -> tuple[int, int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, warps, stages) from (N, K, dtype) only, never from M.
+
+    Split-K doubles while the column tiles alone do not cover the SMs and each split keeps >= 4 K tiles.
+    """
+    fp32 = dtype == torch.float32
+    bk = min(32 if fp32 else 128, k_align)
+    tiles = triton.cdiv(n, BI_BLOCK_N)
+    k_blocks = triton.cdiv(k, bk)
+    split = 1
+    while tiles * split < _BI_SMS and k_blocks // (split * 2) >= 4 and split < 16:
+        split *= 2
+    return BI_BLOCK_M, BI_BLOCK_N, bk, split, 4, 3 if fp32 else 4
+
+
+def gemm_fp8_block_bi(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, block) -> torch.Tensor:
+    """``gemm.fp8_block``, batch-invariant: [T, K] x [N, K] e4m3 -> [T, N] in x.dtype, one tiling for all T."""
+    if not supports_fp8(x, q, scale, block):
+        return hand_off("gemm.fp8_block[bi]", f"operands x {x.dtype} q {q.dtype} scale {scale.dtype} on "
+                        f"{x.device} block {block!r} not covered", fp8_block, x, q, scale, block)
+    x, q, s, s_cols, bn_blk, bk_blk, e8 = _prep_fp8(x, q, scale, block)
+    n, k = q.shape
+    if x.shape[0] == 0:
+        return x.new_zeros(0, n)
+    return _launch_fp8(x, q, s, s_cols, bn_blk, bk_blk, e8, bi_tiles(n, k, x.dtype, bk_blk & -bk_blk))
+
+
+def gemm_mxfp4_bi(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``gemm.mxfp4``, batch-invariant: [T, K] x MXFP4 [N, K/2] -> [T, N] in x.dtype, one tiling for all T."""
+    if not supports_mxfp4(x, packed, scale):
+        return hand_off("gemm.mxfp4[bi]", f"operands x {x.dtype} packed {packed.dtype} scale {scale.dtype} on "
+                        f"{x.device} not covered", mxfp4, x, packed, scale)
+    x, p, s = _prep_mxfp4(x, packed, scale)
+    n, k = p.shape[0], 2 * p.shape[1]
+    if x.shape[0] == 0:
+        return x.new_zeros(0, n)
+    return _launch_mxfp4(x, p, s, bi_tiles(n, k, x.dtype, 128))
+
+
+@triton.jit
+def _dense_gemm_kernel(x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, k_per_split,
+                       SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       PREC: tl.constexpr):
+    """y = x @ w^T with w cast to x's dtype in registers (the reference casts the whole weight first)."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mmask = rm < M
+    nmask = rn < N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    k_lo = pid_k * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        kmask = rk < k_hi
+        x = tl.load(x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :],
+                    mask=mmask[:, None] & kmask[None, :], other=0.0)
+        w = tl.load(w_ptr + rn[:, None].to(tl.int64) * stride_wn + rk[None, :], mask=nmask[:, None] & kmask[None, :],
+                    other=0.0).to(x.dtype)
+        acc += tl.dot(x, tl.trans(w), input_precision=PREC)
+    if SPLIT_K == 1:
+        tl.store(y_ptr + rm[:, None].to(tl.int64) * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
+                 mask=mmask[:, None] & nmask[None, :])
+    else:
+        off = (pid_k * M + rm[:, None]).to(tl.int64) * N + rn[None, :]
+        tl.store(y_ptr + off, acc, mask=mmask[:, None] & nmask[None, :])
+
+
+def supports_dense_bi(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """CUDA x (fp32/bf16/fp16) and a float w (cast to x.dtype in the kernel)."""
+    return on_cuda(x, w) and x.dtype in FLOATS and w.dtype in FLOATS
+
+
+def gemm_dense_bi(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``gemm.dense``, batch-invariant: x [T, K] @ w [N, K]^T -> [T, N] in x.dtype (w cast to x.dtype).
+
+    A Triton GEMM with ``bi_tiles`` instead of cuBLAS (which picks its kernel, and so its reduction
+    order, from the shape) or the reference's 8-row cuBLAS tiles (one launch per 8 rows)."""
+    if not supports_dense_bi(x, w):
+        return hand_off("gemm.dense[bi]", f"operands {x.dtype}/{w.dtype} on {x.device} not covered", dense, x, w)
+    if w.dim() != 2:
+        raise ValueError(f"gemm.dense: w must be [N, K], got shape {tuple(w.shape)}")
+    _check_x(x, w.shape[1], "gemm.dense")
+    m, (n, k) = x.shape[0], w.shape
+    if m == 0:
+        return x.new_zeros(0, n)
+    x = x if x.stride(1) == 1 else x.contiguous()
+    w = w if w.stride(1) == 1 else w.contiguous()
+    bm, bn, bk, split, warps, stages = bi_tiles(n, k, x.dtype, 128)
+    k_per = triton.cdiv(triton.cdiv(k, split), bk) * bk
+    split = triton.cdiv(k, k_per)
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device) if split == 1 else \
+        torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    _dense_gemm_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn), split)](
+        x, w, y, m, n, k, x.stride(0), w.stride(0), n, k_per, SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+        PREC=dot_precision(x.dtype), num_warps=warps, num_stages=stages)
     return y if split == 1 else _finish(y, m, n, x.dtype)

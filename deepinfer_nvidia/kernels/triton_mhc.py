@@ -13,6 +13,12 @@ Two launches instead of the reference's ~70 small ops:
 
 n (hc_mult) must be a power of two (V4 uses 4) so the n x n block is a
 register tile without padding inside the softmax.
+
+``mix_bi`` (provider ``triton_bi``) is the batch-invariant launch: the default picks
+``BLOCK_T`` and the split count from T; the variant uses ``BI_BLOCK_T`` rows per program and a
+split taken from n*D alone, so a token's partial sums cover the same K ranges in the same order
+in any batch. ``collapse`` and ``expand`` are invariant as they are (one program per token and
+D tile, fixed sums over n).
 """
 from __future__ import annotations
 
@@ -100,9 +106,14 @@ def supports(residual, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters) -> boo
     return (n & (n - 1)) == 0 and 1 <= n <= 8 and fn.dtype == base.dtype == scale.dtype == torch.float32
 
 
+BI_BLOCK_T = 16  # tokens per projection program in the batch-invariant launch
+
+
 def mix(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_eps: float,
-        hc_eps: float, sinkhorn_iters: int):
-    """``mhc.mix``: returns fp32 ``pre [T, n]``, ``post [T, n]``, ``comb [T, n, n]`` (see the reference)."""
+        hc_eps: float, sinkhorn_iters: int, batch_invariant: bool = False):
+    """``mhc.mix``: returns fp32 ``pre [T, n]``, ``post [T, n]``, ``comb [T, n, n]`` (see the reference).
+
+    ``batch_invariant``: tiles and split from (n, D) only (``mix_bi``)."""
     if not supports(residual, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters):
         return hand_off("mhc.mix", f"operands residual {residual.dtype} {tuple(residual.shape)} on "
                         f"{residual.device} not covered", mhc_mix, residual, fn, base, scale, norm_eps, hc_eps,
@@ -122,11 +133,16 @@ def mix(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: tor
         return pre, post, comb
     x = residual.contiguous()
     nr = max(16, next_pow2(rows))
-    bt = 16 if t <= 16 else 32
     bk = 128
+    if batch_invariant:
+        # fixed rows per program; the split is the one batch 1 gets, computed from n*D alone
+        bt, tiles_for_split = BI_BLOCK_T, 1
+    else:
+        bt = 16 if t <= 16 else 32
+        tiles_for_split = triton.cdiv(t, bt)
     tiles = triton.cdiv(t, bt)
     splits = 1
-    while tiles * splits < 132 and kdim // (splits * 2) >= 4 * bk and splits < 64:
+    while tiles_for_split * splits < 132 and kdim // (splits * 2) >= 4 * bk and splits < 64:
         splits *= 2
     k_per = triton.cdiv(triton.cdiv(kdim, splits), bk) * bk
     part = torch.empty(splits, t, nr, dtype=torch.float32, device=dev)
@@ -137,6 +153,12 @@ def mix(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: tor
                        float(norm_eps), float(hc_eps), int(sinkhorn_iters), NR=nr, NP=max(2, n), SPLITS=splits,
                        num_warps=1)
     return pre, post, comb
+
+
+def mix_bi(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_eps: float,
+           hc_eps: float, sinkhorn_iters: int):
+    """``mhc.mix``, batch-invariant (residual [T, n, D] -> fp32 pre [T, n], post [T, n], comb [T, n, n])."""
+    return mix(residual, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, batch_invariant=True)
 
 
 # -- mhc.collapse / mhc.expand: one launch each (the references run 4 and ~8 small ops) ---------------

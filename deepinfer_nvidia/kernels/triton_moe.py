@@ -38,6 +38,15 @@ for every block of rows, so at prefill sizes it costs more than dequantising eac
 
 ``moe.experts_fp8`` keeps the earlier per-expert path (one host sync per call, three
 in-kernel-dequant GEMMs per routed expert); V4-Flash ships MXFP4 experts.
+
+Batch-invariant variants (provider ``triton_bi``): the default picks ``BLOCK_M`` (and with it
+BLOCK_N / warps from ``TUNE``) from the mean number of pairs per expert and switches to
+dequant-once + ``torch._grouped_mm`` from ``DEQUANT_PAIRS``, so a pair's bits depend on the
+batch. ``moe_experts_mxfp4_bi`` always runs the grouped Triton path with the fixed ``BI_TILES``:
+a pair row gets the same K tiles and dot shapes in any block, the sorting only moves rows, and
+the k slots of a token are summed in slot order. ``moe_experts_fp8_bi`` / ``moe_experts_dense_bi``
+run the per-expert loop on the batch-invariant GEMMs (``triton_gemm.*_bi``); a token's k expert
+outputs are added in expert-id order whatever else is routed.
 """
 from __future__ import annotations
 
@@ -45,10 +54,10 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_core.kernels.ops.moe import clamped_swiglu, experts_fp8, experts_mxfp4
+from deepinfer_core.kernels.ops.moe import clamped_swiglu, experts_dense, experts_fp8, experts_mxfp4
 from deepinfer_core.kernels.ops.quant import MXFP4_GROUP, QuantFormatError
 from deepinfer_nvidia.kernels._common import dot_precision, hand_off, next_pow2, on_cuda
-from deepinfer_nvidia.kernels.triton_gemm import _ue8m0, gemm_fp8_block, sum_slices
+from deepinfer_nvidia.kernels.triton_gemm import _ue8m0, gemm_dense_bi, gemm_fp8_block, gemm_fp8_block_bi, sum_slices
 
 
 def supports(x, weights, ids, *rest) -> bool:
@@ -387,5 +396,51 @@ def moe_experts_fp8(x, weights, ids, w1, s1, w3, s3, w2, s2, block, limit):
     def gemm3(e):
         return (lambda a: gemm_fp8_block(a, w1[e], s1[e], block), lambda a: gemm_fp8_block(a, w3[e], s3[e], block),
                 lambda a: gemm_fp8_block(a, w2[e], s2[e], block))
+
+    return _run(x, weights, ids, limit, gemm3)
+
+
+# -- batch-invariant variants (provider ``triton_bi``) ----------------------------------------------
+# (block_m, block_n, warps, stages, int_decode) of the grouped kernels for every batch: BLOCK_M 16 is
+# what decode picks anyway (a few pairs per expert up to batch ~64); pinned here rather than read from
+# TUNE, which benchmarks may rewrite.
+BI_TILES = (16, 64, 4, 3, 0)
+
+
+def moe_experts_mxfp4_bi(x, weights, ids, w1, s1, w3, s3, w2, s2, limit):
+    """``moe.experts_mxfp4``, batch-invariant: x [T, D] -> [T, D] in x.dtype; always the grouped
+    Triton path with ``BI_TILES`` (never dequant-once + grouped_mm)."""
+    if not supports(x, weights, ids):
+        return hand_off("moe.experts_mxfp4[bi]", f"operands x {x.dtype} on {x.device} not covered",
+                        experts_mxfp4, x, weights, ids, w1, s1, w3, s3, w2, s2, limit)
+    bm, bn, warps, stages, idec = BI_TILES
+    return grouped_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m=bm, block_n=bn, warps=warps,
+                         stages=stages, int_decode=idec)
+
+
+def moe_experts_fp8_bi(x, weights, ids, w1, s1, w3, s3, w2, s2, block, limit):
+    """``moe.experts_fp8``, batch-invariant: per-expert loop over ``gemm_fp8_block_bi`` (one host sync)."""
+    if not supports(x, weights, ids):
+        return hand_off("moe.experts_fp8[bi]", f"operands x {x.dtype} on {x.device} not covered",
+                        experts_fp8, x, weights, ids, w1, s1, w3, s3, w2, s2, block, limit)
+
+    def gemm3(e):
+        return (lambda a: gemm_fp8_block_bi(a, w1[e], s1[e], block),
+                lambda a: gemm_fp8_block_bi(a, w3[e], s3[e], block),
+                lambda a: gemm_fp8_block_bi(a, w2[e], s2[e], block))
+
+    return _run(x, weights, ids, limit, gemm3)
+
+
+def moe_experts_dense_bi(x, weights, ids, w1, w3, w2, limit):
+    """``moe.experts`` (dense w1, w3 [E, F, D], w2 [E, D, F]), batch-invariant: per-expert loop over
+    ``gemm_dense_bi`` (one host sync)."""
+    if not supports(x, weights, ids):
+        return hand_off("moe.experts[bi]", f"operands x {x.dtype} on {x.device} not covered",
+                        experts_dense, x, weights, ids, w1, w3, w2, limit)
+
+    def gemm3(e):
+        return (lambda a: gemm_dense_bi(a, w1[e]), lambda a: gemm_dense_bi(a, w3[e]),
+                lambda a: gemm_dense_bi(a, w2[e]))
 
     return _run(x, weights, ids, limit, gemm3)

@@ -58,10 +58,11 @@ def _gen(seed: int) -> torch.Generator:
 @pytest.mark.parametrize("t,na,nb,empty_row", [(1, 128, 512, False), (4, 128, 512, True), (64, 128, 0, False),
                                                (200, 128, 64, True)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_attention_model_width(reg, t, na, nb, empty_row, dtype):
+@pytest.mark.parametrize("provider", ["triton", "triton_bi"])
+def test_attention_model_width(reg, t, na, nb, empty_row, dtype, provider):
     from deepinfer_core.kernels.ops.attention import sparse_attention_sink
 
-    fn = reg.impl("attention.sparse_sink", "triton")
+    fn = reg.impl("attention.sparse_sink", provider)
     for seed in (0, 1):
         g = _gen(seed)
         h, d, sa, sb = 64, 512, 1024, 2048
@@ -88,11 +89,12 @@ def test_attention_model_width(reg, t, na, nb, empty_row, dtype):
 
 @pytest.mark.parametrize("t", [1, 8, 64, 300, 600])
 @pytest.mark.parametrize("fmt,block", [(None, (128, 128)), ("ue8m0", (128, 128)), ("ue8m0", (32, 32))])
-def test_fp8_gemm_model_width(reg, t, fmt, block):
+@pytest.mark.parametrize("provider", ["triton", "triton_bi"])
+def test_fp8_gemm_model_width(reg, t, fmt, block, provider):
     from deepinfer_core.kernels.ops.gemm import fp8_block
     from deepinfer_core.kernels.ops.quant import quant_fp8_block
 
-    fn = reg.impl("gemm.fp8_block", "triton")
+    fn = reg.impl("gemm.fp8_block", provider)
     g = _gen(t)
     n, k = 1536, 4096
     x = torch.randn(t, k, generator=g).bfloat16()
@@ -103,11 +105,12 @@ def test_fp8_gemm_model_width(reg, t, fmt, block):
 
 
 @pytest.mark.parametrize("t", [1, 64, 300])
-def test_mxfp4_gemm_model_width(reg, t):
+@pytest.mark.parametrize("provider", ["triton", "triton_bi"])
+def test_mxfp4_gemm_model_width(reg, t, provider):
     from deepinfer_core.kernels.ops.gemm import mxfp4
     from deepinfer_core.kernels.ops.quant import quant_mxfp4
 
-    fn = reg.impl("gemm.mxfp4", "triton")
+    fn = reg.impl("gemm.mxfp4", provider)
     g = _gen(100 + t)
     n, k = 2048, 4096
     x = torch.randn(t, k, generator=g).bfloat16()
@@ -118,10 +121,11 @@ def test_mxfp4_gemm_model_width(reg, t):
 
 
 @pytest.mark.parametrize("t", [1, 64, 513])
-def test_mhc_mix_model_width(reg, t):
+@pytest.mark.parametrize("provider", ["triton", "triton_bi"])
+def test_mhc_mix_model_width(reg, t, provider):
     from deepinfer_core.kernels.ops.mhc import mhc_mix
 
-    fn = reg.impl("mhc.mix", "triton")
+    fn = reg.impl("mhc.mix", provider)
     g = _gen(200 + t)
     n, d = 4, 4096
     r = torch.randn(t, n, d, generator=g).bfloat16()
@@ -215,13 +219,14 @@ def test_moe_experts_grouped(reg, t):
 
 @pytest.mark.parametrize("t,skew", [(1, False), (5, False), (64, False), (300, False), (300, True)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_moe_experts_mxfp4_grouped(reg, t, skew, dtype):
+@pytest.mark.parametrize("provider", ["triton", "triton_bi"])
+def test_moe_experts_mxfp4_grouped(reg, t, skew, dtype, provider):
     """The one-pass grouped MXFP4 experts against the reference (routed experts dequantised in fp32 on
     the CPU). ``skew``: every token routes to the same 6 experts, so one expert fills many blocks."""
     from deepinfer_core.kernels.ops.moe import experts_mxfp4
     from deepinfer_core.kernels.ops.quant import quant_mxfp4
 
-    fn = reg.impl("moe.experts_mxfp4", "triton")
+    fn = reg.impl("moe.experts_mxfp4", provider)
     g = _gen(500 + t)
     e, k, d, f = 16, 6, 1024, 512
 
