@@ -85,16 +85,19 @@ def accuracy(model, dtype, args) -> None:
              "bounded": dict(prefix_replay="bounded"),
              "bounded, no decoder replay": dict(prefix_replay="bounded", decoder_replay=False),
              "decoder replay only": dict(enable_prefix_caching=False, decoder_replay=True),
-             # longer replays (an experiment, not an option): the error shrinks as the replay covers
-             # more of the receptive field (layers x window), exact once it covers all of it
+             # longer replays (prefix_replay_window): the error shrinks as the replay covers more of the
+             # receptive field (layers x window), exact once it covers all of it
              "bounded, replay 2W, no dec.": dict(prefix_replay="bounded", decoder_replay=False, _mult=2),
              "bounded, replay 4W, no dec.": dict(prefix_replay="bounded", decoder_replay=False, _mult=4)}
     res = {}
+    window = None
     for name, kw in modes.items():
         kw = dict(kw)
-        mult = kw.pop("_mult", 1)
+        mult = kw.pop("_mult", 0)
+        if mult:
+            kw["prefix_replay_window"] = mult * window
         llm = LLM(model, dtype=dtype, max_model_len=4096, kv_cache_memory_bytes=512 << 20, async_scheduling=False, **kw)
-        llm.llm_engine.kv.replay_window *= mult
+        window = window or llm.llm_engine.kv.replay_window
         llm.generate([system], SamplingParams(max_tokens=1), use_tqdm=False)  # warm the cache: every prompt hits
         m = llm.llm_engine.model
         first: list = []

@@ -35,6 +35,8 @@ class EngineConfig:
     decoder_replay: V4.1 decoder-side replay (layers from the last kv-source layer on run only on
     each request's last window of rows in prefill steps; approximate); None = on iff
     ``prefix_replay == "bounded"``.
+    prefix_replay_window: bounded mode: tokens a hit recomputes with floored windows; None = the
+    model's sliding window (the references' choice); longer replays are closer to exact.
     """
 
     model: str
@@ -57,6 +59,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True  # see docs/prefix_caching.md
     prefix_replay: str = "exact"  # "exact" | "bounded" (SWA bounded replay)
     decoder_replay: bool | None = None  # None: follows prefix_replay == "bounded"
+    prefix_replay_window: int | None = None  # bounded: replay length; None = the sliding window
     speculative_config: object = None  # dict / SpeculativeConfig; see docs/speculative_decoding.md
     enforce_eager: bool = False  # never replay decode steps from captured graphs (platforms that have them)
     cuda_graph_sizes: tuple = ()  # batch buckets of captured decode steps; () = decode_graphs.DEFAULT_BATCH_SIZES
@@ -81,6 +84,13 @@ class EngineConfig:
             raise ValueError(f"prefix_replay must be 'exact' or 'bounded', got {self.prefix_replay!r}")
         if self.decoder_replay not in (None, True, False):
             raise ValueError(f"decoder_replay must be None, True or False, got {self.decoder_replay!r}")
+        w = self.prefix_replay_window
+        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+            raise ValueError(f"prefix_replay_window must be None or a positive int, got {w!r}")
+        if self.decoder_replay and self.enable_prefix_caching and self.prefix_replay == "exact":
+            # trimmed rows leave no late-layer window KV, which exact hits would read from cached sliding blocks
+            raise ValueError("decoder_replay=True needs prefix_replay='bounded' or enable_prefix_caching=False "
+                             "(exact hits read cached sliding-window KV that decoder replay does not write)")
         sizes = self.cuda_graph_sizes
         if not isinstance(sizes, (tuple, list)) or any(isinstance(b, bool) or not isinstance(b, int) or b < 1
                                                        for b in sizes):

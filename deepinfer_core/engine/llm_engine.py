@@ -104,7 +104,8 @@ class LLMEngine:
         history = getattr(self.model, "prefix_history_tokens", lambda: 0)()
         self.kv = KVCacheManager(groups, states, num_blocks, config.max_num_seqs,
                                  enable_caching=config.enable_prefix_caching, replay_tokens=replay, host_tier=host,
-                                 replay_mode=config.prefix_replay, history_tokens=history)
+                                 replay_mode=config.prefix_replay, history_tokens=history,
+                                 replay_window=config.prefix_replay_window)
         # V4.1 decoder-side replay (late layers on each request's last window of rows); a model
         # without it ignores the setting
         getattr(self.model, "set_decoder_replay", lambda on: None)(config.use_decoder_replay)

@@ -165,6 +165,7 @@ class KVCacheManager:
         host_tier: HostTier | None = None,
         replay_mode: str = "exact",
         history_tokens: int = 0,
+        replay_window: int | None = None,
     ) -> None:
         for g, spec in enumerate(group_specs):
             if not isinstance(spec, (SlidingWindowSpec, CompressedSpec)):
@@ -193,7 +194,10 @@ class KVCacheManager:
         self.history_tokens = history_tokens
         self.cached_groups = tuple(g for g, spec in enumerate(self.group_specs)
                                    if not (self.bounded and isinstance(spec, SlidingWindowSpec)))
-        self.replay_window = max((s.window for s in self.group_specs if isinstance(s, SlidingWindowSpec)), default=0)
+        # bounded: tokens a hit rebuilds with floored windows (default: the widest sliding window, as the
+        # references; longer replays are closer to exact, docs/prefix_caching.md)
+        self.replay_window = replay_window or max(
+            (s.window for s in self.group_specs if isinstance(s, SlidingWindowSpec)), default=0)
         self.pool.reuse_uncached_first = self.bounded and enable_caching
         cached = [self.group_specs[g].block_size for g in self.cached_groups]
         self.align = math.lcm(*cached) if cached else 1

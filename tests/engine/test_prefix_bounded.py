@@ -79,9 +79,8 @@ def first_logits(llm, prompts):
 # -- the mechanism is exact when the replay covers the receptive field ----------------------------
 @pytest.mark.parametrize("fam", ["v4", "v41"])
 def test_full_field_bounded_replay_is_bit_identical(dirs, cold, fam):
-    llm = make(dirs[fam], prefix_replay="bounded", decoder_replay=False)
+    llm = make(dirs[fam], prefix_replay="bounded", decoder_replay=False, prefix_replay_window=FULL_FIELD[fam])
     eng = llm.llm_engine
-    eng.kv.replay_window = FULL_FIELD[fam]
     llm.generate([SYSTEM], SamplingParams(max_tokens=1), use_tqdm=False)
     outs = llm.generate([SYSTEM + q for q in QUESTIONS[:4] for _ in range(2)], [GREEDY, SEEDED] * 4, use_tqdm=False)
     assert [sig(o) for o in outs] == [s for pair in cold[fam] for s in pair]
@@ -92,9 +91,9 @@ def test_full_field_bounded_replay_is_bit_identical(dirs, cold, fam):
 def test_eviction_and_preemption_under_a_tiny_pool_never_corrupt(dirs, cold):
     probe = make(dirs["v4"])
     per_block = sum(s.page_bytes for s in probe.llm_engine.executor.specs.values() if hasattr(s, "page_bytes"))
-    llm = make(dirs["v4"], kv_cache_memory_bytes=per_block * 30, prefix_replay="bounded")
+    llm = make(dirs["v4"], kv_cache_memory_bytes=per_block * 30, prefix_replay="bounded",
+               prefix_replay_window=FULL_FIELD["v4"])
     eng = llm.llm_engine
-    eng.kv.replay_window = FULL_FIELD["v4"]
     preempted = []
     orig = eng.scheduler._preempt
     eng.scheduler._preempt = lambda req, out: (preempted.append(req.request_id), orig(req, out))
@@ -133,6 +132,19 @@ def test_bounded_hits_stay_within_the_measured_tolerance(dirs, fam):
     assert eng.kv.num_free_blocks == eng.kv.num_usable_blocks
 
 
+@pytest.mark.parametrize("fam,window", [("v4", 32), ("v41", 64)])
+def test_longer_replay_window_converges_to_exact(dirs, fam, window):
+    """prefix_replay_window: 2W (V4) / 4W (V4.1) already cover what matters of the receptive field."""
+    prompts = [SYSTEM + q for q in QUESTIONS[:6]]
+    ref = first_logits(make(dirs[fam], enable_prefix_caching=False, async_scheduling=False), prompts)
+    llm = make(dirs[fam], async_scheduling=False, prefix_replay="bounded", decoder_replay=False,
+               prefix_replay_window=window)
+    llm.generate([SYSTEM], SamplingParams(max_tokens=1), use_tqdm=False)
+    got = first_logits(llm, prompts)
+    assert llm.llm_engine.kv.num_hit_tokens > 0
+    assert (got - ref).abs().max() <= 1e-2  # measured: 0.006 (V4, 2W), < 1e-4 (V4.1, 4W)
+
+
 def test_decoder_replay_trims_late_rows_and_keeps_prompt_logprob_requests_exact(dirs):
     d = dirs["v41"]
     prompts = [SYSTEM + q for q in QUESTIONS[:6]]
@@ -161,6 +173,8 @@ def test_bounded_config_and_v4_has_no_decoder_replay(dirs):
         EngineConfig(model="x", prefix_replay="approximate")
     assert EngineConfig(model="x", prefix_replay="bounded").use_decoder_replay
     assert not EngineConfig(model="x", prefix_replay="bounded", decoder_replay=False).use_decoder_replay
+    with pytest.raises(ValueError, match="decoder_replay=True needs"):
+        EngineConfig(model="x", decoder_replay=True)  # exact hits would read late-layer window KV never written
     assert make(dirs["v4"], prefix_replay="bounded").llm_engine.model.__class__.__name__ == "DeepseekV4ForCausalLM"
 
 
