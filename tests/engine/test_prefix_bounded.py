@@ -232,3 +232,20 @@ def test_step_context_floors_windows_and_rebuilds_sliding_kv():
     read_pos = pos[:, None] - torch.arange(7, -1, -1)[None, :]
     assert ((floored.groups[0].read_idx >= 0) == (read_pos >= 14)).all()
     assert ((exact.groups[0].read_idx >= 0) == (read_pos >= 0)).all()
+
+
+def test_bounded_hits_under_speculative_decoding_are_lossless(dirs):
+    """DSpark on bounded hits: the draft's window KV is rebuilt by the replay like the target's; greedy
+    outputs equal bounded mode without drafts (forward_with_taps never trims, so compare without
+    decoder replay)."""
+    d = dirs["v41"]
+    sp = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    prompts = [SYSTEM + q for q in QUESTIONS[:3]]
+    outs = {}
+    for name, kw in {"plain": {}, "spec": dict(speculative_config={"num_speculative_tokens": 3})}.items():
+        llm = make(d, prefix_replay="bounded", decoder_replay=False, **kw)
+        llm.generate([SYSTEM], SamplingParams(max_tokens=1), use_tqdm=False)
+        outs[name] = [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)]
+        assert llm.llm_engine.kv.num_hit_tokens > 0
+        assert llm.llm_engine.kv.num_free_blocks == llm.llm_engine.kv.num_usable_blocks
+    assert outs["spec"] == outs["plain"]
