@@ -62,7 +62,7 @@ class EngineConfig:
     prefix_replay_window: int | None = None  # bounded: replay length; None = the sliding window
     speculative_config: object = None  # dict / SpeculativeConfig; see docs/speculative_decoding.md
     enforce_eager: bool = False  # never replay decode steps from captured graphs (platforms that have them)
-    cuda_graph_sizes: tuple = ()  # batch buckets of captured decode steps; () = decode_graphs.DEFAULT_BATCH_SIZES
+    graph_capture_sizes: tuple = ()  # batch buckets of captured decode steps; () = decode_graphs.DEFAULT_BATCH_SIZES
 
     @property
     def use_decoder_replay(self) -> bool:
@@ -91,9 +91,9 @@ class EngineConfig:
             # trimmed rows leave no late-layer window KV, which exact hits would read from cached sliding blocks
             raise ValueError("decoder_replay=True needs prefix_replay='bounded' or enable_prefix_caching=False "
                              "(exact hits read cached sliding-window KV that decoder replay does not write)")
-        sizes = self.cuda_graph_sizes
+        sizes = self.graph_capture_sizes
         if not isinstance(sizes, (tuple, list)) or any(isinstance(b, bool) or not isinstance(b, int) or b < 1
                                                        for b in sizes):
-            raise ValueError(f"cuda_graph_sizes must be a list of positive ints, got {sizes!r}")
+            raise ValueError(f"graph_capture_sizes must be a list of positive ints, got {sizes!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")

@@ -42,7 +42,7 @@ class LLM:
                  batch_invariant: bool = False, enable_prefix_caching: bool = True,
                  speculative_config: dict | None = None,
                  host_kv_cache_bytes: int = 0, enforce_eager: bool = False,
-                 cuda_graph_sizes: Sequence[int] | None = None, prefix_replay: str = "exact",
+                 graph_capture_sizes: Sequence[int] | None = None, prefix_replay: str = "exact",
                  decoder_replay: bool | None = None, prefix_replay_window: int | None = None):
         register_embedded_models()
         model_dir = resolve_model_path(model, revision)
@@ -59,7 +59,7 @@ class LLM:
                            batch_invariant=batch_invariant, enable_prefix_caching=enable_prefix_caching,
                            speculative_config=speculative_config,
                            host_kv_cache_bytes=host_kv_cache_bytes, enforce_eager=enforce_eager,
-                           cuda_graph_sizes=tuple(cuda_graph_sizes or ()), prefix_replay=prefix_replay,
+                           graph_capture_sizes=tuple(graph_capture_sizes or ()), prefix_replay=prefix_replay,
                            decoder_replay=decoder_replay, prefix_replay_window=prefix_replay_window)
         self.llm_engine = LLMEngine(cfg, platform=platform, model_dir=model_dir)
         self._counter = 0

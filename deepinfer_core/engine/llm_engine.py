@@ -91,7 +91,7 @@ class LLMEngine:
         self.executor = PagedExecutor(self.model, num_blocks, config.max_num_seqs, device,
                                       extra_specs=proposer.kv_cache_specs() if proposer else None,
                                       graph_runner=self.platform.graph_runner if graphs else None,
-                                      graph_batch_sizes=tuple(config.cuda_graph_sizes) or DEFAULT_BATCH_SIZES,
+                                      graph_batch_sizes=tuple(config.graph_capture_sizes) or DEFAULT_BATCH_SIZES,
                                       max_context=config.max_model_len,
                                       max_query_len=1 + (proposer.num_draft_tokens if proposer else 0))
         states = [s for s in specs.values() if isinstance(s, StateSpec)]

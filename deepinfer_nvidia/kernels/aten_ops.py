@@ -70,7 +70,10 @@ def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w1: t
     flat = ids.reshape(-1).long()
     order = torch.argsort(flat, stable=True)
     tok = order // k
-    offs = torch.cumsum(torch.bincount(flat, minlength=e), 0).to(torch.int32)
+    # counts by scatter_add, not bincount: CUDA's bincount reads the max id on the host (a sync that
+    # would make the decode step uncapturable)
+    counts = torch.zeros(e, dtype=torch.long, device=x.device).scatter_add_(0, flat, torch.ones_like(flat))
+    offs = torch.cumsum(counts, 0).to(torch.int32)
     xs = x.index_select(0, tok)  # [T*k, D], grouped by expert
     h1 = torch._grouped_mm(xs, w1.transpose(1, 2), offs=offs)
     h3 = torch._grouped_mm(xs, w3.transpose(1, 2), offs=offs)

@@ -120,7 +120,7 @@ def test_engine_decode_graphs_match_eager(tiny_v4_dir, async_scheduling):
         platform = GraphingCpu()
         llm = LLM(str(tiny_v4_dir), dtype="float32", max_model_len=512, max_num_seqs=8, batch_invariant=True,
                   kv_cache_memory_bytes=64 << 20, platform=platform, enforce_eager=eager,
-                  async_scheduling=async_scheduling, cuda_graph_sizes=[1, 2, 4, 8])
+                  async_scheduling=async_scheduling, graph_capture_sizes=[1, 2, 4, 8])
         res = llm.generate(prompts, params[:len(prompts)], use_tqdm=False)
         outs[eager] = [(o.outputs[0].token_ids, [sorted((k, v.logprob) for k, v in d.items())
                                                  for d in o.outputs[0].logprobs]) for o in res]
@@ -133,8 +133,8 @@ def test_engine_decode_graphs_match_eager(tiny_v4_dir, async_scheduling):
 
 
 def test_bad_graph_sizes_are_named():
-    with pytest.raises(ValueError, match="cuda_graph_sizes"):
-        LLM("deepinfer/tiny-v4", cuda_graph_sizes=[0, 4])
+    with pytest.raises(ValueError, match="graph_capture_sizes"):
+        LLM("deepinfer/tiny-v4", graph_capture_sizes=[0, 4])
 
 
 @pytest.mark.parametrize("async_scheduling", [True, False])
@@ -154,7 +154,7 @@ def test_speculative_verify_steps_graphed_match_eager(tmp_path, async_scheduling
         platform = GraphingCpu()
         llm = LLM(str(tmp_path / "agree"), dtype="float32", max_model_len=512, max_num_seqs=8, batch_invariant=True,
                   kv_cache_memory_bytes=64 << 20, platform=platform, enforce_eager=eager,
-                  async_scheduling=async_scheduling, cuda_graph_sizes=[1, 2, 4, 8], speculative_config=spec)
+                  async_scheduling=async_scheduling, graph_capture_sizes=[1, 2, 4, 8], speculative_config=spec)
         outs = llm.generate(prompts, params, use_tqdm=False)
         stats = llm.llm_engine.spec_decode_stats()
         res[eager] = ([(o.outputs[0].token_ids, [sorted((k, v.logprob) for k, v in d.items())
