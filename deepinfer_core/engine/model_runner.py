@@ -7,6 +7,7 @@ scheduling) still gets the right placeholder ids and penalty history.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -143,6 +144,7 @@ class ModelRunner:
             feeds.append((start, fed_drafts))
             slices.append(SeqSlice(start, len(toks), s.block_tables, s.state_slot, s.cached_until, s.window_floor,
                                    self.requests[s.req_id].params.prompt_logprobs is not None))
+        fills = self._pad_to_uniform(so, slices, ids)
         input_ids = torch.tensor(ids, dtype=torch.long)
         if self.drafter is not None:
             hidden, taps, ctx = self.executor.run_with_taps(input_ids, slices, self.drafter.proposer.tap_layer_ids)
@@ -155,17 +157,18 @@ class ModelRunner:
         groups: list[_SampleGroup] = []
         prompt_rows = []
         row = 0
-        for s, sl, (start, L) in zip(so.scheduled, slices, feeds):
+        for s, sl, (start, L), fill in zip(so.scheduled, slices, feeds, fills):
             rr = self.requests[s.req_id]
+            fed = sl.num_tokens - fill  # the filler rows after a slice's tokens are never read
             if rr.params.prompt_logprobs is not None:
                 n_prompt = len(rr.prompt_token_ids)
-                for j in range(sl.num_tokens):
+                for j in range(fed):
                     p = start + j
                     if p + 1 < n_prompt:
                         prompt_rows.append((s.req_id, row + j, p + 1))
             if s.samples:
-                anchor = row + sl.num_tokens - 1 - L
-                groups.append(_SampleGroup(s, rr, anchor, ids[anchor + 1:anchor + 1 + L], start + sl.num_tokens - 1 - L))
+                anchor = row + fed - 1 - L
+                groups.append(_SampleGroup(s, rr, anchor, ids[anchor + 1:anchor + 1 + L], start + fed - 1 - L))
             row += sl.num_tokens
         if groups:
             self._sample(hidden, groups, result)
@@ -174,6 +177,37 @@ class ModelRunner:
         if prompt_rows:
             self._prompt_logprobs(hidden, prompt_rows, result)
         return result
+
+    def _pad_to_uniform(self, so: SchedulerOutput, slices: list[SeqSlice], ids: list[int]) -> list[int]:
+        """Speculative steps under captured graphs: give every request the same number of rows, so the
+        step replays a graph even when requests verify different numbers of drafts (confidence trimming,
+        a request's first decode after its prompt, drafts a grammar cut). A shorter slice gets filler rows
+        (its last token repeated) at the positions after its own; they are treated like rejected drafts:
+        nothing reads them, the blocks for them exist (the scheduler reserves N positions past every
+        sampling chunk) and the step that really feeds those positions rewrites their KV and state.
+        Edits ``slices`` and ``ids`` in place; returns the filler count per slice."""
+        fills = [0] * len(slices)
+        graphs = getattr(self.executor, "graphs", None)
+        if self.drafter is None or graphs is None or not slices:
+            return fills
+        q = max(sl.num_tokens for sl in slices)
+        if q == min(sl.num_tokens for sl in slices) or q > graphs.max_query_len:
+            return fills
+        if not all(s.samples and q - sl.num_tokens <= self.drafter.n and not sl.keep_all_rows
+                   for s, sl in zip(so.scheduled, slices)):
+            return fills
+        padded = [dataclasses.replace(sl, num_tokens=q) for sl in slices]
+        if not graphs.supports(padded):
+            return fills
+        out, row = [], 0
+        for i, sl in enumerate(slices):
+            seg = ids[row:row + sl.num_tokens]
+            row += sl.num_tokens
+            fills[i] = q - sl.num_tokens
+            out += seg + [seg[-1]] * fills[i]
+        ids[:] = out
+        slices[:] = padded
+        return fills
 
     def _verify_counts(self, so: SchedulerOutput) -> dict[str, int]:
         """Confidence-scheduled verification: how many of its scheduled drafts each request verifies,

@@ -167,3 +167,45 @@ def test_speculative_verify_steps_graphed_match_eager(tmp_path, async_scheduling
             assert graphs.draft_steps > 0 and 5 in sizes  # draft blocks of 5 positions
     assert res[True] == res[False]
     assert res[False][1] > 2 * res[False][2]  # drafts really got accepted (> 2 per draft step)
+
+
+def test_ragged_speculative_steps_are_padded_to_a_graph(tmp_path, monkeypatch):
+    """Confidence-trimmed verify steps (requests verify different numbers of drafts) and steps where a
+    request has no drafts yet get filler rows up to the longest request and replay a graph; outputs
+    equal the eager engine's (batch-invariant mode)."""
+    from deepinfer_core.engine.model_runner import ModelRunner
+    from deepinfer_models.deepseek_v41.agreeing_checkpoint import write_agreeing_v41_checkpoint
+
+    padded = []
+    original = ModelRunner._pad_to_uniform
+
+    def counting(self, so, slices, ids):
+        fills = original(self, so, slices, ids)
+        padded.append(sum(fills))
+        return fills
+
+    monkeypatch.setattr(ModelRunner, "_pad_to_uniform", counting)
+    lang = write_agreeing_v41_checkpoint(tmp_path / "agree")
+    prompts = [{"prompt_token_ids": lang.prompt(12 + 5 * i, start_token=lang.tokens[(3 * i) % len(lang.tokens)])}
+               for i in range(6)]
+    params = SamplingParams(temperature=0, max_tokens=24, logprobs=1)
+    spec = {"method": "dspark", "num_speculative_tokens": 5, "confidence_scheduling": True,
+            "cost_table": {1: 1.0, 64: 1.0 + 63 * 0.06}}
+    res = {}
+    for eager in (True, False):
+        padded.clear()
+        platform = GraphingCpu()
+        llm = LLM(str(tmp_path / "agree"), dtype="float32", max_model_len=512, max_num_seqs=8, batch_invariant=True,
+                  kv_cache_memory_bytes=64 << 20, platform=platform, enforce_eager=eager,
+                  graph_capture_sizes=[1, 2, 4, 8], speculative_config=spec, max_num_batched_tokens=40)
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        res[eager] = [(o.outputs[0].token_ids, [sorted((k, v.logprob) for k, v in d.items())
+                                                for d in o.outputs[0].logprobs]) for o in outs]
+        stats = llm.llm_engine.spec_decode_stats()
+        if eager:
+            assert not any(padded)  # no graphs: never padded
+        else:
+            assert sum(1 for n in padded if n) >= 3, padded  # ragged steps were padded ...
+            assert llm.llm_engine.executor.graphs.steps >= sum(1 for n in padded if n)  # ... and replayed
+            assert stats["num_verified_tokens"] < 5 * stats["num_drafts"]  # trimming really happened
+    assert res[True] == res[False]
