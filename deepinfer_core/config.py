@@ -91,6 +91,8 @@ class EngineConfig:
             # trimmed rows leave no late-layer window KV, which exact hits would read from cached sliding blocks
             raise ValueError("decoder_replay=True needs prefix_replay='bounded' or enable_prefix_caching=False "
                              "(exact hits read cached sliding-window KV that decoder replay does not write)")
+        if not isinstance(self.enforce_eager, bool):
+            raise ValueError(f"enforce_eager must be True or False, got {self.enforce_eager!r}")
         sizes = self.graph_capture_sizes
         if not isinstance(sizes, (tuple, list)) or any(isinstance(b, bool) or not isinstance(b, int) or b < 1
                                                        for b in sizes):

@@ -132,9 +132,11 @@ def test_engine_decode_graphs_match_eager(tiny_v4_dir, async_scheduling):
     assert outs[True] == outs[False]
 
 
-def test_bad_graph_sizes_are_named():
+def test_bad_graph_settings_are_named():
     with pytest.raises(ValueError, match="graph_capture_sizes"):
         LLM("deepinfer/tiny-v4", graph_capture_sizes=[0, 4])
+    with pytest.raises(ValueError, match="enforce_eager"):
+        LLM("deepinfer/tiny-v4", enforce_eager="yes")
 
 
 @pytest.mark.parametrize("async_scheduling", [True, False])
