@@ -135,6 +135,11 @@ class LLMEngine:
         self._steps_here = bool(getattr(self.platform, "steps_on_calling_thread", False))
         self._pending: tuple[SchedulerOutput, Any] | None = None
         logger.info("KV cache: %d blocks x %d B per block id (%d groups)", num_blocks, per_block, len(groups))
+        if self.executor.graphs is not None:  # capture every batch bucket now, before serving (and profiling)
+            t0 = time.perf_counter()
+            n = self.executor.graphs.warmup((1, 1 + n_spec) if n_spec else (1,),
+                                            tuple(proposer.tap_layer_ids) if proposer else (), n_spec)
+            logger.info("captured %d decode graphs in %.1fs", n, time.perf_counter() - t0)
         if self.confidence is not None and self.spec_config.cost_table == "profile":
             self._profile_step_costs()
 

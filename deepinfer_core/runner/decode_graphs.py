@@ -135,6 +135,41 @@ class DecodeGraphs:
         hidden, features = self.ex.model.forward_with_taps(ids, ctx, list(taps))
         return hidden, features, ctx
 
+    @torch.inference_mode()
+    def warmup(self, query_lens: Sequence[int] = (1,), taps: tuple[int, ...] = (), draft_len: int = 0) -> int:
+        """Capture every batch bucket at the smallest context bucket now (as vLLM does at start-up), so the
+        first requests do not pay the captures and the graphs' memory is taken before serving. Each step
+        holds padding requests only (they write nothing a request owns). ``query_lens``: tokens per request
+        of the target steps (1, and 1 + N under speculative decoding, with the proposer's ``taps``);
+        ``draft_len``: N, to capture the proposer's draft blocks too. Returns the number of signatures
+        captured; a failed capture turns graphs off (as in ``run``) and ends the warm-up."""
+        specs: dict[int, KVCacheSpec] = self.ex.group_specs
+        widths = {gid: -(-self.min_context // spec.block_size) for gid, spec in specs.items()}
+        reads = {gid: self.min_context // spec.ratio for gid, spec in specs.items() if isinstance(spec, CompressedSpec)}
+        jobs = [(q, False) for q in query_lens] + ([(draft_len, True)] if draft_len and self.proposer else [])
+        done = 0
+        for b in self.batch_sizes:
+            for q, draft in jobs:
+                pad = SeqSlice(0, q, {gid: [] for gid in specs}, state_slot=self.ex.scratch_state_slot,
+                               no_write_before=q)
+                host, layout = pack_step([pad] * b, specs, [0] * (b * q), widths, reads)
+                try:
+                    if draft:
+                        if self._graphed_draft is None:
+                            self._graphed_draft = self._wrap(self._draft_step)
+                        self._graphed_draft(upload(host, self.ex.device), layout=layout)
+                    else:
+                        self.graphed(upload(host, self.ex.device), layout=layout, taps=tuple(taps))
+                except Exception as exc:  # noqa: BLE001 - as in run(): serve eagerly
+                    if self.strict:
+                        raise
+                    self.disabled_reason = f"{type(exc).__name__}: {exc}"
+                    logger.warning("decode graphs disabled, running eager steps: warm-up capture of batch %d x %d "
+                                   "tokens failed (%s)", b, q, self.disabled_reason.splitlines()[0][:300])
+                    return done
+                done += 1
+        return done
+
     # -- speculative proposer: one draft block of N positions per request --------------------------
     def supports_draft(self, slices: list[SeqSlice]) -> bool:
         return self.proposer is not None and self.supports(slices)

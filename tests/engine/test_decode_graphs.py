@@ -211,3 +211,17 @@ def test_ragged_speculative_steps_are_padded_to_a_graph(tmp_path, monkeypatch):
             assert llm.llm_engine.executor.graphs.steps >= sum(1 for n in padded if n)  # ... and replayed
             assert stats["num_verified_tokens"] < 5 * stats["num_drafts"]  # trimming really happened
     assert res[True] == res[False]
+
+
+def test_warmup_captures_every_bucket_and_writes_nothing(tiny_v4_dir):
+    """At start-up every batch bucket is captured (smallest context bucket) with padding requests only:
+    no paged cache entry and no real state row is written."""
+    platform = GraphingCpu()
+    llm = LLM(str(tiny_v4_dir), dtype="float32", max_model_len=512, max_num_seqs=8, batch_invariant=True,
+              kv_cache_memory_bytes=64 << 20, platform=platform, graph_capture_sizes=[1, 2, 4, 8])
+    ex = llm.llm_engine.executor
+    assert sorted(lay.num_seqs for lay in platform.recorder.layouts) == [1, 2, 4, 8]
+    assert ex.graphs.steps == 0  # warm-up is not counted as served steps
+    for name, cache in ex.caches.items():
+        real = cache[:ex.scratch_state_slot] if isinstance(ex.specs[name], StateSpec) else cache
+        assert not real.any(), name
