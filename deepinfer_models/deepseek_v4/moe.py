@@ -8,6 +8,11 @@ from deepinfer_core.kernels.ops.moe import clamped_swiglu
 from deepinfer_models.deepseek_v4.config import DeepseekV4Config
 
 
+def is_routed_expert(name: str) -> bool:
+    """A per-expert checkpoint tensor of a routed expert (``layers.L.ffn.experts.E.*``, also in ``mtp.*``)."""
+    return ".ffn.experts." in name
+
+
 class MoEV4:
     def __init__(self, cfg: DeepseekV4Config, layer: int, w: dict, make_linear, kernels: dict, dtype: torch.dtype):
         p = f"layers.{layer}.ffn"
@@ -21,11 +26,14 @@ class MoEV4:
         lins = {n: [make_linear(f"{p}.experts.{e}.{n}") for e in range(cfg.n_routed_experts)] for n in ("w1", "w3", "w2")}
         self.fmt = lins["w1"][0].fmt
         self.block = lins["w1"][0].block
+        # The loaders leave routed experts in host memory (``is_routed_expert``): the stack is built
+        # there and only the stacked copy moves to the device, so the device never holds both.
+        device = self.gate_w.device
         self.experts = []
         for n in ("w1", "w3", "w2"):
-            self.experts.append(torch.stack([lin.weight for lin in lins[n]]))
+            self.experts.append(torch.stack([lin.weight for lin in lins[n]]).to(device))
             if self.fmt != "dense":
-                self.experts.append(torch.stack([lin.scale for lin in lins[n]]))
+                self.experts.append(torch.stack([lin.scale for lin in lins[n]]).to(device))
         self.s1, self.s3, self.s2 = (make_linear(f"{p}.shared_experts.{n}") for n in ("w1", "w3", "w2"))
 
     def __call__(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:

@@ -38,7 +38,7 @@ from deepinfer_core.kv.spec import KVCacheSpec, SlidingWindowSpec
 from deepinfer_core.loader import CheckpointError, load_checkpoint
 from deepinfer_core.runner.context import GroupMetadata, StepContext
 from deepinfer_models.deepseek_v4.model import make_linear_factory, rope_tables
-from deepinfer_models.deepseek_v4.moe import MoEV4
+from deepinfer_models.deepseek_v4.moe import MoEV4, is_routed_expert
 from deepinfer_models.deepseek_v41.attention import AttentionV41
 from deepinfer_models.deepseek_v41.config import DeepseekV41Config
 from deepinfer_models.deepseek_v41.hyper import HCLayer, run_delayed_mhc
@@ -170,7 +170,9 @@ class DSparkDrafter:
         for name, t in weights.items():
             parts = name.split(".", 2)
             if len(parts) == 3 and parts[0] + "." == MTP_PREFIX and parts[1].isdigit():
-                w[f"layers.{base + int(parts[1])}.{parts[2]}"] = t.to(self.device)
+                key = f"layers.{base + int(parts[1])}.{parts[2]}"
+                # routed experts are stacked on the host by MoEV4, then moved (one device copy)
+                w[key] = t if is_routed_expert(key) else t.to(self.device)
         for rest, name in find_heads(cfg, weights).items():
             w[f"dspark.{rest}"] = weights[name].to(self.device)
         missing = [n for n in mtp_layer_tensors(cfg) if n not in weights]

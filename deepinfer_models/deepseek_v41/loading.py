@@ -23,6 +23,7 @@ from deepinfer_models.deepseek_v41.config import DeepseekV41Config
 from deepinfer_models.deepseek_v41.engram_hash import build_token_map, token_map_tensor
 from deepinfer_models.deepseek_v41.model import DeepseekV41ForCausalLM
 from deepinfer_models.deepseek_v41.safetensors_index import StoredTensor, check_stored, mmap_tensor, stored_tensors
+from deepinfer_models.deepseek_v4.moe import is_routed_expert
 from deepinfer_models.deepseek_v41.weights import (
     MTP_OPTIONAL_HEADS,
     MTP_PREFIX,
@@ -120,7 +121,8 @@ def load_deepseek_v41(model_dir: str | Path, dtype: torch.dtype = torch.bfloat16
     weights = load_checkpoint(model_dir, wanted, skip_prefixes=skip, progress=progress)
     for name in optional:
         weights.pop(name)
-    weights = {k: v.to(device) for k, v in weights.items()}
+    # routed experts stay on the host until MoEV4 stacks them (one device copy, not two)
+    weights = {k: v if is_routed_expert(k) else v.to(device) for k, v in weights.items()}
     for name in tables:
         t = mmap_tensor(stored[name])
         weights[name] = t if engram_on_host else t.to(device)
