@@ -12,14 +12,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepinfer_core import LLM, SamplingParams
+from deepinfer_core import SamplingParams
 from deepinfer_core.config import EngineConfig
 from deepinfer_core.kv.block_pool import NULL_BLOCK_ID
 from deepinfer_core.kv.manager import KVCacheManager
 from deepinfer_core.kv.spec import CompressedSpec, SlidingWindowSpec
 from deepinfer_core.request import Request
 from deepinfer_core.runner.context import SeqSlice, build_step_context
-from tests.engine.conftest import random_prompt
+from tests.engine.conftest import make, random_prompt, sig
 
 SYSTEM = random_prompt(300, 4242)
 QUESTIONS = [random_prompt(10 + 5 * i, 800 + i) for i in range(12)]
@@ -30,16 +30,6 @@ SEEDED = SamplingParams(temperature=0.9, seed=11, max_tokens=8, ignore_eos=True,
 FULL_FIELD = {"v4": 64, "v41": 160}
 # Measured on these prompts (docs/prefix_caching.md): max |logit - cold logit| of the first token.
 TOLERANCE = {"v4": 0.5, "v41": 2.0}
-
-
-def sig(out):
-    o = out.outputs[0]
-    return o.token_ids, [sorted((k, v.logprob) for k, v in d.items()) for d in o.logprobs]
-
-
-def make(d, **kw):
-    kw.setdefault("kv_cache_memory_bytes", 128 << 20)
-    return LLM(str(d), dtype="float32", max_model_len=1024, **kw)
 
 
 @pytest.fixture(scope="module")

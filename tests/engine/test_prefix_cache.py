@@ -3,24 +3,14 @@ from __future__ import annotations
 
 import pytest
 
-from deepinfer_core import LLM, SamplingParams
+from deepinfer_core import SamplingParams
 from deepinfer_core.kv.block_pool import BlockPool
-from tests.engine.conftest import random_prompt
+from tests.engine.conftest import make, random_prompt, sig
 
 SYSTEM = random_prompt(300, 4242)
 QUESTIONS = [random_prompt(10 + 7 * i, 700 + i) for i in range(6)]
 PARAMS = [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=2),
           SamplingParams(temperature=0.9, seed=11, max_tokens=8, ignore_eos=True, logprobs=2)]
-
-
-def sig(out):
-    o = out.outputs[0]
-    return o.token_ids, [sorted((k, v.logprob) for k, v in d.items()) for d in o.logprobs]
-
-
-def make(d, **kw):
-    kw.setdefault("kv_cache_memory_bytes", 128 << 20)
-    return LLM(str(d), dtype="float32", max_model_len=1024, **kw)
 
 
 @pytest.fixture(scope="module")

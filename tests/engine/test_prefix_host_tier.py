@@ -13,14 +13,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from deepinfer_core import LLM, SamplingParams
+from deepinfer_core import SamplingParams
 from deepinfer_core.config import EngineConfig
 from deepinfer_core.kv.host_tier import DROP, RESTORE, SPILL, HostCopy, HostTier
 from deepinfer_core.kv.manager import KVCacheManager
 from deepinfer_core.kv.spec import CompressedSpec, SlidingWindowSpec
 from deepinfer_core.request import Request
 from deepinfer_core.runner.host_store import HostKVStore
-from tests.engine.conftest import random_prompt
+from tests.engine.conftest import make, random_prompt, sig
 
 SYSTEM = random_prompt(300, 4242)  # 256 block-aligned tokens (the tiny V4's HCA block is 128)
 QUESTIONS = [random_prompt(10 + 7 * i, 700 + i) for i in range(4)]
@@ -31,16 +31,6 @@ POOL_BLOCKS = 30  # block ids (x 78080 B for the tiny V4): one 300-token request
 # (prompt, params): the shared prefix, then fillers that push it out of the device pool, then the prefix again
 WORKLOAD = [(SYSTEM + QUESTIONS[0], GREEDY), (FILLERS[0], GREEDY), (FILLERS[1], SEEDED),
             (SYSTEM + QUESTIONS[1], GREEDY), (FILLERS[2], GREEDY), (SYSTEM + QUESTIONS[2], SEEDED)]
-
-
-def sig(out):
-    o = out.outputs[0]
-    return o.token_ids, [sorted((k, v.logprob) for k, v in d.items()) for d in o.logprobs]
-
-
-def make(d, **kw):
-    kw.setdefault("kv_cache_memory_bytes", 128 << 20)
-    return LLM(str(d), dtype="float32", max_model_len=1024, **kw)
 
 
 def per_block_bytes(llm) -> int:
