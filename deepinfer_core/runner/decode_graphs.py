@@ -101,29 +101,42 @@ class DecodeGraphs:
         the capture failed (graphs are then off for good and the caller runs the step eagerly).
 
         The results are the graph's static outputs: valid until the next step runs."""
+        q = slices[0].num_tokens
         b_pad, ctx_len = self.bucket(slices)
+        ids = [int(t) for t in input_ids.tolist()]
+        out = self._replay(self.graphed, slices, ids, b_pad, ctx_len, taps=tuple(taps))
+        if out is None:
+            return None
+        self.steps += 1
+        return out if taps else out[:len(slices) * q]
+
+    def _replay(self, graphed: Callable[..., Any], slices: list[SeqSlice], ids: list[int], b_pad: int, ctx_len: int,
+                **kw: Any) -> Any:
+        """Pad ``slices`` (and their ``ids``) to ``b_pad`` requests with padding requests of the same
+        length, pack everything at context bucket ``ctx_len`` and call ``graphed``. A failure (a capture
+        that hit an op which synchronises) turns graphs off for good and returns None.
+
+        Padding requests: position 0.., null-block tables, ``no_write_before`` = their length (no KV
+        entry written) and the scratch state row."""
         q = slices[0].num_tokens
         specs: dict[int, KVCacheSpec] = self.ex.group_specs
-        dummy_tables = {gid: [] for gid in specs}
-        pad = SeqSlice(0, q, dummy_tables, state_slot=self.ex.scratch_state_slot, no_write_before=q)
+        pad = SeqSlice(0, q, {gid: [] for gid in specs}, state_slot=self.ex.scratch_state_slot, no_write_before=q)
         padded = list(slices) + [pad] * (b_pad - len(slices))
-        ids = [int(t) for t in input_ids.tolist()] + [0] * (q * (b_pad - len(slices)))
+        ids = ids + [0] * (q * (b_pad - len(slices)))
         widths = {gid: -(-ctx_len // spec.block_size) for gid, spec in specs.items()}
         reads = {gid: ctx_len // spec.ratio for gid, spec in specs.items() if isinstance(spec, CompressedSpec)}
         host, layout = pack_step(padded, specs, ids, widths, reads)
         try:
-            out = self.graphed(upload(host, self.ex.device), layout=layout, taps=tuple(taps))
+            return graphed(upload(host, self.ex.device), layout=layout, **kw)
         except Exception as exc:  # noqa: BLE001 - a kernel that cannot be captured must not stop serving
             if self.strict:
                 raise
             # The capture ran the step's eager warm-ups first, so the caches may hold this step's
-            # writes already; they are the same values the eager step below writes again.
+            # writes already; they are the same values the eager step writes again.
             self.disabled_reason = f"{type(exc).__name__}: {exc}"
             logger.warning("decode graphs disabled, running eager steps: capture of batch %d x %d tokens / "
                            "context %d failed (%s)", b_pad, q, ctx_len, self.disabled_reason.splitlines()[0][:300])
             return None
-        self.steps += 1
-        return out if taps else out[:len(slices) * q]
 
     def _step(self, packed: torch.Tensor, layout: StepLayout, taps: tuple[int, ...] = ()) -> Any:
         """The captured function: packed metadata [L] int64 (device) -> hidden [B_pad*q, D], or with
@@ -143,29 +156,18 @@ class DecodeGraphs:
         of the target steps (1, and 1 + N under speculative decoding, with the proposer's ``taps``);
         ``draft_len``: N, to capture the proposer's draft blocks too. Returns the number of signatures
         captured; a failed capture turns graphs off (as in ``run``) and ends the warm-up."""
-        specs: dict[int, KVCacheSpec] = self.ex.group_specs
-        widths = {gid: -(-self.min_context // spec.block_size) for gid, spec in specs.items()}
-        reads = {gid: self.min_context // spec.ratio for gid, spec in specs.items() if isinstance(spec, CompressedSpec)}
         jobs = [(q, False) for q in query_lens] + ([(draft_len, True)] if draft_len and self.proposer else [])
         done = 0
         for b in self.batch_sizes:
             for q, draft in jobs:
-                pad = SeqSlice(0, q, {gid: [] for gid in specs}, state_slot=self.ex.scratch_state_slot,
-                               no_write_before=q)
-                host, layout = pack_step([pad] * b, specs, [0] * (b * q), widths, reads)
-                try:
-                    if draft:
-                        if self._graphed_draft is None:
-                            self._graphed_draft = self._wrap(self._draft_step)
-                        self._graphed_draft(upload(host, self.ex.device), layout=layout)
-                    else:
-                        self.graphed(upload(host, self.ex.device), layout=layout, taps=tuple(taps))
-                except Exception as exc:  # noqa: BLE001 - as in run(): serve eagerly
-                    if self.strict:
-                        raise
-                    self.disabled_reason = f"{type(exc).__name__}: {exc}"
-                    logger.warning("decode graphs disabled, running eager steps: warm-up capture of batch %d x %d "
-                                   "tokens failed (%s)", b, q, self.disabled_reason.splitlines()[0][:300])
+                # one padding request as the "real" one: _replay adds b - 1 more
+                one = [SeqSlice(0, q, {gid: [] for gid in self.ex.group_specs}, state_slot=self.ex.scratch_state_slot,
+                                no_write_before=q)]
+                if draft:
+                    ok = self._replay(self._draft_graph(), one, [0] * q, b, self.min_context) is not None
+                else:
+                    ok = self._replay(self.graphed, one, [0] * q, b, self.min_context, taps=tuple(taps)) is not None
+                if not ok:
                     return done
                 done += 1
         return done
@@ -174,31 +176,21 @@ class DecodeGraphs:
     def supports_draft(self, slices: list[SeqSlice]) -> bool:
         return self.proposer is not None and self.supports(slices)
 
+    def _draft_graph(self) -> Callable[..., Any]:
+        if self._graphed_draft is None:
+            self._graphed_draft = self._wrap(self._draft_step)
+        return self._graphed_draft
+
     def run_draft(self, anchors: list[int], slices: list[SeqSlice]) -> Any:
         """Greedy draft blocks of the proposer: ``slices`` of N tokens at each request's P..P+N-1 and one
         anchor token id per request -> the proposer's ``DraftBatch`` over the padded batch (rows of the
         real requests first), or None when the capture failed (then graphs are off, as for ``run``)."""
         n = slices[0].num_tokens
         b_pad, ctx_len = self.bucket(slices)
-        specs: dict[int, KVCacheSpec] = self.ex.group_specs
-        pad = SeqSlice(0, n, {gid: [] for gid in specs}, state_slot=self.ex.scratch_state_slot, no_write_before=n)
-        padded = list(slices) + [pad] * (b_pad - len(slices))
-        ids = [t for a in anchors for t in [int(a)] + [0] * (n - 1)] + [0] * (n * (b_pad - len(slices)))
-        widths = {gid: -(-ctx_len // spec.block_size) for gid, spec in specs.items()}
-        reads = {gid: ctx_len // spec.ratio for gid, spec in specs.items() if isinstance(spec, CompressedSpec)}
-        host, layout = pack_step(padded, specs, ids, widths, reads)
-        try:
-            if self._graphed_draft is None:
-                self._graphed_draft = self._wrap(self._draft_step)
-            out = self._graphed_draft(upload(host, self.ex.device), layout=layout)
-        except Exception as exc:  # noqa: BLE001 - as in run(): serve eagerly from now on
-            if self.strict:
-                raise
-            self.disabled_reason = f"{type(exc).__name__}: {exc}"
-            logger.warning("decode graphs disabled, running eager steps: capture of a draft block of batch %d "
-                           "failed (%s)", b_pad, self.disabled_reason.splitlines()[0][:300])
-            return None
-        self.draft_steps += 1
+        ids = [t for a in anchors for t in [int(a)] + [0] * (n - 1)]
+        out = self._replay(self._draft_graph(), slices, ids, b_pad, ctx_len)
+        if out is not None:
+            self.draft_steps += 1
         return out
 
     def _draft_step(self, packed: torch.Tensor, layout: StepLayout) -> Any:
