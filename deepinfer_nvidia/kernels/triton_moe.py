@@ -29,6 +29,10 @@ bit pattern ``(c & 7) << 9 | (c & 8) << 12`` (exponent and mantissa land in plac
 is the fp16 subnormal 2^-15), i.e. ``E2M1[c] * 2^-14`` exactly; the 2^14 is folded into the
 group scale.
 
+Small batches (decode, ``T*k <= triton_moe_splitk.SPLITK_PAIRS``): split-K GEMV kernels, one program per
+(routed pair, row tile, K split), same roundings (``triton_moe_splitk``'s docstring); the blocks above keep
+one valid row in 16 at decode and each program streams a whole K panel (latency-bound).
+
 Large batches (prefill, ``T*k >= DEQUANT_PAIRS``, bf16): the in-kernel dequantisation is repeated
 for every block of rows, so at prefill sizes it costs more than dequantising each expert once
 (H200: the grouped kernels win at 6144 pairs, 9.6 vs 10.5 ms; dequant-once wins 4x at 49152). That path sorts the pairs, dequantises ``DEQUANT_CHUNK`` experts at a time to bf16
@@ -56,6 +60,7 @@ import triton.language as tl
 
 from deepinfer_core.kernels.ops.moe import clamped_swiglu, experts_dense, experts_fp8, experts_mxfp4
 from deepinfer_core.kernels.ops.quant import MXFP4_GROUP, QuantFormatError
+from deepinfer_nvidia.kernels import triton_moe_splitk as _splitk
 from deepinfer_nvidia.kernels._common import dot_precision, hand_off, next_pow2, on_cuda
 from deepinfer_nvidia.kernels.triton_gemm import _ue8m0, gemm_dense_bi, gemm_fp8_block, gemm_fp8_block_bi, sum_slices
 
@@ -310,6 +315,15 @@ def _check_mxfp4_stack(name: str, w: torch.Tensor, s: torch.Tensor, e: int, n: i
                                f"[{e}, {n}, {k // MXFP4_GROUP}], got {list(w.shape)} and {list(s.shape)}")
 
 
+def _check_stacks(x, w1, s1, w3, s3, w2, s2) -> None:
+    d, ne, f = x.shape[1], w1.shape[0], w1.shape[1]
+    if d % MXFP4_GROUP or f % MXFP4_GROUP:
+        raise QuantFormatError(f"moe.experts_mxfp4: D={d} and F={f} must be multiples of {MXFP4_GROUP}")
+    _check_mxfp4_stack("w1", w1, s1, ne, f, d)
+    _check_mxfp4_stack("w3", w3, s3, ne, f, d)
+    _check_mxfp4_stack("w2", w2, s2, ne, d, f)
+
+
 def grouped_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | None = None,
                   block_n: int | None = None, warps: int | None = None, stages: int | None = None,
                   int_decode: int | None = None) -> torch.Tensor:
@@ -318,11 +332,7 @@ def grouped_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int |
     t, d = x.shape
     k = ids.shape[1]
     ne, f = w1.shape[0], w1.shape[1]
-    if d % MXFP4_GROUP or f % MXFP4_GROUP:
-        raise QuantFormatError(f"moe.experts_mxfp4: D={d} and F={f} must be multiples of {MXFP4_GROUP}")
-    _check_mxfp4_stack("w1", w1, s1, ne, f, d)
-    _check_mxfp4_stack("w3", w3, s3, ne, f, d)
-    _check_mxfp4_stack("w2", w2, s2, ne, d, f)
+    _check_stacks(x, w1, s1, w3, s3, w2, s2)
     if t == 0 or k == 0:
         return torch.zeros(t, d, dtype=x.dtype, device=x.device)
     x = x if x.stride(1) == 1 else x.contiguous()
@@ -356,10 +366,12 @@ def moe_experts_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit):
         return hand_off("moe.experts_mxfp4", f"operands x {x.dtype} on {x.device} not covered",
                         experts_mxfp4, x, weights, ids, w1, s1, w3, s3, w2, s2, limit)
     if x.dim() == 2 and ids.dim() == 2 and _dequant_once_ok(x, ids.numel()):
-        _check_mxfp4_stack("w1", w1, s1, w1.shape[0], w1.shape[1], x.shape[1])
-        _check_mxfp4_stack("w3", w3, s3, w1.shape[0], w1.shape[1], x.shape[1])
-        _check_mxfp4_stack("w2", w2, s2, w1.shape[0], x.shape[1], w1.shape[1])
+        _check_stacks(x, w1, s1, w3, s3, w2, s2)
         return dequant_once_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit)
+    if x.dim() == 2 and ids.dim() == 2 and 0 < ids.numel() <= _splitk.SPLITK_PAIRS:
+        _check_stacks(x, w1, s1, w3, s3, w2, s2)
+        return _splitk.splitk_mxfp4(x if x.stride(1) == 1 else x.contiguous(), weights, ids, w1, s1, w3, s3, w2, s2,
+                                    limit)
     return grouped_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit)
 
 

@@ -1,12 +1,16 @@
 """Routed-expert (``moe.experts_mxfp4``) micro-benchmark at DeepSeek-V4-Flash widths (GPU; not a pytest file).
 
-    python -m deepinfer_nvidia.tests.bench_moe [--out DIR] [--tokens 1,8,64,512,1024,8192]
+    python -m deepinfer_nvidia.tests.bench_moe [--out DIR] [--tokens 1,8,64,512,1024,8192] [--arch v41]
 
-256 experts, top-6, D=4096, F=2048, MXFP4 weights (random codes, one power-of-two scale);
+256 experts, top-6, D=4096, F=2048 (``--arch v41``: 384 experts, D=5120, F=2304), MXFP4 weights (random
+codes, one power-of-two scale);
 uniform random routing. For each token count: the grouped kernel with each ``TUNE`` variant
 (eager, median of ``do_bench``), the dequantise-once path (large T), the previous per-expert
 path (small T), and the grouped path replayed from a CUDA graph (launch overhead removed).
-Bytes = native bytes of the distinct routed experts. A full-width parity check against the
+Bytes = native bytes of the distinct routed experts. Up to ``--splitk-max-pairs`` pairs the split-K
+decode path (``triton_moe_splitk``) is timed too, each ``--splitk-variants`` entry replayed from a CUDA graph
+next to the grouped path's graph; the largest pair count below which split-K wins everywhere becomes
+``splitk_pairs``. A full-width parity check against the
 ``aten`` provider (bf16 dequant + grouped GEMM) runs first. Writes ``moe_bench.json`` and
 ``moe_tune.json`` (the fastest variant per BLOCK_M and the chosen ``DEQUANT_PAIRS``), which
 ``benchmarks/sweep.py --moe-tune`` applies.
@@ -29,15 +33,21 @@ def main() -> None:
     ap.add_argument("--per-expert", action="store_true", help="also time the earlier per-expert path (T <= 64)")
     ap.add_argument("--variants", default="64x4x3x0,64x4x3x1,128x8x3x0,128x8x3x1",
                     help="block_n x warps x stages x int_decode")
+    ap.add_argument("--arch", default="v4", choices=("v4", "v41"))
+    ap.add_argument("--splitk-variants", default="16x8x4x3x2048,16x8x4x3x8192,16x8x4x3x512,16x8x4x1x2048,"
+                    "32x8x8x3x2048,16x4x2x3x2048", help="block_n x groups x warps x stages x programs")
+    ap.add_argument("--splitk-max-pairs", type=int, default=4096)
     args = ap.parse_args()
     from triton.testing import do_bench
 
     import deepinfer_nvidia.kernels.triton_moe as tm
+    import deepinfer_nvidia.kernels.triton_moe_splitk as sk
+    from deepinfer_nvidia.graphs import CudaGraphRunner
     from deepinfer_nvidia.kernels import aten_ops
     from deepinfer_nvidia.kernels.triton_gemm import gemm_mxfp4
 
     dev, bf = "cuda", torch.bfloat16
-    E, K, D, F = 256, 6, 4096, 2048
+    E, K, D, F = (384, 6, 5120, 2304) if args.arch == "v41" else (256, 6, 4096, 2048)
     g = torch.Generator(device=dev).manual_seed(0)
 
     def packed(n, k):
@@ -66,6 +76,14 @@ def main() -> None:
             rel = float((out - ref).norm() / ref.norm())
             print(f"parity T={t}: grouped (int_decode={ni}) vs aten rel {rel:.2e}", flush=True)
             assert rel < 1e-2, rel
+    for t in (1, 8, 64):
+        x, w, ids = inputs(t)
+        ref = aten_ops.moe_experts_mxfp4(x, w, ids, *ws, 10.0).float()
+        for prog in (None, 1 << 20):
+            out = sk.splitk_mxfp4(x, w, ids, *ws, 10.0, programs=prog).float()
+            rel = float((out - ref).norm() / ref.norm())
+            print(f"parity T={t}: split-K (programs={prog}) vs aten rel {rel:.2e}", flush=True)
+            assert rel < 1e-2, rel
     x, w, ids = inputs(2048)
     ref = aten_ops.moe_experts_mxfp4(x, w, ids, *ws, 10.0).float()
     rel = float((tm.dequant_once_mxfp4(x, w, ids, *ws, 10.0).float() - ref).norm() / ref.norm())
@@ -73,6 +91,14 @@ def main() -> None:
     assert rel < 1e-2, rel
 
     variants = [(tuple(int(v) for v in s.split("x")) + (0,))[:4] for s in args.variants.split(",") if s]
+    skv = [tuple(int(v) for v in s.split("x")) for s in args.splitk_variants.split(",") if s]
+    splitk_rows = []
+
+    def graph_us(fn, *a):
+        """Median us of one CUDA-graph replay of ``fn(*a)`` (launch overhead removed)."""
+        runner = CudaGraphRunner(fn)
+        runner(*a)
+        return do_bench(lambda: runner(*a), warmup=10, rep=50, return_mode="median") * 1e3
     rows = []
     score: dict[int, dict[tuple, float]] = {}  # BLOCK_M -> variant -> sum over T of (time / best time at T)
     crossover = []
@@ -115,18 +141,31 @@ def main() -> None:
                             lambda a: gemm_mxfp4(a, w2[e], s2[e]))
                 return tm._run(x, w, ids, 10.0, gemm3)
             row["per_expert_us"] = do_bench(per_expert, warmup=3, rep=20, return_mode="median") * 1e3
-        if t <= 64:
+        if t * K <= args.splitk_max_pairs:
+            row["splitk_graph_us"] = {}
+            for sv in skv:
+                bn, gr, nw, ns, pg = sv
+                try:
+                    row["splitk_graph_us"]["x".join(map(str, sv))] = graph_us(
+                        lambda a, b, c, bn=bn, gr=gr, nw=nw, ns=ns, pg=pg: sk.splitk_mxfp4(
+                            a, b, c, *ws, 10.0, block_n=bn, groups=gr, warps=nw, stages=ns, programs=pg), x, w, ids)
+                except Exception as exc:  # noqa: BLE001 - a variant that does not compile is recorded
+                    row["splitk_graph_us"]["x".join(map(str, sv))] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
+            ok = {v: u for v, u in row["splitk_graph_us"].items() if isinstance(u, float)}
+            row["splitk_best"] = min(ok, key=ok.get) if ok else None
+            row["splitk_best_us"] = ok[row["splitk_best"]] if ok else float("nan")
+            row["splitk_default_us"] = ok.get("x".join(map(str, skv[0])), float("nan"))
+            row["splitk_pct_copy_bw"] = nbytes / (row["splitk_best_us"] * 1e-6) / 4.2e12 * 100
+        if t * K <= args.splitk_max_pairs:
             # graph replay of the grouped path: kernel time without launch overhead
-            from deepinfer_nvidia.graphs import CudaGraphRunner
-
             timed = {v: row["grouped_us"].get("x".join(map(str, v))) for v in variants}
             bv = min((v for v in variants if isinstance(timed[v], float)), key=lambda v: timed[v])
             row["grouped_graph_variant"] = "x".join(map(str, bv))
-            runner = CudaGraphRunner(lambda a, b, c: tm.grouped_mxfp4(a, b, c, *ws, 10.0, block_n=bv[0], warps=bv[1],
-                                                                      stages=bv[2], int_decode=bv[3]))
-            runner(x, w, ids)
-            row["grouped_graph_us"] = do_bench(lambda: runner(x, w, ids), warmup=10, rep=50,
-                                               return_mode="median") * 1e3
+            row["grouped_graph_us"] = graph_us(lambda a, b, c: tm.grouped_mxfp4(
+                a, b, c, *ws, 10.0, block_n=bv[0], warps=bv[1], stages=bv[2], int_decode=bv[3]), x, w, ids)
+            if "splitk_best_us" in row:
+                row["splitk_speedup"] = row["grouped_graph_us"] / row["splitk_best_us"]
+                splitk_rows.append((t * K, row["grouped_graph_us"], row["splitk_best_us"], row["splitk_best"]))
         rows.append(row)
         print(json.dumps(row), flush=True)
     tune = {k: (tuple(v) + (0,))[:4] for k, v in tm.TUNE.items()}
@@ -136,12 +175,27 @@ def main() -> None:
     wins = [p for p, grouped, once in crossover if once < grouped]
     dequant_pairs = min(wins) if wins else 0
     dequant_int = min(dq_int_score, key=dq_int_score.get) if dq_int_score else 0
+    # split-K threshold: the largest measured pair count up to which split-K won at every measured count
+    splitk_pairs = 0
+    for pairs, grouped, split_us, _ in sorted(splitk_rows):
+        if split_us >= grouped:
+            break
+        splitk_pairs = pairs
+    sk_score: dict[str, float] = {}
+    for pairs, grouped, _, _ in splitk_rows:
+        if pairs <= max(splitk_pairs, 1):
+            r = next(r for r in rows if r["pairs"] == pairs)
+            ok = {v: u for v, u in r["splitk_graph_us"].items() if isinstance(u, float)}
+            for v, u in ok.items():
+                sk_score[v] = sk_score.get(v, 0.0) + u / min(ok.values())
+    splitk_tune = min(sk_score, key=sk_score.get) if sk_score else None
     with open(os.path.join(args.out, "moe_bench.json"), "w") as fh:
-        json.dump({"rows": rows, "tune": {str(k): v for k, v in tune.items()}, "dequant_pairs": dequant_pairs,
-                   "dequant_int": dequant_int}, fh, indent=1)
+        json.dump({"arch": args.arch, "rows": rows, "tune": {str(k): v for k, v in tune.items()},
+                   "dequant_pairs": dequant_pairs, "dequant_int": dequant_int, "splitk_pairs": splitk_pairs,
+                   "splitk_tune": splitk_tune}, fh, indent=1)
     with open(os.path.join(args.out, "moe_tune.json"), "w") as fh:
         json.dump({"tune": {str(k): list(v) for k, v in tune.items()}, "dequant_pairs": dequant_pairs,
-                   "dequant_int": dequant_int}, fh)
+                   "dequant_int": dequant_int, "splitk_pairs": splitk_pairs, "splitk_tune": splitk_tune}, fh)
     print(f"\n{'T':>6s} {'pairs':>6s} {'experts':>7s} {'BM':>3s} {'grouped us':>10s} {'%BW':>5s} {'graph us':>9s} "
           f"{'per-expert':>10s} {'dq-once':>8s}")
     for r in rows:
@@ -152,7 +206,16 @@ def main() -> None:
     for r in rows:
         print(f"  T={r['tokens']}: " + ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
                                                 for k, v in r["grouped_us"].items()))
-    print("chosen:", json.dumps({"tune": tune, "dequant_pairs": dequant_pairs, "dequant_int": dequant_int}),
+    print(f"split-K ({args.arch}), graph replay us: pairs, grouped, split-K best (variant), speedup")
+    for r in rows:
+        if "splitk_best_us" in r:
+            print(f"  T={r['tokens']} P={r['pairs']}: grouped {r.get('grouped_graph_us', float('nan')):.1f}, split-K "
+                  f"{r['splitk_best_us']:.1f} ({r['splitk_best']}; default {r['splitk_default_us']:.1f}), "
+                  f"{r.get('splitk_speedup', float('nan')):.2f}x, {r['splitk_pct_copy_bw']:.1f}% BW; "
+                  + ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
+                              for k, v in r["splitk_graph_us"].items()))
+    print("chosen:", json.dumps({"tune": tune, "dequant_pairs": dequant_pairs, "dequant_int": dequant_int,
+                                 "splitk_pairs": splitk_pairs, "splitk_tune": splitk_tune}),
           f"({time.strftime('%H:%M:%S')})")
 
 

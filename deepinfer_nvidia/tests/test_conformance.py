@@ -251,6 +251,59 @@ def test_moe_experts_mxfp4_grouped(reg, t, skew, dtype, provider):
     close(out, ref, tol, tol)
 
 
+_MXFP4_STACKS: dict = {}
+
+
+def _mxfp4_stacks(e: int, d: int, f: int, seed: int):
+    """Random MXFP4 expert stacks (w1, s1, w3, s3, w2, s2) on the CPU, cached per shape."""
+    from deepinfer_core.kernels.ops.quant import quant_mxfp4
+
+    key = (e, d, f, seed)
+    if key not in _MXFP4_STACKS:
+        g = _gen(seed)
+
+        def stack(n, kk):
+            q = [quant_mxfp4(torch.randn(n, kk, generator=g) / kk ** 0.5) for _ in range(e)]
+            return [torch.stack([a for a, _ in q]), torch.stack([b for _, b in q])]
+
+        _MXFP4_STACKS[key] = stack(f, d) + stack(f, d) + stack(d, f)
+    return _MXFP4_STACKS[key]
+
+
+@pytest.mark.parametrize("t,k,route", [(1, 6, "rand"), (1, 1, "rand"), (1, 8, "one"), (2, 4, "rand"),
+                                       (8, 6, "rand"), (8, 6, "one"), (17, 3, "skew"), (64, 6, "rand")])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("programs", [0, 1 << 20])
+def test_moe_experts_mxfp4_splitk(reg, t, k, route, dtype, programs):
+    """The split-K decode path against the reference: T=1 and small T, several k, routing where every pair
+    hits one expert (the last, also twice per token) or one fixed set; ``programs`` 0: through the provider
+    (the path it picks at these pair counts), 1<<20: forced to the deepest K split (partials + reductions).
+    D=640, F=288: K tiles with tails (20 and 9 groups of 32)."""
+    from deepinfer_core.kernels.ops.moe import experts_mxfp4
+    from deepinfer_nvidia.kernels import triton_moe_splitk as sk
+
+    e, d, f = 16, 640, 288
+    ws = _mxfp4_stacks(e, d, f, 600)
+    g = _gen(700 + t * 10 + k)
+    x = torch.randn(t, d, generator=g).to(dtype)
+    if route == "one":
+        ids = torch.full((t, k), e - 1, dtype=torch.long)
+    elif route == "skew":
+        ids = torch.randperm(e, generator=g)[:k].expand(t, k).contiguous()
+    else:
+        ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+    w = torch.rand(t, k, generator=g)
+    ref = experts_mxfp4(x, w, ids, *ws, 1.0)  # limit 1.0: the clamps are active
+    cu = [a.cuda() for a in [x, w, ids] + ws]
+    poison()
+    if programs or t * k > sk.SPLITK_PAIRS:
+        out = sk.splitk_mxfp4(*cu, 1.0, programs=programs or None)
+    else:
+        out = reg.impl("moe.experts_mxfp4", "triton")(*cu, 1.0)
+    tol = 3e-2 if dtype == torch.bfloat16 else 1e-4
+    close(out, ref, tol, tol)
+
+
 def test_moe_experts_mxfp4_dequant_once(reg):
     """The prefill path (experts dequantised to bf16 in chunks, grouped GEMMs) against the reference,
     with chunks that split the experts unevenly; and the stack dequantiser bit-exact."""

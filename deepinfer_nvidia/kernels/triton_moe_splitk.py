@@ -1,0 +1,234 @@
+"""Decode path of ``moe.experts_mxfp4``: split-K GEMV kernels, one program per (routed pair, row tile, K split).
+
+At small pair counts (decode: ``T*k`` up to ``SPLITK_PAIRS``) the grouped kernels of ``triton_moe`` run one
+16-row block per routed expert with mostly one valid row, and each program streams a whole K panel: few warps
+in flight, latency-bound (H200, V4.1 widths: ~212 us per layer at T=1 for 113 MB). Here:
+
+1. the T*k pairs are sorted by expert (``argsort``, stable; no blocks, no padding), so programs on the same
+   expert run next to each other and share its weights through L2;
+2. ``_up_gemv_kernel``: grid (P, F / BLOCK_N, SPLIT). The weight bytes are read as
+   ``[BLOCK_N rows, GROUPS, 16 bytes]`` (one MXFP4 group of 32 elements per 16-byte load), each nibble
+   decoded with the fp16 bit trick of ``triton_moe`` (``E2M1[c] * 2^-14``), multiplied in fp32 with the
+   activations pre-split into even / odd columns (contiguous loads), summed inside the group and scaled once
+   per group (2^14 and the power-of-two scale: exact). Gate and up sums of a K split go to fp32 partials
+   ``[SPLIT, 2, P, F]``; with one split the kernel applies the clamped SwiGLU itself;
+3. ``_act_kernel`` (SPLIT > 1): partials summed in split order, then the reference's roundings (gate/up to
+   x.dtype, clamp, SiLU in fp32 rounded to x.dtype, product rounded to x.dtype); ``h`` is written as
+   ``[P, 2, F/2]`` (even / odd columns), the layout the down kernel reads;
+4. ``_down_gemv_kernel``: grid (P, D / BLOCK_N, SPLIT), fp32 partials ``[SPLIT, P, D]``;
+5. ``_finish_kernel``: per token, for each slot in slot order: the split partials summed in split order,
+   rounded to x.dtype (the reference's per-expert product), times the routing weight, added in fp32; cast.
+
+Numerics: the same roundings as the grouped path and the reference; only summation orders differ (K in
+groups of 32, then group tiles, then splits in fixed order). No host synchronisation: every shape and the
+split factors follow from (T, k, E, D, F) on the host, so the path is captured in CUDA graphs.
+
+Each weight element is decoded once per routed *pair* (the grouped path: once per 16-row block), so this
+path loses when experts get several pairs each; ``moe_experts_mxfp4`` switches at ``SPLITK_PAIRS`` pairs.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from deepinfer_nvidia.kernels.triton_gemm import _sm_count, _ue8m0
+
+# (block_n, groups of 32 K elements per iteration, warps, stages, programs to aim for with split-K);
+# H200 measurements in docs/performance.md (seventh pass); benchmarks may override.
+SPLITK_TUNE: dict[str, int] = {"block_n": 16, "groups": 8, "warps": 4, "stages": 3, "programs": 2048}
+# Pairs (tokens x top-k) up to which ``moe.experts_mxfp4`` (provider triton) takes this path; 0 disables it.
+# Measured crossover on the H200 (docs/performance.md, seventh pass).
+SPLITK_PAIRS = 384
+
+
+@triton.jit
+def _f16bits_f32(h):
+    """int32 holding fp16 bits in its low 16 -> fp32 (exact)."""
+    return h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _gemv_tile(w_ptr, s_ptr, rn, nmask, rg, gmask, KG, xe, xo, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr):
+    """Rows ``rn`` x MXFP4 groups ``rg`` of a packed [N, KG*16] matrix (scales [N, KG]) against the even / odd
+    activation columns ``xe``, ``xo`` [GROUPS, 16] (fp32): returns the per-group sums [BLOCK_N, GROUPS] (fp32)."""
+    rb = tl.arange(0, 16)
+    m2 = nmask[:, None] & gmask[None, :]
+    off = rn[:, None].to(tl.int64) * KG + rg[None, :]
+    byte = tl.load(w_ptr + off[:, :, None] * 16 + rb[None, None, :], mask=m2[:, :, None], other=0).to(tl.int32)
+    # nibble c -> fp16 bits (c & 7) << 9 | (c & 8) << 12, i.e. E2M1[c] * 2^-14 (element 2j: low nibble)
+    lo = _f16bits_f32(((byte << 9) & 0xE00) | ((byte << 12) & 0x8000))
+    hi = _f16bits_f32(((byte << 5) & 0xE00) | ((byte << 8) & 0x8000))
+    part = tl.sum(lo * xe[None, :, :] + hi * xo[None, :, :], axis=2)
+    sb = tl.load(s_ptr + off, mask=m2, other=127).to(tl.int32)
+    return (part * 16384.0) * _ue8m0(sb)
+
+
+@triton.jit
+def _swiglu(a1, a3, limit, dtype: tl.constexpr):
+    """The reference's clamped SwiGLU on fp32 gate / up sums: silu(min(g, L)) * clamp(u, -L, L), roundings to dtype."""
+    g = tl.minimum(a1.to(dtype).to(tl.float32), limit).to(dtype).to(tl.float32)
+    s = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
+    u = tl.minimum(tl.maximum(a3.to(dtype).to(tl.float32), -limit), limit).to(dtype).to(tl.float32)
+    return (s * u).to(dtype)
+
+
+@triton.jit
+def _up_gemv_kernel(xeo_ptr, order_ptr, se_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, part_ptr, h_ptr, P, D, F, limit,
+                    g_per, TOPK: tl.constexpr, DIRECT: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr):
+    pid_p = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    pair = tl.load(order_ptr + pid_p).to(tl.int64)
+    e = tl.load(se_ptr + pid_p).to(tl.int64)
+    tok = pair // TOPK
+    KG = D // 32
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = rn < F
+    w1 = w1_ptr + e * F * (D // 2)
+    w3 = w3_ptr + e * F * (D // 2)
+    s1 = s1_ptr + e * F * KG
+    s3 = s3_ptr + e * F * KG
+    xe_row = xeo_ptr + tok * D
+    xo_row = xe_row + D // 2
+    acc1 = tl.zeros([BLOCK_N, GROUPS], dtype=tl.float32)
+    acc3 = tl.zeros([BLOCK_N, GROUPS], dtype=tl.float32)
+    g_lo = pid_k * g_per
+    g_hi = tl.minimum(g_lo + g_per, KG)
+    for g0 in range(g_lo, g_hi, GROUPS):
+        rg = g0 + tl.arange(0, GROUPS)
+        gmask = rg < g_hi
+        xi = rg[:, None] * 16 + tl.arange(0, 16)[None, :]
+        xe = tl.load(xe_row + xi, mask=gmask[:, None], other=0.0).to(tl.float32)
+        xo = tl.load(xo_row + xi, mask=gmask[:, None], other=0.0).to(tl.float32)
+        acc1 += _gemv_tile(w1, s1, rn, nmask, rg, gmask, KG, xe, xo, BLOCK_N, GROUPS)
+        acc3 += _gemv_tile(w3, s3, rn, nmask, rg, gmask, KG, xe, xo, BLOCK_N, GROUPS)
+    a1 = tl.sum(acc1, axis=1)
+    a3 = tl.sum(acc3, axis=1)
+    if DIRECT:
+        h = _swiglu(a1, a3, limit, h_ptr.dtype.element_ty)
+        tl.store(h_ptr + pair * F + (rn % 2) * (F // 2) + rn // 2, h, mask=nmask)
+    else:
+        base = part_ptr + (pid_k * 2 * P + pair) * F + rn
+        tl.store(base, a1, mask=nmask)
+        tl.store(base + P * F, a3, mask=nmask)
+
+
+@triton.jit
+def _act_kernel(part_ptr, h_ptr, P, F, SPLIT, limit, BLOCK: tl.constexpr):
+    """h [P, 2, F/2] (even / odd columns) = clamped SwiGLU of the split-order sums of the gate / up partials."""
+    p = tl.program_id(0).to(tl.int64)
+    rf = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = rf < F
+    a1 = tl.zeros([BLOCK], dtype=tl.float32)
+    a3 = tl.zeros([BLOCK], dtype=tl.float32)
+    for s in range(SPLIT):
+        base = part_ptr + (s * 2 * P + p) * F + rf
+        a1 += tl.load(base, mask=m, other=0.0)
+        a3 += tl.load(base + P * F, mask=m, other=0.0)
+    h = _swiglu(a1, a3, limit, h_ptr.dtype.element_ty)
+    tl.store(h_ptr + p * F + (rf % 2) * (F // 2) + rf // 2, h, mask=m)
+
+
+@triton.jit
+def _down_gemv_kernel(h_ptr, order_ptr, se_ptr, w2_ptr, s2_ptr, part_ptr, P, D, F, g_per,
+                      BLOCK_N: tl.constexpr, GROUPS: tl.constexpr):
+    pid_p = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    pair = tl.load(order_ptr + pid_p).to(tl.int64)
+    e = tl.load(se_ptr + pid_p).to(tl.int64)
+    KG = F // 32
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = rn < D
+    w2 = w2_ptr + e * D * (F // 2)
+    s2 = s2_ptr + e * D * KG
+    he_row = h_ptr + pair * F
+    ho_row = he_row + F // 2
+    acc = tl.zeros([BLOCK_N, GROUPS], dtype=tl.float32)
+    g_lo = pid_k * g_per
+    g_hi = tl.minimum(g_lo + g_per, KG)
+    for g0 in range(g_lo, g_hi, GROUPS):
+        rg = g0 + tl.arange(0, GROUPS)
+        gmask = rg < g_hi
+        xi = rg[:, None] * 16 + tl.arange(0, 16)[None, :]
+        he = tl.load(he_row + xi, mask=gmask[:, None], other=0.0).to(tl.float32)
+        ho = tl.load(ho_row + xi, mask=gmask[:, None], other=0.0).to(tl.float32)
+        acc += _gemv_tile(w2, s2, rn, nmask, rg, gmask, KG, he, ho, BLOCK_N, GROUPS)
+    tl.store(part_ptr + (pid_k * P + pair) * D + rn, tl.sum(acc, axis=1), mask=nmask)
+
+
+@triton.jit
+def _finish_kernel(part_ptr, wt_ptr, out_ptr, P, D, SPLIT, TOPK: tl.constexpr, BLOCK: tl.constexpr):
+    """out [T, D] = sum over slots j (in order) of round(sum over splits (in order) of part[s, t*k+j]) * wt."""
+    t = tl.program_id(0).to(tl.int64)
+    rn = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = rn < D
+    dtype = out_ptr.dtype.element_ty
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for j in range(TOPK):
+        p = t * TOPK + j
+        y = tl.zeros([BLOCK], dtype=tl.float32)
+        for s in range(SPLIT):
+            y += tl.load(part_ptr + (s * P + p) * D + rn, mask=m, other=0.0)
+        acc += y.to(dtype).to(tl.float32) * tl.load(wt_ptr + p)
+    tl.store(out_ptr + t * D + rn, acc.to(dtype), mask=m)
+
+
+def split_for(pairs: int, n: int, kg: int, block_n: int, groups: int, programs: int) -> tuple[int, int]:
+    """(split, groups per split) for ``pairs`` x ceil(n / block_n) programs over ``kg`` MXFP4 groups of K:
+    the smallest power of two reaching ``programs`` programs, each split keeping >= 2 iterations."""
+    base = pairs * triton.cdiv(n, block_n)
+    iters = triton.cdiv(kg, groups)
+    split = 1
+    while base * split < programs and iters // (split * 2) >= 2:
+        split *= 2
+    g_per = triton.cdiv(triton.cdiv(kg, split), groups) * groups
+    return triton.cdiv(kg, g_per), g_per
+
+
+def splitk_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_n: int | None = None,
+                 groups: int | None = None, warps: int | None = None, stages: int | None = None,
+                 programs: int | None = None) -> torch.Tensor:
+    """The decode path (no host sync). Operands already validated by ``triton_moe`` (x [T, D] on CUDA, MXFP4
+    stacks [E, F, D/2] / [E, D, F/2] with UE8M0 scales, D and F multiples of 32, T*k > 0). Keyword arguments:
+    tuning knobs (defaults: ``SPLITK_TUNE``)."""
+    t, d = x.shape
+    k = ids.shape[1]
+    f = w1.shape[1]
+    p = t * k
+    tune = SPLITK_TUNE
+    bn = block_n or tune["block_n"]
+    gr = groups or tune["groups"]
+    nw = warps or tune["warps"]
+    ns = stages or tune["stages"]
+    target = programs or tune["programs"]
+    dev = x.device
+    flat = ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)  # pairs grouped by expert
+    se = flat.index_select(0, order)
+    xeo = x.reshape(t, d // 2, 2).transpose(1, 2).contiguous()  # [T, 2, D/2]: even, odd columns
+    u8 = [a.view(torch.uint8) for a in (w1, s1, w3, s3, w2, s2)]
+    h = torch.empty(p, f, dtype=x.dtype, device=dev)  # [P, 2, F/2]
+    sp1, gp1 = split_for(p, f, d // 32, bn, gr, target)
+    part1 = torch.empty(2 * sp1 * p * f if sp1 > 1 else 1, dtype=torch.float32, device=dev)
+    _up_gemv_kernel[(p, triton.cdiv(f, bn), sp1)](xeo, order, se, u8[0], u8[1], u8[2], u8[3], part1, h, p, d, f,
+                                                  float(limit), gp1, TOPK=k, DIRECT=sp1 == 1, BLOCK_N=bn,
+                                                  GROUPS=gr, num_warps=nw, num_stages=ns)
+    if sp1 > 1:
+        blk = min(1024, max(128, triton.next_power_of_2(f)))
+        _act_kernel[(p, triton.cdiv(f, blk))](part1, h, p, f, sp1, float(limit), BLOCK=blk, num_warps=4)
+    sp2, gp2 = split_for(p, d, f // 32, bn, gr, target)
+    part2 = torch.empty(sp2 * p * d, dtype=torch.float32, device=dev)
+    _down_gemv_kernel[(p, triton.cdiv(d, bn), sp2)](h, order, se, u8[4], u8[5], part2, p, d, f, gp2, BLOCK_N=bn,
+                                                    GROUPS=gr, num_warps=nw, num_stages=ns)
+    out = torch.empty(t, d, dtype=x.dtype, device=dev)
+    wt = weights.reshape(-1).float().contiguous()
+    blk = min(1024, max(128, triton.next_power_of_2(d)))
+    _finish_kernel[(t, triton.cdiv(d, blk))](part2, wt, out, p, d, sp2, TOPK=k, BLOCK=blk, num_warps=4)
+    return out
+
+
+def sm_programs(device) -> int:
+    """A programs target scaled to the device (``SPLITK_TUNE['programs']`` is for 132 SMs)."""
+    return max(1, SPLITK_TUNE["programs"] * _sm_count(device) // 132)
