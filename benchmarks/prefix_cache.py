@@ -27,8 +27,31 @@ def rand(n: int, seed: int) -> list[int]:
     return torch.randint(3, 129000, (n,), generator=g).tolist()
 
 
+# accuracy workload: short key -> (LLM keywords, printed label); "_mult": replay window = mult * W
+ACCURACY_MODES = {"off": dict(enable_prefix_caching=False), "exact": dict(),
+                  "bounded": dict(prefix_replay="bounded"),
+                  "bounded-nodec": dict(prefix_replay="bounded", decoder_replay=False),
+                  "decoder-only": dict(enable_prefix_caching=False, decoder_replay=True),
+                  # longer replays (prefix_replay_window): the error shrinks as the replay covers more of the
+                  # receptive field (layers x window), exact once it covers all of it
+                  "replay2w": dict(prefix_replay="bounded", decoder_replay=False, _mult=2),
+                  "replay4w": dict(prefix_replay="bounded", decoder_replay=False, _mult=4)}
+ACCURACY_LABELS = {"off": "off", "exact": "exact", "bounded": "bounded", "bounded-nodec": "bounded, no decoder replay",
+                   "decoder-only": "decoder replay only", "replay2w": "bounded, replay 2W, no dec.",
+                   "replay4w": "bounded, replay 4W, no dec."}
 MODES = {"off": dict(enable_prefix_caching=False), "exact": dict(),
          "bounded": dict(prefix_replay="bounded")}
+
+
+def release(llm) -> None:
+    """Shut ``llm`` down and give its device memory back before the next engine loads (full-width slices)."""
+    import gc
+
+    llm.llm_engine.shutdown()
+    del llm
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def run(model, dtype, caching: bool | str, workload: str, args, kv_bytes: int = 512 << 20, host_bytes: int = 0):
@@ -37,7 +60,7 @@ def run(model, dtype, caching: bool | str, workload: str, args, kv_bytes: int = 
 
     mode = MODES[caching] if isinstance(caching, str) else dict(enable_prefix_caching=caching)
     llm = LLM(model, dtype=dtype, max_model_len=4096, kv_cache_memory_bytes=kv_bytes, host_kv_cache_bytes=host_bytes,
-              **mode)
+              max_num_seqs=max(8, args.num_questions), **mode)  # fewer graph buckets to capture at start
     eng = llm.llm_engine
     fed = {"n": 0}
     orig = eng.runner.execute
@@ -71,6 +94,9 @@ def run(model, dtype, caching: bool | str, workload: str, args, kv_bytes: int = 
     stats["copy_seconds"] = eng.host_store.seconds if eng.host_store is not None else 0.0
     rows = getattr(eng.model, "replay_rows", [0, 0])
     stats["late_rows"] = rows[1] / rows[0] if rows[0] else 1.0
+    eng.runner.execute = orig
+    del eng
+    release(llm)
     return fed["n"], dt, [o.outputs[0].token_ids for o in outs], stats
 
 
@@ -81,14 +107,8 @@ def accuracy(model, dtype, args) -> None:
     system = rand(args.system_len, 5)
     prompts = [system + rand(args.question_len, 500 + i) for i in range(args.num_prompts)]
     sp = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
-    modes = {"off": dict(enable_prefix_caching=False), "exact": dict(),
-             "bounded": dict(prefix_replay="bounded"),
-             "bounded, no decoder replay": dict(prefix_replay="bounded", decoder_replay=False),
-             "decoder replay only": dict(enable_prefix_caching=False, decoder_replay=True),
-             # longer replays (prefix_replay_window): the error shrinks as the replay covers more of the
-             # receptive field (layers x window), exact once it covers all of it
-             "bounded, replay 2W, no dec.": dict(prefix_replay="bounded", decoder_replay=False, _mult=2),
-             "bounded, replay 4W, no dec.": dict(prefix_replay="bounded", decoder_replay=False, _mult=4)}
+    modes = {k: v for k, v in ACCURACY_MODES.items() if k == "off" or args.accuracy_modes == "all"
+             or k in args.accuracy_modes.split(",")}
     res = {}
     window = None
     for name, kw in modes.items():
@@ -96,7 +116,8 @@ def accuracy(model, dtype, args) -> None:
         mult = kw.pop("_mult", 0)
         if mult:
             kw["prefix_replay_window"] = mult * window
-        llm = LLM(model, dtype=dtype, max_model_len=4096, kv_cache_memory_bytes=512 << 20, async_scheduling=False, **kw)
+        llm = LLM(model, dtype=dtype, max_model_len=4096, kv_cache_memory_bytes=512 << 20, async_scheduling=False,
+                  max_num_seqs=4, **kw)
         window = window or llm.llm_engine.kv.replay_window
         llm.generate([system], SamplingParams(max_tokens=1), use_tqdm=False)  # warm the cache: every prompt hits
         m = llm.llm_engine.model
@@ -109,6 +130,9 @@ def accuracy(model, dtype, args) -> None:
             toks.append(llm.generate([p], sp, use_tqdm=False)[0].outputs[0].token_ids)
             lg.append(first[0][-1].clone())
         res[name] = (toks, torch.stack(lg), llm.llm_engine.prefix_cache_stats()["hit_tokens"])
+        m.compute_logits = orig
+        del m
+        release(llm)
     ref_toks, ref_lg, _ = res["off"]
     top2 = ref_lg.topk(2, dim=-1).values
     print(f"replay accuracy: {len(prompts)} prompts of {args.system_len}+{args.question_len} tokens, "
@@ -116,9 +140,10 @@ def accuracy(model, dtype, args) -> None:
           f"median top-2 margin {(top2[:, 0] - top2[:, 1]).median():.3f}")
     print(f"{'mode':<28}{'hit tok':>8}{'max|dlogit|':>12}{'median':>9}{'argmax same':>12}{'all tokens same':>16}"
           f"{'tokens same':>12}")
-    for name, (toks, lg, hit) in res.items():
-        if name == "off":
+    for key, (toks, lg, hit) in res.items():
+        if key == "off":
             continue
+        name = ACCURACY_LABELS[key]
         d = (lg - ref_lg).abs().max(dim=-1).values
         same_first = int((lg.argmax(-1) == ref_lg.argmax(-1)).sum())
         same_all = sum(a == b for a, b in zip(toks, ref_toks))
@@ -133,6 +158,7 @@ def small_pool_bytes(model, dtype, args) -> int:
 
     probe = LLM(model, dtype=dtype, max_model_len=4096, kv_cache_memory_bytes=64 << 20)
     specs = [s for s in probe.llm_engine.executor.specs.values() if hasattr(s, "page_bytes")]
+    release(probe)
     n = args.system_len + args.question_len + args.output_len
     blocks = sum(-(-n // s.block_size) for s in {s: None for s in specs})  # one table per group
     return int(args.pool_docs * blocks) * sum(s.page_bytes for s in specs)
@@ -152,6 +178,9 @@ def main() -> None:
     ap.add_argument("--workloads", default="system+questions,multi-turn,host-tier,accuracy",
                     help="comma-separated subset")
     ap.add_argument("--num-prompts", type=int, default=32, help="accuracy workload: prompts (each a prefix hit)")
+    ap.add_argument("--accuracy-modes", default="all",
+                    help=f"accuracy workload: 'all' or a comma list of {','.join(k for k in ACCURACY_MODES if k != 'off')}"
+                         " (caching off always runs: it is the reference)")
     ap.add_argument("--num-docs", type=int, default=4, help="host-tier workload: documents cycled through")
     ap.add_argument("--doc-rounds", type=int, default=4, help="host-tier workload: questions per document")
     ap.add_argument("--pool-docs", type=float, default=1.5, help="host-tier workload: device pool in documents")

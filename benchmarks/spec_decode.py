@@ -44,16 +44,23 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def run_mode(model: str, dtype: str, prompts, max_tokens: int, spec, max_num_seqs: int, batch_invariant: bool,
-             async_scheduling: bool):
-    from deepinfer_core import LLM, SamplingParams
+def build_engine(model: str, dtype: str, spec, max_num_seqs: int, batch_invariant: bool, async_scheduling: bool):
+    """One engine per mode, reused for every batch size (a full-width checkpoint takes a while to load)."""
+    from deepinfer_core import LLM
 
-    llm = LLM(model, dtype=dtype, speculative_config=spec, max_num_seqs=max_num_seqs,
-              max_num_batched_tokens=max(2048, 8 * len(prompts)), batch_invariant=batch_invariant,
-              kv_cache_memory_bytes=1 << 30, async_scheduling=async_scheduling)  # every mode gets the same pool (and engines are built in turn)
+    return LLM(model, dtype=dtype, speculative_config=spec, max_num_seqs=max_num_seqs,
+               max_num_batched_tokens=max(2048, 8 * max_num_seqs), batch_invariant=batch_invariant,
+               kv_cache_memory_bytes=1 << 30, async_scheduling=async_scheduling)  # every mode gets the same pool
+
+
+def run_mode(llm, prompts, max_tokens: int) -> dict:
+    """Time one ``generate`` of ``prompts`` (after a 4-token warm-up request) on ``llm``."""
+    from deepinfer_core import SamplingParams
+
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
     eng = llm.llm_engine
+    eng.reset_spec_decode_stats()
     steps = {"n": 0}
     orig = eng.runner.execute
 
@@ -62,16 +69,15 @@ def run_mode(model: str, dtype: str, prompts, max_tokens: int, spec, max_num_seq
         return orig(so)
 
     eng.runner.execute = counting
-    t0 = time.perf_counter()
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    dt = time.perf_counter() - t0
+    try:
+        t0 = time.perf_counter()
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        dt = time.perf_counter() - t0
+    finally:
+        eng.runner.execute = orig
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    stats = eng.spec_decode_stats()
-    eng.shutdown()
-    del llm, eng
-    gc.collect()
     return {"seconds": dt, "tokens": tokens, "tok_s": tokens / dt, "target_steps": steps["n"],
-            "tok_per_step": tokens / steps["n"], "stats": stats,
+            "tok_per_step": tokens / steps["n"], "stats": eng.spec_decode_stats(),
             "outputs": [o.outputs[0].token_ids for o in outs]}
 
 
@@ -228,18 +234,27 @@ def main() -> None:
     rows, results = [], {}
     if args.cost_table:
         modes["dspark+conf"]["cost_table"] = args.cost_table
-    for b in [int(x) for x in args.batches.split(",")]:
-        prompts = _prompts(lang, b, args.prompt_len)
-        res = {m: run_mode(model, args.dtype, prompts, args.max_tokens, spec, max(b, 1),
-                        args.batch_invariant, args.async_scheduling == "on") for m, spec in modes.items()}
-        same = all(r["outputs"] == res["off"]["outputs"] for r in res.values())
-        for m, r in res.items():
+    sizes = [int(x) for x in args.batches.split(",")]
+    res: dict = {b: {} for b in sizes}
+    for m, spec in modes.items():  # engines in turn (one in memory at a time), each runs every batch size
+        llm = build_engine(model, args.dtype, spec, max(sizes), args.batch_invariant, args.async_scheduling == "on")
+        for b in sizes:
+            res[b][m] = run_mode(llm, _prompts(lang, b, args.prompt_len), args.max_tokens)
+        llm.llm_engine.shutdown()
+        del llm
+        gc.collect()
+        if torch.cuda.is_available():  # the next engine needs this one's memory back
+            torch.cuda.empty_cache()
+            print(f"{m}: done; device memory still allocated {torch.cuda.memory_allocated() / 1e9:.2f} GB", flush=True)
+    for b in sizes:
+        same = all(r["outputs"] == res[b]["off"]["outputs"] for r in res[b].values())
+        for m, r in res[b].items():
             st = r["stats"] or {}
-            rows.append((b, m, r["tok_s"], r["tok_s"] / res["off"]["tok_s"], r["tok_per_step"],
+            rows.append((b, m, r["tok_s"], r["tok_s"] / res[b]["off"]["tok_s"], r["tok_per_step"],
                          st.get("mean_acceptance_length", 1.0), st.get("verified_per_draft_step", 0.0), same))
             results[f"B{b}/{m}"] = {k: v for k, v in r.items() if k != "outputs"}
-        if res["dspark+conf"]["stats"]:
-            print(f"B={b}: step-cost table (R -> tokens -> s): {res['dspark+conf']['stats']['cost_table']}")
+        if res[b]["dspark+conf"]["stats"]:
+            print(f"B={b}: step-cost table (R -> tokens -> s): {res[b]['dspark+conf']['stats']['cost_table']}")
     print(f"\n{'batch':>5} {'mode':<12} {'tok/s':>8} {'vs off':>7} {'tok/step':>9} {'accept':>7} {'verified':>9} same")
     for b, m, ts, ratio, tps, acc, ver, same in rows:
         print(f"{b:>5} {m:<12} {ts:>8.1f} {ratio:>6.2f}x {tps:>9.2f} {acc:>7.2f} {ver:>9.2f} {'yes' if same else 'NO'}")

@@ -190,8 +190,13 @@ class LLMEngine:
         table = profile_step_costs(self)
         self.confidence.cost_model = BatchCostModel(table)
         self.confidence.explore = False
-        self.spec_stats = SpecDecodeStats(self.spec_stats.num_speculative_tokens)  # serving metrics start now
+        self.reset_spec_decode_stats()  # serving metrics start now
         logger.info("profiled the verification step-cost table in %.1fs: %s", time.perf_counter() - t0, table)
+
+    def reset_spec_decode_stats(self) -> None:
+        """Start the speculative-decoding counters again (benchmarks: one engine, several measured runs)."""
+        if self.spec_stats is not None:
+            self.spec_stats = SpecDecodeStats(self.spec_stats.num_speculative_tokens)
 
     def spec_decode_stats(self) -> dict | None:
         """Speculative-decoding metrics since start (None when it is off), plus the step-cost table."""

@@ -1,5 +1,5 @@
 """Which op of a decode step cannot be captured: run the padded static-shape decode step of tiny
-checkpoints eagerly under ``torch.cuda.set_sync_debug_mode("error")`` and print the first host sync.
+checkpoints (MXFP4 V4.1, FP8 V4, the unquantised agreeing V4.1 one) eagerly under ``torch.cuda.set_sync_debug_mode("error")`` and print the first host sync.
 
     python3 -m deepinfer_nvidia.tests.graphs_syncs
 """
@@ -48,8 +48,12 @@ def main():
     root = tempfile.mkdtemp()
     v41 = write_tiny_v41_checkpoint(f"{root}/v41", tiny_v41_config("mixed"), quant="fp4", seed=2)
     v4 = write_tiny_v4_checkpoint(f"{root}/v4", quant="fp8", seed=1)
-    for p in (v41, v4):
-        probe(p, "float32")
+    from deepinfer_models.deepseek_v41.agreeing_checkpoint import write_agreeing_v41_checkpoint
+
+    agree = f"{root}/agree"  # unquantised weights: the checkpoint whose capture failed on the H200
+    write_agreeing_v41_checkpoint(agree)
+    for p, dtype in ((v41, "float32"), (v4, "float32"), (agree, "float32"), (agree, "bfloat16")):
+        probe(p, dtype)
 
 
 if __name__ == "__main__":
