@@ -369,6 +369,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5, help="timed steps per triton config (median reported)")
     ap.add_argument("--save-checkpoint", default="", help="v41: also write the slice (with mtp.*) as a checkpoint")
     ap.add_argument("--save-only", action="store_true", help="with --save-checkpoint: write it and stop")
+    ap.add_argument("--no-draft", action="store_true",
+                    help="with --save-checkpoint: a target-only checkpoint (no mtp.*: 3 fewer MoE layers on disk)")
     ap.add_argument("--engram-vocab", type=int, default=1 << 20,
                     help="v41: engram_vocab_size (table rows ~ 24x this; the real ~16M gives 98 GB tables)")
     args = ap.parse_args()
@@ -402,7 +404,7 @@ def main() -> None:
         log(f"moe tune applied: {results['moe_tune']}")
     results.update(ceilings())
     log(f"copy {results['copy_bw'] / 1e12:.2f} TB/s, bf16 dense {results['bf16_peak'] / 1e12:.0f} TFLOP/s")
-    weights = build_weights(cfg, DEV, draft=bool(args.save_checkpoint))
+    weights = build_weights(cfg, DEV, draft=bool(args.save_checkpoint) and not args.no_draft)
     sync()
     log(f"weights built: {native_bytes(weights) / 1e9:.1f} GB native")
     if args.save_checkpoint:
