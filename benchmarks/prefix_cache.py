@@ -60,7 +60,7 @@ def run(model, dtype, caching: bool | str, workload: str, args, kv_bytes: int = 
 
     mode = MODES[caching] if isinstance(caching, str) else dict(enable_prefix_caching=caching)
     llm = LLM(model, dtype=dtype, max_model_len=4096, kv_cache_memory_bytes=kv_bytes, host_kv_cache_bytes=host_bytes,
-              max_num_seqs=max(8, args.num_questions), **mode)  # fewer graph buckets to capture at start
+              max_num_seqs=max(8, args.num_questions), batch_invariant=args.batch_invariant, **mode)  # fewer graph buckets to capture at start
     eng = llm.llm_engine
     fed = {"n": 0}
     orig = eng.runner.execute
@@ -117,7 +117,7 @@ def accuracy(model, dtype, args) -> None:
         if mult:
             kw["prefix_replay_window"] = mult * window
         llm = LLM(model, dtype=dtype, max_model_len=4096, kv_cache_memory_bytes=512 << 20, async_scheduling=False,
-                  max_num_seqs=4, **kw)
+                  max_num_seqs=4, batch_invariant=args.batch_invariant, **kw)
         window = window or llm.llm_engine.kv.replay_window
         llm.generate([system], SamplingParams(max_tokens=1), use_tqdm=False)  # warm the cache: every prompt hits
         m = llm.llm_engine.model
@@ -178,6 +178,9 @@ def main() -> None:
     ap.add_argument("--workloads", default="system+questions,multi-turn,host-tier,accuracy",
                     help="comma-separated subset")
     ap.add_argument("--num-prompts", type=int, default=32, help="accuracy workload: prompts (each a prefix hit)")
+    ap.add_argument("--batch-invariant", action="store_true",
+                    help="LLM(batch_invariant=True) everywhere: exact hits are then bit-identical to a cold run, so "
+                         "what remains in the accuracy table is replay's own error, not the batch shape's")
     ap.add_argument("--accuracy-modes", default="all",
                     help=f"accuracy workload: 'all' or a comma list of {','.join(k for k in ACCURACY_MODES if k != 'off')}"
                          " (caching off always runs: it is the reference)")

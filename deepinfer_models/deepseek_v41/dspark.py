@@ -324,7 +324,9 @@ class DSparkDrafter:
         logits = torch.empty_like(base)
         embs = []
         seeded = [i for i, s in enumerate(seeds) if s is not None]
-        temp_t = torch.tensor(temps, dtype=torch.float32, device=self.device)[:, None]
+        if seeded:  # host data goes up only for sampled drafts: greedy blocks run inside captured graphs
+            idx = torch.tensor(seeded, dtype=torch.long, device=self.device)
+            temp_t = torch.tensor([temps[i] for i in seeded], dtype=torch.float32, device=self.device)[:, None]
         for j in range(n):
             e, bias = self.markov_bias(prev)
             embs.append(e)
@@ -332,9 +334,8 @@ class DSparkDrafter:
             logits[:, j] = lj
             tok = lj.argmax(dim=-1)
             if seeded:
-                idx = torch.tensor(seeded, dtype=torch.long, device=self.device)
                 q = torch.stack([draft_noise(seeds[i], pos[i] + j, lj.shape[-1], self.device) for i in seeded])
-                tok[idx] = self.k["sample.exponential_race"](lj[idx] / temp_t[idx], q)
+                tok[idx] = self.k["sample.exponential_race"](lj[idx] / temp_t, q)
             tokens[:, j] = tok
             prev = tok
         conf = None

@@ -8,6 +8,8 @@ it and give the same tokens and logprobs as ``enforce_eager=True``.
 """
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -35,12 +37,37 @@ class RecordingRunner:
 
     def __call__(self, fn):
         def run(*args, **kwargs):
-            if kwargs["layout"] not in self.layouts:
-                fn(*args, **kwargs)
-                fn(*args, **kwargs)
+            if kwargs["layout"] in self.layouts:  # a replay (runs no Python on a GPU)
+                self.layouts.append(kwargs["layout"])
+                return fn(*args, **kwargs)
+            fn(*args, **kwargs)  # the two warm-ups, eager
+            fn(*args, **kwargs)
             self.layouts.append(kwargs["layout"])
-            return fn(*args, **kwargs)
+            with no_host_data_to_device():  # the capture
+                return fn(*args, **kwargs)
         return run
+
+
+@contextlib.contextmanager
+def no_host_data_to_device():
+    """Inside a captured function, ``torch.tensor(data, device=...)`` is a copy from pageable host
+    memory, which CUDA graph capture refuses ("Cannot copy between CPU and CUDA tensors during CUDA
+    graph capture"); the CPU cannot see that, so the identity runner refuses it by name."""
+    real_tensor, real_as_tensor = torch.tensor, torch.as_tensor
+
+    def guarded(real):
+        def make(data, *args, **kwargs):
+            if kwargs.get("device") is not None and not isinstance(data, torch.Tensor):
+                raise AssertionError(f"host data copied to the device inside a captured step: {real.__name__}("
+                                     f"{type(data).__name__}, device={kwargs['device']})")
+            return real(data, *args, **kwargs)
+        return make
+
+    torch.tensor, torch.as_tensor = guarded(real_tensor), guarded(real_as_tensor)
+    try:
+        yield
+    finally:
+        torch.tensor, torch.as_tensor = real_tensor, real_as_tensor
 
 
 def _load(arch, tmp_path, bi):

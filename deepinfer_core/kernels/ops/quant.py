@@ -174,8 +174,17 @@ def dequant_fp8_block(q: torch.Tensor, scale: torch.Tensor, block=(128, 128)) ->
 
 
 # -- MXFP4 -----------------------------------------------------------------------
+_E2M1_LUTS: dict[torch.device, torch.Tensor] = {}
+
+
 def _e2m1_lut(device) -> torch.Tensor:
-    return torch.tensor(E2M1_VALUES, dtype=torch.float32, device=device)
+    """The E2M1 code -> value table on ``device``, made once per device (so no host copy happens
+    inside a captured graph after the warm-up)."""
+    device = torch.device(device)
+    lut = _E2M1_LUTS.get(device)
+    if lut is None:
+        lut = _E2M1_LUTS[device] = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=device)
+    return lut
 
 
 def _e2m1_encode(v: torch.Tensor) -> torch.Tensor:
