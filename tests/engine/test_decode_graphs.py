@@ -252,3 +252,25 @@ def test_warmup_captures_every_bucket_and_writes_nothing(tiny_v4_dir):
     for name, cache in ex.caches.items():
         real = cache[:ex.scratch_state_slot] if isinstance(ex.specs[name], StateSpec) else cache
         assert not real.any(), name
+
+
+@pytest.mark.parametrize("topology", ["mixed", "flash"])
+def test_padded_decode_with_topk_wider_than_the_context(topology, tmp_path):
+    """index_topk 64 with 2-60 compressed entries per request: the padded step's top-k lists hold more
+    -1 entries than the eager step's (its context is the 256 bucket), and the result is still the same
+    bits (the H200 sweep's V4.1 ctx-128 rows, where k=512 exceeds the entries, differed from eager)."""
+    from deepinfer_models.deepseek_v41.checkpoint_writer import tiny_v41_config, write_tiny_v41_checkpoint
+
+    path = write_tiny_v41_checkpoint(tmp_path / "v41", tiny_v41_config(topology, index_topk=64), quant="fp4", seed=2)
+    with kernel_mode(batch_invariant=True):
+        model = load_deepseek_v41(path, dtype=torch.float32)
+        lens = [1, 3, 20, 40]
+        reqs = [prompt(k + 8, seed=k) for k in lens]
+        eager_ex = PagedExecutor(model, num_blocks=256, max_num_seqs=6)
+        graph_ex = PagedExecutor(model, num_blocks=256, max_num_seqs=6, graph_runner=RecordingRunner(),
+                                 graph_batch_sizes=(1, 2, 5), max_context=512)
+        eager = run_requests(eager_ex, reqs, _steps(lens))
+        graphed = run_requests(graph_ex, reqs, _steps(lens))
+    assert graph_ex.graphs.steps == 8 and graph_ex.graphs.min_context == 256
+    for i in eager:
+        assert torch.equal(eager[i], graphed[i]), f"request {i}"
