@@ -274,3 +274,27 @@ def test_padded_decode_with_topk_wider_than_the_context(topology, tmp_path):
     assert graph_ex.graphs.steps == 8 and graph_ex.graphs.min_context == 256
     for i in eager:
         assert torch.equal(eager[i], graphed[i]), f"request {i}"
+
+
+def test_failed_capture_falls_back_to_eager_steps(tmp_path):
+    """A capture that fails after its warm-ups (an op that syncs, a host copy) turns graphs off with the
+    reason kept, and that step and every later one run eagerly with the eager results: the warm-ups'
+    cache writes are the ones the eager step makes again."""
+    def failing_runner(fn):
+        def run(*args, **kwargs):
+            fn(*args, **kwargs)
+            fn(*args, **kwargs)
+            raise RuntimeError("simulated capture failure")
+        return run
+
+    model = load_deepseek_v41(tiny_ckpt("flash", "fp4"), dtype=torch.float32)
+    lens = [5, 9, 20, 40]
+    reqs = [prompt(k + 8, seed=k) for k in lens]
+    steps = [[(i, k) for i, k in enumerate(lens)]] + [[(i, 1) for i in range(4)]] * 3
+    eager = run_requests(PagedExecutor(model, num_blocks=256, max_num_seqs=6), reqs, steps)
+    ex = PagedExecutor(model, num_blocks=256, max_num_seqs=6, graph_runner=failing_runner, graph_batch_sizes=(4,),
+                       max_context=512)
+    fallback = run_requests(ex, reqs, steps)
+    assert "simulated capture failure" in ex.graphs.disabled_reason and ex.graphs.steps == 0
+    for i in eager:
+        assert torch.equal(eager[i], fallback[i]), f"request {i}"
