@@ -1,0 +1,91 @@
+"""Count the "glue" torch ops of one graphed decode step: the ops outside registered kernels, each of
+which is one small kernel launch inside a CUDA graph on a GPU (a few us each on an H200).
+
+    python benchmarks/step_glue_ops.py [--topology flash|mixed] [--batch 4]
+
+Runs on the CPU: a tiny V4.1 checkpoint, a PagedExecutor whose graph runner wraps the captured step
+function in a ``TorchDispatchMode``, one prefill and one decode step. Every aten op whose Python stack
+passes through ``deepinfer_core/kernels/`` belongs to a registered kernel (one or a few launches on a
+GPU, whatever the CPU reference does) and is not counted; the rest (index math, cache writes, model
+glue) is listed by source line. View ops are counted too, although they launch nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+class GlueOps(TorchDispatchMode):
+    """Counts aten ops outside ``deepinfer_core/kernels/`` by (file:line:function) and by op."""
+
+    def __init__(self):
+        super().__init__()
+        self.by_line: collections.Counter = collections.Counter()
+        self.by_op: collections.Counter = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        frames = [f for f in traceback.extract_stack() if f.filename.startswith(str(ROOT)) and f.filename != __file__]
+        if frames and not any("deepinfer_core/kernels/" in f.filename for f in frames):
+            f = frames[-1]
+            self.by_line[f"{Path(f.filename).relative_to(ROOT)}:{f.lineno}:{f.name}"] += 1
+            self.by_op[str(func.overloadpacket)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--topology", default="flash", choices=["flash", "mixed"])
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--top", type=int, default=25)
+    args = ap.parse_args()
+    from deepinfer_core.runner.executor import PagedExecutor
+    from deepinfer_core.runner.simple_driver import run_requests
+    from deepinfer_models.deepseek_v41.checkpoint_writer import tiny_v41_config, write_tiny_v41_checkpoint
+    from deepinfer_models.deepseek_v41.loading import load_deepseek_v41
+
+    counter = GlueOps()
+
+    def runner(fn):  # the first call of a signature is the one a capture records
+        seen = set()
+
+        def run(*a, **kw):
+            if kw["layout"] in seen:
+                return fn(*a, **kw)
+            seen.add(kw["layout"])
+            with counter:
+                return fn(*a, **kw)
+        return run
+
+    path = tempfile.mkdtemp(prefix="deepinfer-glue-")
+    write_tiny_v41_checkpoint(path, tiny_v41_config(args.topology), quant="fp4", seed=2)
+    model = load_deepseek_v41(path, dtype=torch.float32)
+    ex = PagedExecutor(model, num_blocks=256, max_num_seqs=args.batch + 2, graph_runner=runner,
+                       graph_batch_sizes=(args.batch,), max_context=512)
+    lens = [5 + 9 * i for i in range(args.batch)]
+    g = torch.Generator().manual_seed(0)
+    reqs = [torch.randint(3, 129000, (n + 1,), generator=g).tolist() for n in lens]
+    run_requests(ex, reqs, [[(i, n) for i, n in enumerate(lens)], [(i, 1) for i in range(args.batch)]])
+    total, layers = sum(counter.by_line.values()), model.cfg.num_hidden_layers
+    print(f"V4.1 {args.topology}, {layers} layers, batch {args.batch}: {total} glue ops in one graphed decode step "
+          f"({total / layers:.0f} per layer)")
+    for where, n in counter.by_line.most_common(args.top):
+        print(f"{n:6d}  {where}")
+    by_file = collections.Counter()
+    for where, n in counter.by_line.items():
+        by_file[where.rsplit(":", 2)[0] + ":" + where.rsplit(":", 1)[1]] += n
+    print("by function:", ", ".join(f"{k} {v}" for k, v in by_file.most_common(10)))
+    print("by op:", ", ".join(f"{k} {v}" for k, v in counter.by_op.most_common(15)))
+
+
+if __name__ == "__main__":
+    main()
