@@ -54,11 +54,15 @@ def build_engine(model: str, dtype: str, spec, max_num_seqs: int, batch_invarian
 
 
 def run_mode(llm, prompts, max_tokens: int) -> dict:
-    """Time one ``generate`` of ``prompts`` (after a 4-token warm-up request) on ``llm``."""
+    """Time one ``generate`` of ``prompts`` on ``llm``, after a warm-up batch of the same shapes.
+
+    The warm-up feeds the prompts reversed (same lengths, no shared prefix block), 4 tokens each, so the
+    batch's prefill shapes, first-use kernel compiles and graph captures happen before the clock starts."""
     from deepinfer_core import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+    llm.generate([{"prompt_token_ids": p[::-1]} for p in prompts], SamplingParams(temperature=0, max_tokens=4,
+                                                                                 ignore_eos=True), use_tqdm=False)
     eng = llm.llm_engine
     eng.reset_spec_decode_stats()
     steps = {"n": 0}
