@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_nvidia.kernels.triton_gemm import _sm_count, _ue8m0
+from deepinfer_nvidia.kernels.triton_gemm import _ue8m0
 
 # (block_n, groups of 32 K elements per iteration, warps, stages, programs to aim for with split-K);
 # H200 measurements in docs/performance.md (seventh pass); benchmarks may override.
@@ -233,8 +233,3 @@ def splitk_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_n: int | 
     blk = min(1024, max(128, triton.next_power_of_2(d)))
     _finish_kernel[(t, triton.cdiv(d, blk))](part2, wt, out, p, d, sp2, TOPK=k, BLOCK=blk, num_warps=4)
     return out
-
-
-def sm_programs(device) -> int:
-    """A programs target scaled to the device (``SPLITK_TUNE['programs']`` is for 132 SMs)."""
-    return max(1, SPLITK_TUNE["programs"] * _sm_count(device) // 132)

@@ -85,17 +85,24 @@ def _steps(lens):
             + [[(i, 1) for i in range(n - 1)] for _ in range(4)])
 
 
-def _compare(arch, tmp_path, bi):
-    model = _load(arch, tmp_path, bi)
-    lens = [1, 3, 5, 250]  # contexts cross the 256 bucket during decode
+def _run_both(model, lens, runner, min_context=None):
+    """The requests of ``lens`` (``_steps``) through an eager executor and one with graph ``runner``:
+    (eager executor, graphed executor, eager hidden states, graphed hidden states)."""
     reqs = [prompt(k + 8, seed=k) for k in lens]
     eager_ex = PagedExecutor(model, num_blocks=256, max_num_seqs=6)
-    rec = RecordingRunner()
-    graph_ex = PagedExecutor(model, num_blocks=256, max_num_seqs=6, graph_runner=rec, graph_batch_sizes=(1, 2, 5),
+    graph_ex = PagedExecutor(model, num_blocks=256, max_num_seqs=6, graph_runner=runner, graph_batch_sizes=(1, 2, 5),
                              max_context=512)
-    graph_ex.graphs.min_context = 16
+    if min_context is not None:
+        graph_ex.graphs.min_context = min_context
     eager = run_requests(eager_ex, reqs, _steps(lens))
     graphed = run_requests(graph_ex, reqs, _steps(lens))
+    return eager_ex, graph_ex, eager, graphed
+
+
+def _compare(arch, tmp_path, bi):
+    rec = RecordingRunner()
+    # contexts cross the 256 bucket during decode
+    eager_ex, graph_ex, eager, graphed = _run_both(_load(arch, tmp_path, bi), [1, 3, 5, 250], rec, min_context=16)
     return eager_ex, graph_ex, rec, eager, graphed
 
 
@@ -264,13 +271,7 @@ def test_padded_decode_with_topk_wider_than_the_context(topology, tmp_path):
     path = write_tiny_v41_checkpoint(tmp_path / "v41", tiny_v41_config(topology, index_topk=64), quant="fp4", seed=2)
     with kernel_mode(batch_invariant=True):
         model = load_deepseek_v41(path, dtype=torch.float32)
-        lens = [1, 3, 20, 40]
-        reqs = [prompt(k + 8, seed=k) for k in lens]
-        eager_ex = PagedExecutor(model, num_blocks=256, max_num_seqs=6)
-        graph_ex = PagedExecutor(model, num_blocks=256, max_num_seqs=6, graph_runner=RecordingRunner(),
-                                 graph_batch_sizes=(1, 2, 5), max_context=512)
-        eager = run_requests(eager_ex, reqs, _steps(lens))
-        graphed = run_requests(graph_ex, reqs, _steps(lens))
+        _, graph_ex, eager, graphed = _run_both(model, [1, 3, 20, 40], RecordingRunner())
     assert graph_ex.graphs.steps == 8 and graph_ex.graphs.min_context == 256
     for i in eager:
         assert torch.equal(eager[i], graphed[i]), f"request {i}"
@@ -288,13 +289,7 @@ def test_failed_capture_falls_back_to_eager_steps(tmp_path):
         return run
 
     model = load_deepseek_v41(tiny_ckpt("flash", "fp4"), dtype=torch.float32)
-    lens = [5, 9, 20, 40]
-    reqs = [prompt(k + 8, seed=k) for k in lens]
-    steps = [[(i, k) for i, k in enumerate(lens)]] + [[(i, 1) for i in range(4)]] * 3
-    eager = run_requests(PagedExecutor(model, num_blocks=256, max_num_seqs=6), reqs, steps)
-    ex = PagedExecutor(model, num_blocks=256, max_num_seqs=6, graph_runner=failing_runner, graph_batch_sizes=(4,),
-                       max_context=512)
-    fallback = run_requests(ex, reqs, steps)
+    _, ex, eager, fallback = _run_both(model, [5, 9, 20, 40], failing_runner)
     assert "simulated capture failure" in ex.graphs.disabled_reason and ex.graphs.steps == 0
     for i in eager:
         assert torch.equal(eager[i], fallback[i]), f"request {i}"
