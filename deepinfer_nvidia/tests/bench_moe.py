@@ -34,8 +34,9 @@ def main() -> None:
     ap.add_argument("--variants", default="64x4x3x0,64x4x3x1,128x8x3x0,128x8x3x1",
                     help="block_n x warps x stages x int_decode")
     ap.add_argument("--arch", default="v4", choices=("v4", "v41"))
-    ap.add_argument("--splitk-variants", default="16x8x4x3x2048,16x8x4x3x8192,16x8x4x3x512,16x8x4x1x2048,"
-                    "32x8x8x3x2048,16x4x2x3x2048", help="block_n x groups x warps x stages x programs")
+    ap.add_argument("--splitk-variants", default="32x8x8x3x2048x1,16x8x4x3x2048x1,32x8x8x3x2048x0,"
+                    "64x4x8x3x2048x1,32x8x8x3x512x1,32x4x4x3x2048x1",
+                    help="block_n x groups x warps x stages x programs x asm")
     ap.add_argument("--splitk-max-pairs", type=int, default=4096)
     args = ap.parse_args()
     from triton.testing import do_bench
@@ -79,10 +80,10 @@ def main() -> None:
     for t in (1, 8, 64):
         x, w, ids = inputs(t)
         ref = aten_ops.moe_experts_mxfp4(x, w, ids, *ws, 10.0).float()
-        for prog in (None, 1 << 20):
-            out = sk.splitk_mxfp4(x, w, ids, *ws, 10.0, programs=prog).float()
+        for prog, am in ((None, None), (1 << 20, 1), (None, 0)):
+            out = sk.splitk_mxfp4(x, w, ids, *ws, 10.0, programs=prog, asm=am).float()
             rel = float((out - ref).norm() / ref.norm())
-            print(f"parity T={t}: split-K (programs={prog}) vs aten rel {rel:.2e}", flush=True)
+            print(f"parity T={t}: split-K (programs={prog}, asm={am}) vs aten rel {rel:.2e}", flush=True)
             assert rel < 1e-2, rel
     x, w, ids = inputs(2048)
     ref = aten_ops.moe_experts_mxfp4(x, w, ids, *ws, 10.0).float()
@@ -144,11 +145,12 @@ def main() -> None:
         if t * K <= args.splitk_max_pairs:
             row["splitk_graph_us"] = {}
             for sv in skv:
-                bn, gr, nw, ns, pg = sv
+                bn, gr, nw, ns, pg, am = (tuple(sv) + (1,))[:6]
                 try:
                     row["splitk_graph_us"]["x".join(map(str, sv))] = graph_us(
-                        lambda a, b, c, bn=bn, gr=gr, nw=nw, ns=ns, pg=pg: sk.splitk_mxfp4(
-                            a, b, c, *ws, 10.0, block_n=bn, groups=gr, warps=nw, stages=ns, programs=pg), x, w, ids)
+                        lambda a, b, c, bn=bn, gr=gr, nw=nw, ns=ns, pg=pg, am=am: sk.splitk_mxfp4(
+                            a, b, c, *ws, 10.0, block_n=bn, groups=gr, warps=nw, stages=ns, programs=pg, asm=am),
+                        x, w, ids)
                 except Exception as exc:  # noqa: BLE001 - a variant that does not compile is recorded
                     row["splitk_graph_us"]["x".join(map(str, sv))] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
             ok = {v: u for v, u in row["splitk_graph_us"].items() if isinstance(u, float)}

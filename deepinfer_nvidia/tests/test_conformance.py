@@ -273,11 +273,12 @@ def _mxfp4_stacks(e: int, d: int, f: int, seed: int):
 @pytest.mark.parametrize("t,k,route", [(1, 6, "rand"), (1, 1, "rand"), (1, 8, "one"), (2, 4, "rand"),
                                        (8, 6, "rand"), (8, 6, "one"), (17, 3, "skew"), (64, 6, "rand")])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("programs", [0, 1 << 20])
-def test_moe_experts_mxfp4_splitk(reg, t, k, route, dtype, programs):
+@pytest.mark.parametrize("programs,asm", [(0, None), (1 << 20, 1), (1 << 20, 0)])
+def test_moe_experts_mxfp4_splitk(reg, t, k, route, dtype, programs, asm):
     """The split-K decode path against the reference: T=1 and small T, several k, routing where every pair
     hits one expert (the last, also twice per token) or one fixed set; ``programs`` 0: through the provider
-    (the path it picks at these pair counts), 1<<20: forced to the deepest K split (partials + reductions).
+    (the path it picks at these pair counts), 1<<20: forced to the deepest K split (partials + reductions),
+    with the inline-PTX and the plain-Triton nibble decode.
     D=640, F=288: K tiles with tails (20 and 9 groups of 32)."""
     from deepinfer_core.kernels.ops.moe import experts_mxfp4
     from deepinfer_nvidia.kernels import triton_moe_splitk as sk
@@ -297,7 +298,7 @@ def test_moe_experts_mxfp4_splitk(reg, t, k, route, dtype, programs):
     cu = [a.cuda() for a in [x, w, ids] + ws]
     poison()
     if programs or t * k > sk.SPLITK_PAIRS:
-        out = sk.splitk_mxfp4(*cu, 1.0, programs=programs or None)
+        out = sk.splitk_mxfp4(*cu, 1.0, programs=programs or None, asm=asm)
     else:
         out = reg.impl("moe.experts_mxfp4", "triton")(*cu, 1.0)
     tol = 3e-2 if dtype == torch.bfloat16 else 1e-4
