@@ -104,6 +104,28 @@ def test_fp8_gemm_model_width(reg, t, fmt, block, provider):
     close(fn(x.cuda(), q.cuda(), s.cuda(), block), ref.bfloat16(), 3e-2, 3e-2)
 
 
+@pytest.mark.parametrize("t,n,k", [(1, 1000, 1312), (3, 4096, 1280), (16, 96, 5120), (17, 520, 640),
+                                   (64, 2304, 5120), (200, 1000, 1312)])
+@pytest.mark.parametrize("knobs", [{}, {"block_k": 256}, {"block_n": 32, "programs": 64},
+                                   {"block_k": 64, "block_n": 128}])
+@pytest.mark.parametrize("fmt", ["ue8m0", None])
+def test_fp8_fine_blocks(t, n, k, knobs, fmt):
+    """The fine-scale kernel (K tiles over several [32, 32] scale blocks) against the reference: N and K
+    tails (1000 rows, 41 scale blocks of K), forced deep splits, wider and narrower K tiles, fp32 scales."""
+    from deepinfer_core.kernels.ops.gemm import fp8_block
+    from deepinfer_core.kernels.ops.quant import quant_fp8_block
+    from deepinfer_nvidia.kernels import triton_fp8_fine as ff
+
+    g = _gen(7 * t + k)
+    x = torch.randn(t, k, generator=g).bfloat16()
+    q, s = quant_fp8_block(torch.randn(n, k, generator=g) / k ** 0.5, (32, 32), fmt)
+    ref = fp8_block(x.float(), q, s, (32, 32))
+    poison()
+    sb = (s.view(torch.uint8) if fmt else s).contiguous().cuda()
+    out = ff.gemm_fp8_fine(x.cuda(), q.cuda(), sb, s.shape[1], 32, 32, fmt is not None, 132, **knobs)
+    close(out, ref.bfloat16(), 3e-2, 3e-2)
+
+
 @pytest.mark.parametrize("t", [1, 64, 300])
 @pytest.mark.parametrize("provider", ["triton", "triton_bi"])
 def test_mxfp4_gemm_model_width(reg, t, provider):

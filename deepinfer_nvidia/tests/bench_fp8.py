@@ -1,0 +1,105 @@
+"""FP8 [32, 32]-block GEMMs at DeepSeek-V4.1 widths (H200; not run in CI): the general kernel (K tiles of one
+scale block) against the fine-scale kernel's variants, every call replayed from a CUDA graph, with the copy
+bandwidth measured in the same run.
+
+    python3 -m deepinfer_nvidia.tests.bench_fp8 --out $OUT [--rows 1,8,32,64,256]
+
+Prints one line per (shape, rows, variant): median us, GB/s of weight bytes, % of the copy bandwidth; and a
+per-rows summary of one V4.1 layer's dense FP8 GEMMs (the shapes below, wo_a counted 8 times). Writes
+``fp8_bench.json`` under --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+
+# One V4.1 layer's FP8 linears (N, K, times per layer): wq_a, wq_b, wkv, wo_a (8 groups), wo_b, indexer wq_b,
+# shared expert w1 and w3, shared expert w2.
+V41_SHAPES = [("wq_a", 1280, 5120, 1), ("wq_b", 32768, 1280, 1), ("wkv", 512, 5120, 1), ("wo_a", 1024, 4096, 8),
+              ("wo_b", 5120, 8192, 1), ("idx_wq_b", 4096, 1280, 1), ("shared_w13", 2304, 5120, 2),
+              ("shared_w2", 5120, 2304, 1)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
+    ap.add_argument("--rows", default="1,8,32,64,256")
+    ap.add_argument("--variants", default="128x64x2x4x4,128x64x4x4x4,256x64x2x4x3,128x32x2x4x4,128x128x2x8x3,"
+                    "256x32x4x4x3", help="block_k x block_n x programs-per-SM x warps x stages")
+    args = ap.parse_args()
+    from triton.testing import do_bench
+
+    from deepinfer_core.kernels.ops.gemm import fp8_block
+    from deepinfer_core.kernels.ops.quant import quant_fp8_block
+    from deepinfer_nvidia.graphs import CudaGraphRunner
+    from deepinfer_nvidia.kernels import triton_fp8_fine as ff
+    from deepinfer_nvidia.kernels import triton_gemm as tg
+
+    dev = torch.device("cuda")
+    sms = tg._sm_count(dev)
+    big = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
+    copy_bw = 2 * big.numel() / (do_bench(lambda: big.clone(), warmup=5, rep=50, return_mode="median") * 1e-3)
+    del big
+    print(f"copy bandwidth {copy_bw / 1e12:.2f} TB/s, {sms} SMs", flush=True)
+
+    def graph_us(fn, *a):
+        runner = CudaGraphRunner(fn)
+        runner(*a)
+        return do_bench(lambda: runner(*a), warmup=10, rep=60, return_mode="median") * 1e3
+
+    variants = [tuple(int(v) for v in s.split("x")) for s in args.variants.split(",") if s]
+    rows_out = []
+    layer = {}
+    g = torch.Generator().manual_seed(0)
+    for name, n, k, times in V41_SHAPES:
+        q, s = quant_fp8_block(torch.randn(n, k, generator=g) / k ** 0.5, (32, 32), "ue8m0")
+        qc, sc = q.cuda(), s.view(torch.uint8).contiguous().cuda()
+        wbytes = n * k + sc.numel()
+        for m in [int(v) for v in args.rows.split(",") if v]:
+            x = torch.randn(m, k, generator=g).bfloat16().cuda()
+            ref = fp8_block(x.float().cpu(), q, s, (32, 32))
+            res = {"shape": name, "n": n, "k": k, "rows": m, "times": times, "bytes": wbytes, "us": {}}
+            general = lambda a: tg._launch_fp8(a, qc, sc, s.shape[1], 32, 32, True,  # noqa: E731
+                                               tg._tiles(m, n, k, a.dtype, dev, 32))
+            cands = {"general": general}
+            for v in variants:
+                bk, bn, pg, nw, ns = v
+                cands["fine " + "x".join(map(str, v))] = (
+                    lambda a, bk=bk, bn=bn, pg=pg, nw=nw, ns=ns: ff.gemm_fp8_fine(
+                        a, qc, sc, s.shape[1], 32, 32, True, sms, block_k=bk, block_n=bn, programs=pg, warps=nw,
+                        stages=ns))
+            cands["provider"] = lambda a: tg.gemm_fp8_block(a, qc, s.cuda(), (32, 32))  # noqa: E731
+            for label, fn in cands.items():
+                try:
+                    rel = float((fn(x).float().cpu() - ref).norm() / ref.norm())
+                    us = graph_us(fn, x)
+                except Exception as exc:  # noqa: BLE001 - a variant that does not compile is recorded
+                    res["us"][label] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
+                    print(f"{name} [{n}x{k}] M={m} {label}: {res['us'][label]}", flush=True)
+                    continue
+                res["us"][label] = us
+                pct = 100 * wbytes / (us * 1e-6) / copy_bw
+                print(f"{name} [{n}x{k}] M={m} {label}: {us:.1f} us, {pct:.0f}% of copy BW, rel {rel:.1e}",
+                      flush=True)
+                assert rel < 2e-2, (label, rel)
+            rows_out.append(res)
+            tot = layer.setdefault(m, {})
+            for label, us in res["us"].items():
+                if isinstance(us, float):
+                    tot[label] = tot.get(label, 0.0) + times * us
+    print("\none V4.1 layer of FP8 linears (us; roofline = bytes / copy BW):")
+    layer_bytes = sum(n * k * t for _, n, k, t in V41_SHAPES)
+    for m, tot in layer.items():
+        best = min((u, lab) for lab, u in tot.items() if lab.startswith("fine"))
+        print(f"M={m}: general {tot.get('general', float('nan')):.0f}, provider {tot.get('provider', float('nan')):.0f}, "
+              f"best fine {best[0]:.0f} ({best[1]}), roofline {layer_bytes / copy_bw * 1e6:.0f}", flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "fp8_bench.json"), "w") as f:
+        json.dump({"copy_bw": copy_bw, "rows": rows_out, "layer_us": layer, "layer_bytes": layer_bytes}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
