@@ -78,12 +78,17 @@ def _fp8_fine_kernel(x_ptr, q_ptr, s_ptr, y_ptr, M, N, K, stride_xm, s_cols, bn_
         tl.store(y_ptr + off, acc, mask=mmask[:, None] & nmask[None, :])
 
 
-def takes(x: torch.Tensor, bk_blk: int, m: int, dequant_rows: int) -> bool:
-    """Whether this kernel serves a product: bf16/fp16 x, fewer than ``dequant_rows`` rows, and a scale
-    block along K that is a power of two narrower than ``FINE_TUNE["block_k"]``."""
+# Smallest K for which the fine kernel is used: on the H200 (ninth pass) it won for K >= 2304 (wo_b 8192: 57 -> 42
+# us at one row; shared-expert and wq_a shapes 3-9%) and lost for K = 1280 (wq_b: 32 -> 36 us).
+FINE_MIN_K = 2048
+
+
+def takes(x: torch.Tensor, bk_blk: int, m: int, k: int, dequant_rows: int) -> bool:
+    """Whether this kernel serves a product: bf16/fp16 x, fewer than ``dequant_rows`` rows, K >= ``FINE_MIN_K``
+    and a scale block along K that is a power of two narrower than ``FINE_TUNE["block_k"]``."""
     bk = FINE_TUNE["block_k"]
-    return (x.dtype in (torch.bfloat16, torch.float16) and 0 < m < dequant_rows and bk_blk < bk
-            and bk_blk >= 16 and bk_blk & (bk_blk - 1) == 0 and bk % bk_blk == 0)
+    return (x.dtype in (torch.bfloat16, torch.float16) and 0 < m < dequant_rows and k >= FINE_MIN_K
+            and bk_blk < bk and bk_blk >= 16 and bk_blk & (bk_blk - 1) == 0 and bk % bk_blk == 0)
 
 
 def fine_tiles(m: int, n: int, k: int, sms: int, block_k: int | None = None, block_n: int | None = None,
@@ -97,7 +102,7 @@ def fine_tiles(m: int, n: int, k: int, sms: int, block_k: int | None = None, blo
     elif m <= 64:
         bm, bn = 64, block_n or tune["block_n"]
     else:
-        bm, bn = 128, 128
+        bm, bn, bk = 128, 128, min(bk, 128)  # 128 x 256 tiles need more shared memory than an SM has
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     target = (programs or tune["programs"]) * sms
     k_iters = triton.cdiv(k, bk)

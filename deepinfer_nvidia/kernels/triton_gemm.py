@@ -278,7 +278,7 @@ def gemm_fp8_block(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, block)
                                                                       SCALE_E8M0=e8, BLOCK_N=64, BLOCK_K=128,
                                                                       num_warps=4)
         return x @ w.t()
-    if triton_fp8_fine.takes(x, bk_blk, m, DEQUANT_ROWS):  # V4.1's [32, 32] blocks: K tiles over 4 scale blocks
+    if triton_fp8_fine.takes(x, bk_blk, m, k, DEQUANT_ROWS):  # V4.1's [32, 32] blocks: K tiles over 4 scale blocks
         return triton_fp8_fine.gemm_fp8_fine(x, q, s, s_cols, bn_blk, bk_blk, e8, _sm_count(x.device))
     return _launch_fp8(x, q, s, s_cols, bn_blk, bk_blk, e8, _tiles(m, n, k, x.dtype, x.device, bk_blk & -bk_blk))
 

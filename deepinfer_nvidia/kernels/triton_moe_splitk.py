@@ -40,10 +40,10 @@ from deepinfer_nvidia.kernels.triton_gemm import _ue8m0
 # fp16 pair -> 2 x fp32 conversion as inline PTX (0: the same decode in plain Triton ops, also what the
 # interpreter runs));
 # H200 measurements in docs/performance.md (seventh pass); benchmarks may override.
-SPLITK_TUNE: dict[str, int] = {"block_n": 32, "groups": 8, "warps": 8, "stages": 3, "programs": 2048, "asm": 1}
+SPLITK_TUNE: dict[str, int] = {"block_n": 16, "groups": 8, "warps": 4, "stages": 3, "programs": 2048, "asm": 1}
 # Pairs (tokens x top-k) up to which ``moe.experts_mxfp4`` (provider triton) takes this path; 0 disables it.
-# Measured crossover on the H200 (docs/performance.md, seventh pass).
-SPLITK_PAIRS = 384
+# Measured on the H200 (docs/performance.md, ninth pass): the word version wins 1.41x at 384 pairs and ties at 768.
+SPLITK_PAIRS = 512
 
 
 # 0x80008000 as int32: the sign bits of two fp16 halves. A module global read inside a jit function must be
