@@ -3,7 +3,9 @@
 #   OUT=dir bash deepinfer_nvidia/tests/kernels_pass9.sh [STAGES]
 # conf  conformance of the word split-K MXFP4 experts, the FP8 GEMMs (fine [32, 32] path included) and the
 #       cache.write_rows kernel; moe  bench_moe at V4.1 widths (split-K variants vs the grouped path, graphs);
-# fp8   bench_fp8 (general vs fine-scale FP8 kernels at V4.1 shapes, graphs). Each stage has its own limit.
+# fp8   bench_fp8 (general vs fine-scale FP8 kernels at V4.1 shapes, graphs);
+# v4    the 2-layer V4 sweep with graphs and the HF transformers peer at batch 32;
+# v41   the 8-layer V4.1 sweep with graphs (no HF peer: transformers has V4 only). Each stage has its own limit.
 set -u
 OUT=${OUT:-.}
 STAGES=${1:-conf moe fp8}
@@ -20,6 +22,12 @@ for s in $STAGES; do
             | grep -E "parity|splitk|split-K|T=|error" | tail -30 ;;
     fp8) timeout "${FP8_S:-170}" python3 -m deepinfer_nvidia.tests.bench_fp8 --out "$OUT" 2>&1 \
             | tee "$OUT/bench_fp8.txt" | grep -E "bandwidth|one V4.1|M=|error" | tail -30 ;;
+    v4) timeout "${V4_S:-200}" python3 benchmarks/sweep.py --out "$OUT/v4" --providers triton --layers 2 \
+            --decode 1,64 --prefill 8192 --hf-batch 32 --graphs --reps 10 --budget-s 170 --profile-decode 1 \
+            2>&1 | tee "$OUT/sweep_v4.txt" | grep -vE "Warning|warn" | tail -25 ;;
+    v41) timeout "${V41_S:-260}" python3 benchmarks/sweep.py --arch v41 --out "$OUT/v41" --providers triton \
+            --decode 1,64 --prefill 8192 --hf-batch 32 --skip-hf --graphs --reps 5 --budget-s 200 \
+            --profile-decode 1 2>&1 | tee "$OUT/sweep_v41.txt" | grep -vE "Warning|warn" | tail -25 ;;
   esac
 done
 echo "[$(( $(date +%s) - t0 )) s] done"
