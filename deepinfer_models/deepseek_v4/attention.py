@@ -29,6 +29,27 @@ def split_grouped_linear(wo_a: Linear, groups: int, device) -> list:
                    {"gemm.dense": wo_a.dense_fn}, wo_a.compute_dtype) for g in range(groups)]
 
 
+class GroupedOutput:
+    """The grouped output projection ``wo_a``: o [T, G*Kg] (head group g in columns g*Kg ..) -> [T, G*Ng].
+
+    FP8 weights whose block rows align with the groups go through ``gemm.fp8_block_grouped`` in their
+    checkpoint layout: one kernel for all groups instead of G GEMMs and a concatenation (on the H200 each
+    of those is a launch of its own inside a decode graph). Otherwise one Linear per group, concatenated."""
+
+    def __init__(self, wo_a: Linear, groups: int, kernels: dict, device):
+        self.groups = groups
+        n = wo_a.out_features // groups
+        self.fused = kernels.get("gemm.fp8_block_grouped") if wo_a.fmt == "fp8" and n % wo_a.block[0] == 0 else None
+        self.wo_a = wo_a
+        self.per_group = None if self.fused is not None else split_grouped_linear(wo_a, groups, device)
+
+    def __call__(self, o: torch.Tensor) -> torch.Tensor:
+        if self.fused is not None:
+            return self.fused(o, self.wo_a.weight, self.wo_a.scale, self.wo_a.block, self.groups)
+        og = o.reshape(o.shape[0], self.groups, -1)
+        return torch.cat([lin(og[:, i]) for i, lin in enumerate(self.per_group)], dim=-1)
+
+
 class Indexer:
     """Lightning indexer of a CSA layer: its own overlapping compressor (d_c = index_head_dim)
     writes index keys; queries ``wq_b(qr)`` score visible keys; top-k entry numbers are returned.
@@ -74,8 +95,8 @@ class SharedKVAttention:
         self.eps = cfg.rms_norm_eps
         self.wq_a, self.wq_b = make_linear(f"{p}.wq_a"), make_linear(f"{p}.wq_b")
         self.wkv, self.wo_b = make_linear(f"{p}.wkv"), make_linear(f"{p}.wo_b")
-        # wo_a is applied per head group (one Linear per group, kept in the checkpoint layout)
-        self.wo_a_groups = split_grouped_linear(make_linear(f"{p}.wo_a"), cfg.o_groups, w[f"{p}.wo_a.weight"].device)
+        # wo_a is applied per head group (kept in the checkpoint layout)
+        self.wo_a = GroupedOutput(make_linear(f"{p}.wo_a"), cfg.o_groups, kernels, w[f"{p}.wo_a.weight"].device)
         self.q_norm = w[f"{p}.q_norm.weight"].float()
         self.kv_norm = w[f"{p}.kv_norm.weight"].float()
         self.sinks = w[f"{p}.attn_sink"].float()
@@ -131,6 +152,4 @@ class AttentionV4(SharedKVAttention):
                 cmp_idx = visible
         o = self.k["attention.sparse_sink"](q, swa, swa_meta.read_idx, cmp_cache, cmp_idx, self.sinks, self.d ** -0.5)
         o = rope(o, pos, self.inv_freq, inverse=True)
-        og = o.reshape(t, self.cfg.o_groups, -1)
-        z = torch.cat([lin(og[:, i]) for i, lin in enumerate(self.wo_a_groups)], dim=-1)
-        return self.wo_b(z)
+        return self.wo_b(self.wo_a(o.reshape(t, -1)))

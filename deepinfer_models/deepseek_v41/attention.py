@@ -76,6 +76,4 @@ class AttentionV41(SharedKVAttention):
             cmp_idx = torch.where(sel >= 0, visible.gather(1, sel.clamp(min=0)), torch.full_like(sel, -1))
         o = k["attention.sparse_sink"](q, swa, swa_meta.read_idx, cmp_cache, cmp_idx, self.sinks, self.d ** -0.5)
         o = rope(o, pos, self.inv_freq, inverse=True)
-        og = o.reshape(t, self.cfg.o_groups, -1)
-        z = torch.cat([lin(og[:, i]) for i, lin in enumerate(self.wo_a_groups)], dim=-1)
-        return self.wo_b(z)
+        return self.wo_b(self.wo_a(o.reshape(t, -1)))

@@ -38,13 +38,14 @@ def _scale_bits(b):
 
 
 @triton.jit
-def _fp8_fine_kernel(x_ptr, q_ptr, s_ptr, y_ptr, M, N, K, stride_xm, s_cols, bn_blk, k_per_split,
+def _fp8_fine_kernel(x_ptr, q_ptr, s_ptr, y_ptr, M, N, K, stride_xm, s_cols, bn_blk, k_per_split, NG,
                      SUBK: tl.constexpr, SCALE_E8M0: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr):
     KB: tl.constexpr = BLOCK_K // SUBK
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
+    x_ptr += ((pid_n * BLOCK_N) // NG).to(tl.int64) * K  # grouped weights: this tile's group of x columns
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mmask = rm < M
@@ -114,10 +115,12 @@ def fine_tiles(m: int, n: int, k: int, sms: int, block_k: int | None = None, blo
 
 def gemm_fp8_fine(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, bn_blk: int, bk_blk: int,
                   e8: bool, sms: int, block_k: int | None = None, block_n: int | None = None,
-                  programs: int | None = None, warps: int | None = None, stages: int | None = None) -> torch.Tensor:
+                  programs: int | None = None, warps: int | None = None, stages: int | None = None,
+                  ng: int | None = None) -> torch.Tensor:
     """y [M, N] (x.dtype) = x [M, K] @ dequant(q [N, K], s)^T; operands prepared by ``triton_gemm._prep_fp8``
     (x row-contiguous bf16/fp16, q e4m3 contiguous, s fp32 or UE8M0 bytes [ceil(N/bn), s_cols]). Keyword
-    arguments: tuning knobs (defaults ``FINE_TUNE``)."""
+    arguments: tuning knobs (defaults ``FINE_TUNE``); ``ng``: rows per weight group for the grouped op (x is
+    then [M, (N/ng)*K] and group g reads its columns g*K ..; ng must be a multiple of the column tile)."""
     from deepinfer_nvidia.kernels.triton_gemm import _finish
 
     m, (n, k) = x.shape[0], q.shape
@@ -129,7 +132,7 @@ def gemm_fp8_fine(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int
         torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     nw = warps or (FINE_TUNE["warps"] if bm * bn <= 64 * 64 else 8)
     ns = stages or (FINE_TUNE["stages"] if bm < 128 else 3)
-    _fp8_fine_kernel[grid](x, q, s, y, m, n, k, x.stride(0), s_cols, bn_blk, k_per, SUBK=bk_blk, SCALE_E8M0=e8,
+    _fp8_fine_kernel[grid](x, q, s, y, m, n, k, x.stride(0), s_cols, bn_blk, k_per, ng or n, SUBK=bk_blk, SCALE_E8M0=e8,
                            SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PREC=dot_precision(x.dtype),
                            num_warps=nw, num_stages=ns)
     return y if split == 1 else _finish(y, m, n, x.dtype)

@@ -65,11 +65,14 @@ def _ue8m0(b):
 
 @triton.jit
 def _fp8_gemm_kernel(x_ptr, q_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_ym, s_cols, bn_blk, bk_blk, k_per_split,
-                     SCALE_E8M0: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     NG, SCALE_E8M0: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, PREC: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
+    # grouped weights (``gemm.fp8_block_grouped``): the column tile's group reads x columns g*K .. (g+1)*K;
+    # NG (rows per group) is N when there is one group, so g is 0
+    x_ptr += ((pid_n * BLOCK_N) // NG).to(tl.int64) * K
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mmask = rm < M
@@ -249,7 +252,9 @@ def _prep_fp8(x, q, scale, block):
     return x, q.contiguous(), s, want[1], bn_blk, bk_blk, scale.dtype != torch.float32
 
 
-def _launch_fp8(x, q, s, s_cols, bn_blk, bk_blk, e8, tiles) -> torch.Tensor:
+def _launch_fp8(x, q, s, s_cols, bn_blk, bk_blk, e8, tiles, ng: int | None = None) -> torch.Tensor:
+    """One launch of the general kernel (+ the split-K sum); ``ng``: rows per weight group (grouped op, a
+    multiple of the column tile), default N (one group)."""
     m, (n, k) = x.shape[0], q.shape
     bm, bn, bk, split, warps, stages = tiles
     k_per = triton.cdiv(triton.cdiv(k, split), bk) * bk
@@ -257,7 +262,7 @@ def _launch_fp8(x, q, s, s_cols, bn_blk, bk_blk, e8, tiles) -> torch.Tensor:
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), split)
     y = torch.empty(m, n, dtype=x.dtype, device=x.device) if split == 1 else \
         torch.empty(split, m, n, dtype=torch.float32, device=x.device)
-    _fp8_gemm_kernel[grid](x, q, s, y, m, n, k, x.stride(0), n, s_cols, bn_blk, bk_blk, k_per,
+    _fp8_gemm_kernel[grid](x, q, s, y, m, n, k, x.stride(0), n, s_cols, bn_blk, bk_blk, k_per, ng or n,
                            SCALE_E8M0=e8, SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                            PREC=dot_precision(x.dtype), num_warps=warps, num_stages=stages)
     return y if split == 1 else _finish(y, m, n, x.dtype)
@@ -281,6 +286,77 @@ def gemm_fp8_block(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, block)
     if triton_fp8_fine.takes(x, bk_blk, m, k, DEQUANT_ROWS):  # V4.1's [32, 32] blocks: K tiles over 4 scale blocks
         return triton_fp8_fine.gemm_fp8_fine(x, q, s, s_cols, bn_blk, bk_blk, e8, _sm_count(x.device))
     return _launch_fp8(x, q, s, s_cols, bn_blk, bk_blk, e8, _tiles(m, n, k, x.dtype, x.device, bk_blk & -bk_blk))
+
+
+# -- gemm.fp8_block_grouped -------------------------------------------------------------
+def _grouped_operands(x, q, scale, block, groups):
+    """The reference's checks, then (x, q, s, s_cols, bn_blk, bk_blk, e8, G, Ng) with q's K = Kg."""
+    from deepinfer_core.kernels.ops.gemm import fp8_block_grouped
+
+    g = int(groups)
+    if q.dim() != 2 or g < 1 or q.shape[0] % g or (q.shape[0] // g) % int(block[0]) or x.dim() != 2 \
+            or x.shape[1] != g * q.shape[1]:
+        fp8_block_grouped(x, q, scale, block, groups)  # raises the reference's error
+    x = x if x.stride(1) == 1 else x.contiguous()
+    xs, q, s, s_cols, bn_blk, bk_blk, e8 = _prep_fp8(x[:, :q.shape[1]], q, scale, block)
+    return x, q, s, s_cols, bn_blk, bk_blk, e8, g, q.shape[0] // g
+
+
+def _grouped_loop(fn, x, q, scale, block, g):
+    """Column group by column group through ``fn`` (gemm.fp8_block), concatenated: the unfused form."""
+    ng, kg, sb = q.shape[0] // g, q.shape[1], q.shape[0] // g // int(block[0])
+    return torch.cat([fn(x[:, i * kg:(i + 1) * kg], q[i * ng:(i + 1) * ng], scale[i * sb:(i + 1) * sb], block)
+                      for i in range(g)], dim=-1)
+
+
+def gemm_fp8_block_grouped(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, block, groups: int) -> torch.Tensor:
+    """``gemm.fp8_block_grouped``: x [T, G*Kg], q [G*Ng, Kg] e4m3 -> [T, G*Ng] in x.dtype, one launch (+ the
+    split-K sum) for all G groups below ``DEQUANT_ROWS`` rows; one dequantisation + one batched cuBLAS GEMM
+    above. Column tiles never straddle a group (Ng a multiple of the tile, else the per-group loop)."""
+    from deepinfer_core.kernels.ops.gemm import fp8_block_grouped
+
+    if not supports_fp8(x, q, scale, block):
+        return hand_off("gemm.fp8_block_grouped", f"operands x {x.dtype} q {q.dtype} scale {scale.dtype} on "
+                        f"{x.device} block {block!r} not covered", fp8_block_grouped, x, q, scale, block, groups)
+    x, q, s, s_cols, bn_blk, bk_blk, e8, g, ng = _grouped_operands(x, q, scale, block, groups)
+    m, (n, k) = x.shape[0], q.shape
+    if m == 0:
+        return x.new_zeros(0, n)
+    if m >= DEQUANT_ROWS and x.dtype != torch.float32:
+        w = torch.empty(n, k, dtype=x.dtype, device=x.device)
+        _fp8_dequant_kernel[(triton.cdiv(n, 64), triton.cdiv(k, 128))](q, s, w, n, k, s_cols, bn_blk, bk_blk,
+                                                                      SCALE_E8M0=e8, BLOCK_N=64, BLOCK_K=128,
+                                                                      num_warps=4)
+        y = torch.bmm(x.view(m, g, k).transpose(0, 1), w.view(g, ng, k).transpose(1, 2))  # [G, T, Ng]
+        return y.transpose(0, 1).reshape(m, n)
+    sms = _sm_count(x.device)
+    if triton_fp8_fine.takes(x, bk_blk, m, k, DEQUANT_ROWS):
+        if ng % triton_fp8_fine.fine_tiles(m, n, k, sms)[1] == 0:
+            return triton_fp8_fine.gemm_fp8_fine(x, q, s, s_cols, bn_blk, bk_blk, e8, sms, ng=ng)
+    else:
+        tiles = _tiles(m, n, k, x.dtype, x.device, bk_blk & -bk_blk)
+        if ng % tiles[1] == 0:
+            return _launch_fp8(x, q, s, s_cols, bn_blk, bk_blk, e8, tiles, ng=ng)
+    return _grouped_loop(gemm_fp8_block, x, q, scale, block, g)
+
+
+def gemm_fp8_block_grouped_bi(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, block,
+                              groups: int) -> torch.Tensor:
+    """``gemm.fp8_block_grouped``, batch-invariant: one launch with the tiling ``gemm_fp8_block_bi`` uses for
+    one group's [Ng, Kg] weight (split-K from (Ng, Kg)), so every output element has the bits of the per-group
+    batch-invariant GEMM, whatever T is."""
+    from deepinfer_core.kernels.ops.gemm import fp8_block_grouped
+
+    if not supports_fp8(x, q, scale, block):
+        return hand_off("gemm.fp8_block_grouped[bi]", f"operands x {x.dtype} q {q.dtype} scale {scale.dtype} on "
+                        f"{x.device} block {block!r} not covered", fp8_block_grouped, x, q, scale, block, groups)
+    x, q, s, s_cols, bn_blk, bk_blk, e8, g, ng = _grouped_operands(x, q, scale, block, groups)
+    if x.shape[0] == 0:
+        return x.new_zeros(0, q.shape[0])
+    tiles = bi_tiles(ng, q.shape[1], x.dtype, bk_blk & -bk_blk)
+    if ng % tiles[1]:
+        return _grouped_loop(gemm_fp8_block_bi, x, q, scale, block, g)
+    return _launch_fp8(x, q, s, s_cols, bn_blk, bk_blk, e8, tiles, ng=ng)
 
 
 # -- gemm.mxfp4 ------------------------------------------------------------------------

@@ -126,6 +126,47 @@ def test_fp8_fine_blocks(t, n, k, knobs, fmt):
     close(out, ref.bfloat16(), 3e-2, 3e-2)
 
 
+@pytest.mark.parametrize("t", [1, 8, 64, 300, 600])
+@pytest.mark.parametrize("fmt,block", [("ue8m0", (32, 32)), ("ue8m0", (128, 128)), (None, (128, 128))])
+@pytest.mark.parametrize("provider", ["triton", "triton_bi"])
+def test_fp8_grouped_model_width(reg, t, fmt, block, provider):
+    """``gemm.fp8_block_grouped`` at the V4.1 ``wo_a`` width (8 groups of 1024 x 4096) against the reference,
+    through the fine kernel (32x32), the general kernel (128x128), the dequant + bmm path (600 rows) and the
+    batch-invariant launch; the batch-invariant one must equal the per-group batch-invariant GEMMs bit for bit."""
+    from deepinfer_core.kernels.ops.gemm import fp8_block_grouped
+    from deepinfer_core.kernels.ops.quant import quant_fp8_block
+
+    fn = reg.impl("gemm.fp8_block_grouped", provider)
+    g = _gen(300 + t)
+    groups, ng, kg = 8, 1024, 4096
+    x = torch.randn(t, groups * kg, generator=g).bfloat16()
+    q, s = quant_fp8_block(torch.randn(groups * ng, kg, generator=g) / kg ** 0.5, block, fmt)
+    ref = fp8_block_grouped(x.float(), q, s, block, groups)
+    poison()
+    xc, qc, sc = x.cuda(), q.cuda(), s.cuda()
+    out = fn(xc, qc, sc, block, groups)
+    close(out, ref.bfloat16(), 3e-2, 3e-2)
+    if provider == "triton_bi":
+        one = reg.impl("gemm.fp8_block", "triton_bi")
+        sb = ng // block[0]
+        loop = torch.cat([one(xc[:, i * kg:(i + 1) * kg], qc[i * ng:(i + 1) * ng], sc[i * sb:(i + 1) * sb], block)
+                          for i in range(groups)], dim=-1)
+        assert torch.equal(out, loop)
+
+
+def test_fp8_grouped_bad_input(reg):
+    """Groups that do not divide the weight rows, or rows per group off the scale block: the reference's error."""
+    from deepinfer_core.kernels.ops.quant import quant_fp8_block
+
+    q, s = quant_fp8_block(torch.randn(96, 64), (32, 32), "ue8m0")
+    fn = reg.impl("gemm.fp8_block_grouped", "triton")
+    x = torch.randn(2, 4 * 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="groups"):
+        fn(x[:, :5 * 64], q.cuda(), s.cuda(), (32, 32), 5)
+    with pytest.raises(ValueError, match="multiple of the scale block"):
+        fn(x, q.cuda(), s.cuda(), (32, 32), 4)  # 24 rows per group
+
+
 @pytest.mark.parametrize("t", [1, 64, 300])
 @pytest.mark.parametrize("provider", ["triton", "triton_bi"])
 def test_mxfp4_gemm_model_width(reg, t, provider):

@@ -228,6 +228,33 @@ def test_gemm_fp8_block_vs_float64(fmt, block):
     torch.testing.assert_close(yb.double(), want, atol=0.1, rtol=0.05)
 
 
+@pytest.mark.parametrize("fmt,block", [(None, (128, 128)), ("ue8m0", (32, 32))])
+def test_gemm_fp8_block_grouped_vs_float64(fmt, block):
+    """Column group g of x times weight rows g*Ng..(g+1)*Ng (V4's grouped wo_a), against float64 per group."""
+    g = torch.Generator().manual_seed(8)
+    groups, ng, kg = 3, block[0] * 2, 96
+    x = torch.randn(4, groups * kg, generator=g)
+    q, s = quant_fp8_block(torch.randn(groups * ng, kg, generator=g) / 10, block, fmt)
+    s64 = ue8m0_to_float(s).double() if fmt else s.double()
+    w64 = _fp8_block_dense64(q, s64, *block)
+    want = torch.cat([x[:, i * kg:(i + 1) * kg].double() @ w64[i * ng:(i + 1) * ng].T for i in range(groups)], -1)
+    y = gemm.fp8_block_grouped(x, q, s, block, groups)
+    assert y.shape == (4, groups * ng) and y.dtype == torch.float32
+    torch.testing.assert_close(y.double(), want, atol=1e-4, rtol=1e-5)
+
+
+def test_gemm_fp8_block_grouped_errors():
+    q, s = quant_fp8_block(torch.randn(96, 64), (32, 32), "ue8m0")
+    x = torch.randn(2, 4 * 64)
+    with pytest.raises(ValueError, match="do not split into 5 groups"):
+        gemm.fp8_block_grouped(x[:, :5 * 64], q, s, (32, 32), 5)
+    with pytest.raises(ValueError, match="group rows 24 are not a multiple of the scale block 32"):
+        gemm.fp8_block_grouped(x, q, s, (32, 32), 4)
+    q3, s3 = quant_fp8_block(torch.randn(96, 64), (32, 32), "ue8m0")
+    with pytest.raises(ValueError, match="K=256 but the weight has K=192"):
+        gemm.fp8_block_grouped(x, q3, s3, (32, 32), 3)
+
+
 def test_gemm_mxfp4_vs_float64():
     g = torch.Generator().manual_seed(7)
     x = torch.randn(5, 64, generator=g)
@@ -243,7 +270,7 @@ def test_gemm_ops_register_and_run_their_inputs():
     reg = KernelRegistry()
     for spec in gemm.OPS:
         reg.register_op(spec)
-    assert reg.ops() == ["gemm.dense", "gemm.fp8_block", "gemm.mxfp4"]
+    assert reg.ops() == ["gemm.dense", "gemm.fp8_block", "gemm.fp8_block_grouped", "gemm.mxfp4"]
     for spec in gemm.OPS:
         for dtype in (torch.float32, torch.bfloat16):
             cases = list(spec.input_gen(dtype, "cpu", 0))

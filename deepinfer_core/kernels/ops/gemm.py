@@ -49,6 +49,30 @@ def fp8_block(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, block: tupl
     return linear_rows(x, dequant_fp8_block(q, scale, tuple(block)))
 
 
+def fp8_block_grouped(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
+                      groups: int) -> torch.Tensor:
+    """G FP8 block weights applied to G column groups of x: V4's grouped output projection ``wo_a``.
+
+    ``x [T, G*Kg]``, ``q [G*Ng, Kg]`` float8_e4m3fn (group g's weight is rows ``g*Ng .. (g+1)*Ng``),
+    ``scale`` the stacked weight's block scale ``[G*Ng/bn, ceil(Kg/bk)]``; ``Ng`` must be a multiple of
+    ``bn`` so every scale row belongs to one group. Returns ``[T, G*Ng]`` in ``x.dtype``: column block g is
+    ``fp8_block(x[:, g*Kg:(g+1)*Kg], q[g*Ng:(g+1)*Ng], scale rows of g, block)``.
+    """
+    g = int(groups)
+    if q.dim() != 2:
+        raise ValueError(f"gemm.fp8_block_grouped: q must be [G*Ng, Kg], got shape {tuple(q.shape)}")
+    if g < 1 or q.shape[0] % g:
+        raise ValueError(f"gemm.fp8_block_grouped: {q.shape[0]} weight rows do not split into {groups} groups")
+    ng, kg = q.shape[0] // g, q.shape[1]
+    if ng % int(block[0]):
+        raise ValueError(f"gemm.fp8_block_grouped: group rows {ng} are not a multiple of the scale block "
+                         f"{int(block[0])}")
+    _check_x(x, g * kg, "gemm.fp8_block_grouped")
+    sb = ng // int(block[0])
+    return torch.cat([fp8_block(x[:, i * kg:(i + 1) * kg], q[i * ng:(i + 1) * ng], scale[i * sb:(i + 1) * sb],
+                                block) for i in range(g)], dim=-1)
+
+
 def mxfp4(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``x [T, K]`` times an MXFP4 weight -> ``[T, N]`` in ``x.dtype``.
 
@@ -82,6 +106,15 @@ def _gen_fp8_block(dtype, device, seed):
         yield (x, q.to(device), s.to(device), block), {}
 
 
+def _gen_fp8_block_grouped(dtype, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    for t, groups, ng, kg, block, fmt in [(1, 8, 64, 128, (32, 32), "ue8m0"), (5, 2, 128, 256, (128, 128), None),
+                                          (17, 4, 32, 96, (32, 32), "ue8m0"), (3, 1, 64, 64, (32, 32), None)]:
+        x = torch.randn(t, groups * kg, generator=g).to(dtype).to(device)
+        q, s = quant_fp8_block(torch.randn(groups * ng, kg, generator=g) / kg ** 0.5, block, fmt)
+        yield (x, q.to(device), s.to(device), block, groups), {}
+
+
 def _gen_mxfp4(dtype, device, seed):
     g = torch.Generator().manual_seed(seed)
     for t, n, k in [(1, 64, 128), (5, 96, 256), (16, 128, 64)]:
@@ -98,5 +131,7 @@ OPS = [
     OpSpec("gemm.dense", dense, _gen_dense, doc="y = x @ w^T"),
     OpSpec("gemm.fp8_block", fp8_block, _gen_fp8_block, tolerances=_QUANT_TOL,
            doc="y = x @ dequant_fp8_block(q, scale, block)^T"),
+    OpSpec("gemm.fp8_block_grouped", fp8_block_grouped, _gen_fp8_block_grouped, tolerances=_QUANT_TOL,
+           doc="G column groups of x times G stacked FP8 block weights (the grouped output projection)"),
     OpSpec("gemm.mxfp4", mxfp4, _gen_mxfp4, tolerances=_QUANT_TOL, doc="y = x @ dequant_mxfp4(packed, scale)^T"),
 ]
