@@ -14,11 +14,13 @@ from deepinfer_models.deepseek_v4.attention import AttentionV4
 from deepinfer_models.deepseek_v4.config import DeepseekV4Config
 from deepinfer_models.deepseek_v4.moe import MoEV4
 from deepinfer_models.layers.linear import Linear
+from deepinfer_models.layers.static_index import use_kernels
 
 KERNEL_OPS = (
     "norm.rms", "norm.rms_unweighted", "rope.interleaved", "attention.sparse_sink", "compress.softmax_pool",
     "index.scores", "index.topk", "mhc.mix", "mhc.collapse", "mhc.expand", "mhc.head_pre", "moe.route_topk",
     "moe.route_hash", "moe.experts", "moe.experts_fp8", "moe.experts_mxfp4", "gemm.dense", "gemm.fp8_block", "gemm.mxfp4",
+    "cache.write_rows",
 )
 
 
@@ -68,6 +70,7 @@ class DeepseekCausalLMBase:
         self.cfg, self.dtype = cfg, dtype
         self.device = torch.device(device)
         self.k = resolve_kernels(self.kernel_ops, platform, kernel_overrides)
+        use_kernels(self.k)  # static_index.write_rows (every cache write) runs this model's cache.write_rows
         self.embed = weights["embed.weight"].to(dtype)
         self.head = weights["head.weight"].to(dtype)
         self.norm_w = weights["norm.weight"].float()

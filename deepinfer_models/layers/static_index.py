@@ -5,9 +5,9 @@ data-dependent result all make the host wait for the device, which blocks captur
 step in one CUDA graph. These helpers do the same work with shapes known from the inputs'
 shapes alone, and give results bit-identical to the masked forms:
 
-- ``write_rows``: ``cache[slots[i]] = rows[i]`` for the kept rows; every other row is redirected
-  to repeat the write of the first kept row (same slot, same value), so no extra row of the cache
-  is touched. When no row is kept, row 0 of the cache is written with its own current value.
+- ``write_rows``: ``cache[slots[i]] = rows[i]`` for the kept rows, through the registered kernel op
+  ``cache.write_rows`` (reference: ``deepinfer_core/kernels/ops/cache.py``, which redirects every row
+  not kept to repeat the write of the first kept row; a platform kernel does it in one launch).
 - ``compact``: the first ``size`` indices of a 1-D mask's True entries (a static-size ``nonzero``),
   with a validity mask for the padding.
 - ``closes_any``: whether a step closes any compressor window, read from the host-side slices (no
@@ -16,27 +16,34 @@ shapes alone, and give results bit-identical to the masked forms:
 """
 from __future__ import annotations
 
+from typing import Callable, Mapping
+
 import torch
+
+from deepinfer_core.kernels.ops.cache import write_rows as _write_rows_reference
+
+# The ``cache.write_rows`` callable ``write_rows`` runs (see ``use_kernels``).
+_write_rows_op: Callable[..., torch.Tensor] = _write_rows_reference
+
+
+def use_kernels(kernels: Mapping[str, Callable]) -> None:
+    """Route ``write_rows`` to the resolved ``cache.write_rows`` of ``kernels`` (a model's table).
+
+    Called once at model load (``DeepseekCausalLMBase._setup``), so the op follows the model's
+    platform, overrides and kernel mode like every other op. One process-wide choice: the last
+    model loaded wins, which is safe because every provider writes the same bits (a copy) and a
+    platform kernel hands operands it does not cover (host tensors) to the reference. Until a model
+    binds one, the reference runs."""
+    global _write_rows_op
+    _write_rows_op = kernels.get("cache.write_rows", _write_rows_op)
 
 
 def write_rows(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, keep: torch.Tensor | None = None) -> None:
     """``cache[slots[i]] = rows[i].to(cache.dtype)`` for each i with ``keep[i]`` (default ``slots >= 0``).
 
     cache [N, *E]; slots [K] int64; rows [K, *E]. The kept slots must be distinct (as for the
-    masked form, whose result would otherwise depend on the write order)."""
-    k = slots.shape[0]
-    if k == 0 or cache.shape[0] == 0:
-        return
-    if keep is None:
-        keep = slots >= 0
-    rows = rows.to(cache.dtype)
-    first = torch.argmax(keep.to(torch.int32))  # the first kept row (0 when none is kept)
-    src = torch.where(keep, torch.arange(k, device=slots.device), first)  # a kept row for every row
-    src_kept = keep[src]  # all False only when no row is kept
-    idx = torch.where(src_kept, slots[src], 0)
-    # when nothing is kept, every write puts row 0's current value back (index k of the extension)
-    values = torch.cat([rows, cache[:1]])[torch.where(src_kept, src, k)]
-    cache.index_put_((idx,), values)
+    masked form, whose result would otherwise depend on the write order). No host sync."""
+    _write_rows_op(cache, slots, rows, keep)
 
 
 def compact(mask: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:

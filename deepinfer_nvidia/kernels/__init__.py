@@ -36,6 +36,8 @@ IMPLS: tuple[tuple, ...] = (
     ("index.scores", "triton", f"{_K}.triton_indexer:scores", f"{_K}.triton_indexer:supports", True),
     ("mhc.collapse", "triton", f"{_K}.triton_mhc:collapse", f"{_K}.triton_mhc:supports_collapse", True),
     ("mhc.expand", "triton", f"{_K}.triton_mhc:expand", f"{_K}.triton_mhc:supports_expand", True),
+    # a masked row copy (every KV / state cache write): no reduction, each element stored on its own
+    ("cache.write_rows", "triton", f"{_K}.triton_cache:write_rows", f"{_K}.triton_cache:supports", True),
     # not invariant: tiles / splits chosen from the row count, cuBLAS or grouped_mm above a size
     ("attention.sparse_sink", "triton", f"{_K}.triton_attention:sparse_sink", f"{_K}.triton_attention:supports"),
     ("mhc.mix", "triton", f"{_K}.triton_mhc:mix", f"{_K}.triton_mhc:supports"),

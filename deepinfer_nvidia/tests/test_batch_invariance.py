@@ -209,6 +209,26 @@ def test_norm_rope_rows(reg, dtype):
                lambda g: (torch.randn(8, 512, generator=g), torch.randint(0, 10 ** 6, (), generator=g)))
 
 
+# -- cache writes -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_write_rows_rows(reg, dtype):
+    """cache.write_rows: a row's stored bits (fp32 rows cast to the cache dtype, or left untouched when its
+    slot is -1) do not depend on the other rows of the call."""
+    fn = reg.impl("cache.write_rows", "triton")
+
+    def make_row(g):
+        return torch.randn(512, generator=g) * 3, bool(torch.rand((), generator=g) < 0.8)
+
+    def run(rows):
+        m = len(rows)
+        cache = torch.full((m + 5, 512), float("nan"), dtype=dtype, device="cuda")
+        slots = torch.tensor([i + 5 if kept else -1 for i, (_, kept) in enumerate(rows)], device="cuda")
+        fn(cache, slots, torch.stack([r[0] for r in rows]).cuda(), None)
+        return [cache[i + 5] for i in range(m)]  # row i's slot (still NaN when not kept)
+
+    check_rows(run, make_row)
+
+
 # -- routed experts ---------------------------------------------------------------------------------
 def _routing_row(e, k, d):
     def make(g):
@@ -264,7 +284,8 @@ def test_every_invariant_entry_has_a_row_test():
                ("attention.sparse_sink", "triton_bi"), ("index.scores", "triton"), ("mhc.mix", "triton_bi"),
                ("mhc.collapse", "triton"), ("mhc.expand", "triton"), ("norm.rms", "triton"),
                ("norm.rms_unweighted", "triton"), ("rope.interleaved", "triton"),
-               ("moe.experts_mxfp4", "triton_bi"), ("moe.experts_fp8", "triton_bi"), ("moe.experts", "triton_bi")}
+               ("moe.experts_mxfp4", "triton_bi"), ("moe.experts_fp8", "triton_bi"), ("moe.experts", "triton_bi"),
+               ("cache.write_rows", "triton")}
     assert set(INVARIANT) == covered
 
 
