@@ -399,8 +399,16 @@ def main() -> None:
         tm.TUNE.update({int(k): tuple(v) for k, v in tune["tune"].items()})
         tm.DEQUANT_PAIRS = int(tune["dequant_pairs"])
         tm.DEQUANT_INT = int(tune.get("dequant_int", tm.DEQUANT_INT))
+        import deepinfer_nvidia.kernels.triton_moe_segments as sg
+        import deepinfer_nvidia.kernels.triton_moe_splitk as sk
+
+        if tune.get("splitk_pairs"):  # the small-batch paths' measured range (per-pair or segments)
+            sk.SPLITK_PAIRS = int(tune["splitk_pairs"])
+        sg.SEG_R = int(tune.get("seg_r", sg.SEG_R))
+        sg.SEG_MIN_PAIRS = int(tune.get("seg_min_pairs", sg.SEG_MIN_PAIRS)) or sg.SEG_MIN_PAIRS
         results["moe_tune"] = {"tune": {str(k): v for k, v in tm.TUNE.items()}, "dequant_pairs": tm.DEQUANT_PAIRS,
-                               "dequant_int": tm.DEQUANT_INT}
+                               "dequant_int": tm.DEQUANT_INT, "splitk_pairs": sk.SPLITK_PAIRS, "seg_r": sg.SEG_R,
+                               "seg_min_pairs": sg.SEG_MIN_PAIRS}
         log(f"moe tune applied: {results['moe_tune']}")
     results.update(ceilings())
     log(f"copy {results['copy_bw'] / 1e12:.2f} TB/s, bf16 dense {results['bf16_peak'] / 1e12:.0f} TFLOP/s")

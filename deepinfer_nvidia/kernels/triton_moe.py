@@ -31,7 +31,9 @@ group scale.
 
 Small batches (decode, ``T*k <= triton_moe_splitk.SPLITK_PAIRS``): split-K GEMV kernels, one program per
 (routed pair, row tile, K split), same roundings (``triton_moe_splitk``'s docstring); the blocks above keep
-one valid row in 16 at decode and each program streams a whole K panel (latency-bound).
+one valid row in 16 at decode and each program streams a whole K panel (latency-bound). From
+``triton_moe_segments.SEG_MIN_PAIRS`` pairs the weight decode is shared by up to ``SEG_R`` pairs of one
+expert (``triton_moe_segments``).
 
 Large batches (prefill, ``T*k >= DEQUANT_PAIRS``, bf16): the in-kernel dequantisation is repeated
 for every block of rows, so at prefill sizes it costs more than dequantising each expert once
@@ -60,6 +62,7 @@ import triton.language as tl
 
 from deepinfer_core.kernels.ops.moe import clamped_swiglu, experts_dense, experts_fp8, experts_mxfp4
 from deepinfer_core.kernels.ops.quant import MXFP4_GROUP, QuantFormatError
+from deepinfer_nvidia.kernels import triton_moe_segments as _seg
 from deepinfer_nvidia.kernels import triton_moe_splitk as _splitk
 from deepinfer_nvidia.kernels._common import dot_precision, hand_off, next_pow2, on_cuda
 from deepinfer_nvidia.kernels.triton_gemm import _ue8m0, gemm_dense_bi, gemm_fp8_block, gemm_fp8_block_bi, sum_slices
@@ -370,8 +373,10 @@ def moe_experts_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit):
         return dequant_once_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit)
     if x.dim() == 2 and ids.dim() == 2 and 0 < ids.numel() <= _splitk.SPLITK_PAIRS:
         _check_stacks(x, w1, s1, w3, s3, w2, s2)
-        return _splitk.splitk_mxfp4(x if x.stride(1) == 1 else x.contiguous(), weights, ids, w1, s1, w3, s3, w2, s2,
-                                    limit)
+        xc = x if x.stride(1) == 1 else x.contiguous()
+        if _seg.SEG_R > 1 and ids.numel() >= _seg.SEG_MIN_PAIRS:  # one weight decode for up to SEG_R pairs
+            return _seg.segments_mxfp4(xc, weights, ids, w1, s1, w3, s3, w2, s2, limit, pairs_per_program=_seg.SEG_R)
+        return _splitk.splitk_mxfp4(xc, weights, ids, w1, s1, w3, s3, w2, s2, limit)
     return grouped_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit)
 
 

@@ -38,6 +38,7 @@ def main() -> None:
                     "64x4x8x3x2048x1,32x8x8x3x512x1,32x4x4x3x2048x1",
                     help="block_n x groups x warps x stages x programs x asm")
     ap.add_argument("--splitk-max-pairs", type=int, default=4096)
+    ap.add_argument("--seg-r", default="2,4", help="pairs per program of the segment path (triton_moe_segments)")
     args = ap.parse_args()
     from triton.testing import do_bench
 
@@ -84,6 +85,17 @@ def main() -> None:
             out = sk.splitk_mxfp4(x, w, ids, *ws, 10.0, programs=prog, asm=am).float()
             rel = float((out - ref).norm() / ref.norm())
             print(f"parity T={t}: split-K (programs={prog}, asm={am}) vs aten rel {rel:.2e}", flush=True)
+            assert rel < 1e-2, rel
+    from deepinfer_nvidia.kernels import triton_moe_segments as sg
+
+    seg_rs = [int(v) for v in args.seg_r.split(",") if v]
+    for t in (8, 64):
+        x, w, ids = inputs(t)
+        ref = aten_ops.moe_experts_mxfp4(x, w, ids, *ws, 10.0).float()
+        for r in seg_rs:
+            out = sg.segments_mxfp4(x, w, ids, *ws, 10.0, pairs_per_program=r).float()
+            rel = float((out - ref).norm() / ref.norm())
+            print(f"parity T={t}: segments (R={r}) vs aten rel {rel:.2e}", flush=True)
             assert rel < 1e-2, rel
     x, w, ids = inputs(2048)
     ref = aten_ops.moe_experts_mxfp4(x, w, ids, *ws, 10.0).float()
@@ -153,6 +165,13 @@ def main() -> None:
                         x, w, ids)
                 except Exception as exc:  # noqa: BLE001 - a variant that does not compile is recorded
                     row["splitk_graph_us"]["x".join(map(str, sv))] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
+            row["seg_graph_us"] = {}
+            for r in seg_rs:
+                try:
+                    row["seg_graph_us"][str(r)] = graph_us(lambda a, b, c, r=r: sg.segments_mxfp4(
+                        a, b, c, *ws, 10.0, pairs_per_program=r), x, w, ids)
+                except Exception as exc:  # noqa: BLE001 - recorded, not fatal
+                    row["seg_graph_us"][str(r)] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
             ok = {v: u for v, u in row["splitk_graph_us"].items() if isinstance(u, float)}
             row["splitk_best"] = min(ok, key=ok.get) if ok else None
             row["splitk_best_us"] = ok[row["splitk_best"]] if ok else float("nan")
@@ -167,7 +186,9 @@ def main() -> None:
                 a, b, c, *ws, 10.0, block_n=bv[0], warps=bv[1], stages=bv[2], int_decode=bv[3]), x, w, ids)
             if "splitk_best_us" in row:
                 row["splitk_speedup"] = row["grouped_graph_us"] / row["splitk_best_us"]
-                splitk_rows.append((t * K, row["grouped_graph_us"], row["splitk_best_us"], row["splitk_best"]))
+                seg_ok = [u for u in row.get("seg_graph_us", {}).values() if isinstance(u, float)]
+                small = min([row["splitk_default_us"]] + seg_ok)  # what the provider would run
+                splitk_rows.append((t * K, row["grouped_graph_us"], small, row["splitk_best"]))
         rows.append(row)
         print(json.dumps(row), flush=True)
     tune = {k: (tuple(v) + (0,))[:4] for k, v in tm.TUNE.items()}
@@ -191,13 +212,29 @@ def main() -> None:
             for v, u in ok.items():
                 sk_score[v] = sk_score.get(v, 0.0) + u / min(ok.values())
     splitk_tune = min(sk_score, key=sk_score.get) if sk_score else None
+    # segment path: the R with the least total time over the rows with >= 48 pairs, and the smallest measured
+    # pair count from which it beats the per-pair path's default tile at every larger count
+    seg_rows = [r for r in rows if isinstance(r.get("seg_graph_us"), dict) and r["pairs"] >= 48]
+    seg_tot = {rr: sum(r["seg_graph_us"][rr] for r in seg_rows if isinstance(r["seg_graph_us"].get(rr), float))
+               for rr in (seg_rows[0]["seg_graph_us"] if seg_rows else {})}
+    seg_r = int(min(seg_tot, key=seg_tot.get)) if seg_tot else 1
+    seg_min_pairs = 0
+    for r in sorted((r for r in rows if isinstance(r.get("seg_graph_us"), dict)), key=lambda r: -r["pairs"]):
+        su = r.get("seg_graph_us", {}).get(str(seg_r))
+        if not isinstance(su, float) or su >= r["splitk_default_us"]:
+            break
+        seg_min_pairs = r["pairs"]
+    if not seg_min_pairs:
+        seg_r = 1
+    print(f"segments: R={seg_r} from {seg_min_pairs} pairs; totals {seg_tot}", flush=True)
     with open(os.path.join(args.out, "moe_bench.json"), "w") as fh:
         json.dump({"arch": args.arch, "rows": rows, "tune": {str(k): v for k, v in tune.items()},
                    "dequant_pairs": dequant_pairs, "dequant_int": dequant_int, "splitk_pairs": splitk_pairs,
-                   "splitk_tune": splitk_tune}, fh, indent=1)
+                   "splitk_tune": splitk_tune, "seg_r": seg_r, "seg_min_pairs": seg_min_pairs}, fh, indent=1)
     with open(os.path.join(args.out, "moe_tune.json"), "w") as fh:
         json.dump({"tune": {str(k): list(v) for k, v in tune.items()}, "dequant_pairs": dequant_pairs,
-                   "dequant_int": dequant_int, "splitk_pairs": splitk_pairs, "splitk_tune": splitk_tune}, fh)
+                   "dequant_int": dequant_int, "splitk_pairs": splitk_pairs, "splitk_tune": splitk_tune,
+                   "seg_r": seg_r, "seg_min_pairs": seg_min_pairs}, fh)
     print(f"\n{'T':>6s} {'pairs':>6s} {'experts':>7s} {'BM':>3s} {'grouped us':>10s} {'%BW':>5s} {'graph us':>9s} "
           f"{'per-expert':>10s} {'dq-once':>8s}")
     for r in rows:

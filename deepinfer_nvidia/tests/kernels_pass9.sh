@@ -15,19 +15,20 @@ for s in $STAGES; do
   echo "[$(( $(date +%s) - t0 )) s] stage $s"
   case $s in
     conf) timeout "${CONF_S:-200}" python3 -m pytest -q -p no:cacheprovider -x deepinfer_nvidia/tests/test_conformance.py \
-            -k "splitk or fp8 or harness" $(ls deepinfer_nvidia/tests/test_conformance_cache.py 2>/dev/null) \
+            -k "splitk or segments or fp8 or harness" $(ls deepinfer_nvidia/tests/test_conformance_cache.py 2>/dev/null) \
             2>&1 | tee "$OUT/conformance.txt" | tail -15 ;;
     moe) timeout "${MOE_S:-170}" python3 -m deepinfer_nvidia.tests.bench_moe --out "$OUT" --arch v41 \
             --tokens 1,8,32,64,128,256 --variants 64x4x3x0 2>&1 | tee "$OUT/bench_moe.txt" \
-            | grep -E "parity|splitk|split-K|T=|error" | tail -30 ;;
+            | grep -E "parity|split-K|segments|  T=|chosen|error" | tail -30 ;;
     fp8) timeout "${FP8_S:-170}" python3 -m deepinfer_nvidia.tests.bench_fp8 --out "$OUT" 2>&1 \
             | tee "$OUT/bench_fp8.txt" | grep -E "bandwidth|one V4.1|M=|error" | tail -30 ;;
     v4) timeout "${V4_S:-200}" python3 benchmarks/sweep.py --out "$OUT/v4" --providers triton --layers 2 \
             --decode 1,64 --prefill 8192 --hf-batch 32 --graphs --reps 10 --budget-s 170 --profile-decode 1 \
+            --moe-tune "$OUT/moe_tune.json" \
             2>&1 | tee "$OUT/sweep_v4.txt" | grep -vE "Warning|warn" | tail -25 ;;
     v41) timeout "${V41_S:-260}" python3 benchmarks/sweep.py --arch v41 --out "$OUT/v41" --providers triton \
             --decode 1,64 --prefill 8192 --hf-batch 32 --skip-hf --graphs --reps 5 --budget-s 200 \
-            --profile-decode 1 2>&1 | tee "$OUT/sweep_v41.txt" | grep -vE "Warning|warn" | tail -25 ;;
+            --profile-decode 1 --moe-tune "$OUT/moe_tune.json" 2>&1 | tee "$OUT/sweep_v41.txt" | grep -vE "Warning|warn" | tail -25 ;;
   esac
 done
 echo "[$(( $(date +%s) - t0 )) s] done"

@@ -333,6 +333,35 @@ def _mxfp4_stacks(e: int, d: int, f: int, seed: int):
     return _MXFP4_STACKS[key]
 
 
+@pytest.mark.parametrize("t,k,route", [(1, 6, "rand"), (8, 6, "one"), (17, 3, "skew"), (64, 6, "rand"),
+                                       (100, 6, "rand"), (5, 8, "one")])
+@pytest.mark.parametrize("r", [2, 4])
+@pytest.mark.parametrize("programs", [0, 1 << 20])
+def test_moe_experts_mxfp4_segments(t, k, route, r, programs):
+    """The segment path (one weight decode for up to R pairs of one expert) against the reference: runs longer
+    than R on one expert (``one``: every pair on the last expert, 40 pairs; ``skew``: 17 pairs on each of 3),
+    random routing, the deepest K split (partials + reductions) and one split. bf16, D=640, F=288."""
+    from deepinfer_core.kernels.ops.moe import experts_mxfp4
+    from deepinfer_nvidia.kernels import triton_moe_segments as sg
+
+    e, d, f = 16, 640, 288
+    ws = _mxfp4_stacks(e, d, f, 600)
+    g = _gen(900 + t * 10 + k)
+    x = torch.randn(t, d, generator=g).bfloat16()
+    if route == "one":
+        ids = torch.full((t, k), e - 1, dtype=torch.long)
+    elif route == "skew":
+        ids = torch.randperm(e, generator=g)[:k].expand(t, k).contiguous()
+    else:
+        ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+    w = torch.rand(t, k, generator=g)
+    ref = experts_mxfp4(x, w, ids, *ws, 1.0)
+    cu = [a.cuda() for a in [x, w, ids] + ws]
+    poison()
+    out = sg.segments_mxfp4(*cu, 1.0, pairs_per_program=r, programs=programs or 2048)
+    close(out, ref, 3e-2, 3e-2)
+
+
 @pytest.mark.parametrize("t,k,route", [(1, 6, "rand"), (1, 1, "rand"), (1, 8, "one"), (2, 4, "rand"),
                                        (8, 6, "rand"), (8, 6, "one"), (17, 3, "skew"), (64, 6, "rand")])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
