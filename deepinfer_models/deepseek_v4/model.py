@@ -20,7 +20,7 @@ KERNEL_OPS = (
     "norm.rms", "norm.rms_unweighted", "rope.interleaved", "attention.sparse_sink", "compress.softmax_pool",
     "index.scores", "index.topk", "mhc.mix", "mhc.collapse", "mhc.expand", "mhc.head_pre", "moe.route_topk",
     "moe.route_hash", "moe.experts", "moe.experts_fp8", "moe.experts_mxfp4", "gemm.dense", "gemm.fp8_block", "gemm.mxfp4",
-    "cache.write_rows",
+    "gemm.fp8_block_grouped", "cache.write_rows",
 )
 
 

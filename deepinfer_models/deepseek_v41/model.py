@@ -25,7 +25,7 @@ _OWN_OPS = (
     "norm.rms", "norm.rms_unweighted", "rope.interleaved", "attention.sparse_sink", "compress.softmax_pool",
     "index.scores", "index.topk", "index.candidate_blocks", "index.candidate_mask", "mhc.mix", "mhc.collapse",
     "mhc.expand", "gemm.dense", "gemm.fp8_block", "gemm.mxfp4", "engram.hash_ids", "engram.gather", "engram.gate",
-    "cache.write_rows",
+    "gemm.fp8_block_grouped", "cache.write_rows",
 )
 # The MoE is V4's: take whatever routing / expert ops it uses from V4's list.
 KERNEL_OPS = _OWN_OPS + tuple(op for op in V4_KERNEL_OPS if op.startswith("moe.") and op not in _OWN_OPS)

@@ -289,6 +289,11 @@ def gemm_fp8_block(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, block)
 
 
 # -- gemm.fp8_block_grouped -------------------------------------------------------------
+def supports_fp8_grouped(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, block, groups) -> bool:
+    """``supports_fp8`` for the grouped op (the group count itself is checked by the op)."""
+    return supports_fp8(x, q, scale, block)
+
+
 def _grouped_operands(x, q, scale, block, groups):
     """The reference's checks, then (x, q, s, s_cols, bn_blk, bk_blk, e8, G, Ng) with q's K = Kg."""
     from deepinfer_core.kernels.ops.gemm import fp8_block_grouped

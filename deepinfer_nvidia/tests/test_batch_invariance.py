@@ -88,6 +88,20 @@ def test_fp8_gemm_rows(reg, dtype, fmt, block):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmt,block", [("ue8m0", (32, 32)), ("ue8m0", (128, 128))])
+def test_fp8_grouped_gemm_rows(reg, dtype, fmt, block):
+    """The grouped output projection (8 groups of 1024 x 4096, V4.1's wo_a), batch-invariant launch."""
+    from deepinfer_core.kernels.ops.quant import quant_fp8_block
+
+    g = torch.Generator().manual_seed(3)
+    q, s = quant_fp8_block(torch.randn(8 * 1024, 4096, generator=g) / 64, block, fmt)
+    q, s = q.cuda(), s.cuda()
+    fn = reg.impl("gemm.fp8_block_grouped", "triton_bi")
+    check_rows(lambda rows: fn(torch.stack(rows).cuda().to(dtype), q, s, block, 8),
+               lambda g: torch.randn(8 * 4096, generator=g))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_mxfp4_gemm_rows(reg, dtype):
     from deepinfer_core.kernels.ops.quant import quant_mxfp4
 
@@ -280,7 +294,7 @@ def test_moe_fp8_and_dense_rows(reg, dtype):
 
 def test_every_invariant_entry_has_a_row_test():
     """A new ``batch_invariant=True`` registration must come with a row check in this file."""
-    covered = {("gemm.fp8_block", "triton_bi"), ("gemm.mxfp4", "triton_bi"), ("gemm.dense", "triton_bi"),
+    covered = {("gemm.fp8_block", "triton_bi"), ("gemm.fp8_block_grouped", "triton_bi"), ("gemm.mxfp4", "triton_bi"), ("gemm.dense", "triton_bi"),
                ("attention.sparse_sink", "triton_bi"), ("index.scores", "triton"), ("mhc.mix", "triton_bi"),
                ("mhc.collapse", "triton"), ("mhc.expand", "triton"), ("norm.rms", "triton"),
                ("norm.rms_unweighted", "triton"), ("rope.interleaved", "triton"),
