@@ -397,7 +397,8 @@ def main() -> None:
 
         tune = json.load(open(args.moe_tune))
         tm.TUNE.update({int(k): tuple(v) for k, v in tune["tune"].items()})
-        tm.DEQUANT_PAIRS = int(tune["dequant_pairs"])
+        if tune.get("dequant_pairs") is not None:  # None: the bench measured no prefill-sized row
+            tm.DEQUANT_PAIRS = int(tune["dequant_pairs"])
         tm.DEQUANT_INT = int(tune.get("dequant_int", tm.DEQUANT_INT))
         import deepinfer_nvidia.kernels.triton_moe_segments as sg
         import deepinfer_nvidia.kernels.triton_moe_splitk as sk

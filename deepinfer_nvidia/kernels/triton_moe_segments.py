@@ -33,8 +33,9 @@ from deepinfer_nvidia.kernels.triton_moe_splitk import (
 
 # Pairs per program (R) and the smallest pair count from which ``moe.experts_mxfp4`` (provider triton) takes
 # this path instead of the per-pair one (up to ``triton_moe_splitk.SPLITK_PAIRS``); R = 1 disables it.
-# H200 measurements in docs/performance.md (ninth pass); benchmarks may override.
-SEG_R = 2
+# H200 (docs/performance.md, ninth pass): this version lost to the per-pair kernels at every batch (R=2 at
+# batch 64: 5986 vs 4140 us per V4.1 layer), so it is off by default; bench_moe times it and may enable it.
+SEG_R = 1
 SEG_MIN_PAIRS = 96
 
 

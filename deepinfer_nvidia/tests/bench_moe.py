@@ -34,7 +34,7 @@ def main() -> None:
     ap.add_argument("--variants", default="64x4x3x0,64x4x3x1,128x8x3x0,128x8x3x1",
                     help="block_n x warps x stages x int_decode")
     ap.add_argument("--arch", default="v4", choices=("v4", "v41"))
-    ap.add_argument("--splitk-variants", default="32x8x8x3x2048x1,16x8x4x3x2048x1,32x8x8x3x2048x0,"
+    ap.add_argument("--splitk-variants", default="16x8x4x3x2048x1,32x8x8x3x2048x1,32x8x8x3x2048x0,"
                     "64x4x8x3x2048x1,32x8x8x3x512x1,32x4x4x3x2048x1",
                     help="block_n x groups x warps x stages x programs x asm")
     ap.add_argument("--splitk-max-pairs", type=int, default=4096)
@@ -196,7 +196,8 @@ def main() -> None:
         tune[bm] = min(sc, key=sc.get)
     # smallest measured pair count from which dequant-once wins (0 = never measured faster)
     wins = [p for p, grouped, once in crossover if once < grouped]
-    dequant_pairs = min(wins) if wins else 0
+    # None when no row reached the dequant-once sizes (>= 1024 pairs): nothing was measured, keep the default
+    dequant_pairs = (min(wins) if wins else 0) if crossover else None
     dequant_int = min(dq_int_score, key=dq_int_score.get) if dq_int_score else 0
     # split-K threshold: the largest measured pair count up to which split-K won at every measured count
     splitk_pairs = 0
