@@ -26,11 +26,11 @@ for s in $STAGES; do
     fp8) timeout "${FP8_S:-170}" python3 -m deepinfer_nvidia.tests.bench_fp8 --out "$OUT" 2>&1 \
             | tee "$OUT/bench_fp8.txt" | grep -E "bandwidth|one V4.1|M=|error" | tail -30 ;;
     v4) timeout "${V4_S:-200}" python3 benchmarks/sweep.py --out "$OUT/v4" --providers triton --layers 2 \
-            --decode 1,64 --prefill 8192 --hf-batch 32 --graphs --reps 10 --budget-s 170 --profile-decode 1 \
+            --decode 1,8,64,256 --prefill 1024,8192 --hf-batch 32 --graphs --reps 10 --budget-s 180 --profile-decode 1 \
             \
             2>&1 | tee "$OUT/sweep_v4.txt" | grep -vE "Warning|warn" | tail -25 ;;
     v41) timeout "${V41_S:-260}" python3 benchmarks/sweep.py --arch v41 --out "$OUT/v41" --providers triton \
-            --decode 1,64 --prefill 8192 --hf-batch 32 --skip-hf --graphs --reps 5 --budget-s 200 \
+            --decode 1,8,64,256 --prefill 1024,8192 --hf-batch 32 --skip-hf --graphs --reps 5 --budget-s 180 \
             --profile-decode 1 2>&1 | tee "$OUT/sweep_v41.txt" | grep -vE "Warning|warn" | tail -25 ;;
   esac
 done
