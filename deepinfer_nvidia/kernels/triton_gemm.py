@@ -35,7 +35,7 @@ import triton.language as tl
 
 from deepinfer_core.kernels.ops.gemm import _check_x, dense, fp8_block, mxfp4
 from deepinfer_core.kernels.ops.quant import MXFP4_GROUP, QuantFormatError, fp8_block_scale_shape
-from deepinfer_nvidia.kernels import triton_fp8_fine
+from deepinfer_nvidia.kernels import triton_fp8_fine, triton_fp8_gemv
 from deepinfer_nvidia.kernels._common import FLOATS, dot_precision, hand_off, on_cuda
 
 _SMS = 132  # H200; only used to size split-K, a wrong value costs speed, never correctness
@@ -283,6 +283,8 @@ def gemm_fp8_block(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, block)
                                                                       SCALE_E8M0=e8, BLOCK_N=64, BLOCK_K=128,
                                                                       num_warps=4)
         return x @ w.t()
+    if triton_fp8_gemv.takes(m, bk_blk):  # decode: a CUDA-core GEMV, no 16-row tensor-core tile of padding
+        return triton_fp8_gemv.gemm_fp8_gemv(x, q, s, s_cols, bn_blk, bk_blk, e8, _sm_count(x.device))
     if triton_fp8_fine.takes(x, bk_blk, m, k, DEQUANT_ROWS):  # V4.1's [32, 32] blocks: K tiles over 4 scale blocks
         return triton_fp8_fine.gemm_fp8_fine(x, q, s, s_cols, bn_blk, bk_blk, e8, _sm_count(x.device))
     return _launch_fp8(x, q, s, s_cols, bn_blk, bk_blk, e8, _tiles(m, n, k, x.dtype, x.device, bk_blk & -bk_blk))
@@ -335,7 +337,10 @@ def gemm_fp8_block_grouped(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor
         y = torch.bmm(x.view(m, g, k).transpose(0, 1), w.view(g, ng, k).transpose(1, 2))  # [G, T, Ng]
         return y.transpose(0, 1).reshape(m, n)
     sms = _sm_count(x.device)
-    if triton_fp8_fine.takes(x, bk_blk, m, k, DEQUANT_ROWS):
+    if triton_fp8_gemv.takes(m, bk_blk):
+        if ng % triton_fp8_gemv.gemv_block_n() == 0:
+            return triton_fp8_gemv.gemm_fp8_gemv(x, q, s, s_cols, bn_blk, bk_blk, e8, sms, ng=ng)
+    elif triton_fp8_fine.takes(x, bk_blk, m, k, DEQUANT_ROWS):
         if ng % triton_fp8_fine.fine_tiles(m, n, k, sms)[1] == 0:
             return triton_fp8_fine.gemm_fp8_fine(x, q, s, s_cols, bn_blk, bk_blk, e8, sms, ng=ng)
     else:

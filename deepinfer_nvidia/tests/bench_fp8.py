@@ -1,8 +1,8 @@
 """FP8 [32, 32]-block GEMMs at DeepSeek-V4.1 widths (H200; not run in CI): the general kernel (K tiles of one
-scale block) against the fine-scale kernel's variants, every call replayed from a CUDA graph, with the copy
+scale block) against the fine-scale kernel's variants and (few rows) the CUDA-core GEMV's, every call replayed from a CUDA graph, with the copy
 bandwidth measured in the same run.
 
-    python3 -m deepinfer_nvidia.tests.bench_fp8 --out $OUT [--rows 1,8,32,64,256]
+    python3 -m deepinfer_nvidia.tests.bench_fp8 --out $OUT [--rows 1,2,4,8,64]
 
 Prints one line per (shape, rows, variant): median us, GB/s of weight bytes, % of the copy bandwidth; and a
 per-rows summary of one V4.1 layer's dense FP8 GEMMs (the shapes below, wo_a counted 8 times). Writes
@@ -26,9 +26,11 @@ V41_SHAPES = [("wq_a", 1280, 5120, 1), ("wq_b", 32768, 1280, 1), ("wkv", 512, 51
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
-    ap.add_argument("--rows", default="1,8,32,64,256")
-    ap.add_argument("--variants", default="128x64x2x4x4,128x64x4x4x4,256x64x2x4x3,128x32x2x4x4,128x128x2x8x3,"
-                    "256x32x4x4x3", help="block_k x block_n x programs-per-SM x warps x stages")
+    ap.add_argument("--rows", default="1,2,4,8,64")
+    ap.add_argument("--variants", default="128x64x2x4x4,256x32x4x4x3", help="block_k x block_n x programs-per-SM x warps x stages")
+    ap.add_argument("--gemv-variants", default="32x256x4x4,64x256x4x4,16x256x4x4,32x128x4x4,32x512x4x4,32x256x8x8",
+                    help="block_n x block_k x programs-per-SM x warps, for rows <= --gemv-rows")
+    ap.add_argument("--gemv-rows", type=int, default=8)
     args = ap.parse_args()
     from triton.testing import do_bench
 
@@ -36,6 +38,7 @@ def main() -> None:
     from deepinfer_core.kernels.ops.quant import quant_fp8_block
     from deepinfer_nvidia.graphs import CudaGraphRunner
     from deepinfer_nvidia.kernels import triton_fp8_fine as ff
+    from deepinfer_nvidia.kernels import triton_fp8_gemv as gv
     from deepinfer_nvidia.kernels import triton_gemm as tg
 
     dev = torch.device("cuda")
@@ -71,7 +74,14 @@ def main() -> None:
                     lambda a, bk=bk, bn=bn, pg=pg, nw=nw, ns=ns: ff.gemm_fp8_fine(
                         a, qc, sc, s.shape[1], 32, 32, True, sms, block_k=bk, block_n=bn, programs=pg, warps=nw,
                         stages=ns))
-            cands["provider"] = lambda a: tg.gemm_fp8_block(a, qc, s.cuda(), (32, 32))  # noqa: E731
+            if m <= args.gemv_rows:
+                for v in [tuple(int(a) for a in gs.split("x")) for gs in args.gemv_variants.split(",") if gs]:
+                    bn, bk, pg, nw = v
+                    cands["gemv " + "x".join(map(str, v))] = (
+                        lambda a, bn=bn, bk=bk, pg=pg, nw=nw: gv.gemm_fp8_gemv(
+                            a, qc, sc, s.shape[1], 32, 32, True, sms, block_n=bn, block_k=bk, programs=pg, warps=nw))
+            s_dev = s.cuda()
+            cands["provider"] = lambda a: tg.gemm_fp8_block(a, qc, s_dev, (32, 32))  # noqa: E731
             for label, fn in cands.items():
                 try:
                     rel = float((fn(x).float().cpu() - ref).norm() / ref.norm())
@@ -94,8 +104,10 @@ def main() -> None:
     layer_bytes = sum(n * k * t for _, n, k, t in V41_SHAPES)
     for m, tot in layer.items():
         best = min((u, lab) for lab, u in tot.items() if lab.startswith("fine"))
+        gbest = min(((u, lab) for lab, u in tot.items() if lab.startswith("gemv")), default=(float("nan"), "-"))
         print(f"M={m}: general {tot.get('general', float('nan')):.0f}, provider {tot.get('provider', float('nan')):.0f}, "
-              f"best fine {best[0]:.0f} ({best[1]}), roofline {layer_bytes / copy_bw * 1e6:.0f}", flush=True)
+              f"best fine {best[0]:.0f} ({best[1]}), best gemv {gbest[0]:.0f} ({gbest[1]}), "
+              f"roofline {layer_bytes / copy_bw * 1e6:.0f}", flush=True)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "fp8_bench.json"), "w") as f:
         json.dump({"copy_bw": copy_bw, "rows": rows_out, "layer_us": layer, "layer_bytes": layer_bytes}, f, indent=1)

@@ -126,6 +126,28 @@ def test_fp8_fine_blocks(t, n, k, knobs, fmt):
     close(out, ref.bfloat16(), 3e-2, 3e-2)
 
 
+@pytest.mark.parametrize("t,n,k", [(1, 1000, 1312), (2, 32768, 1280), (4, 520, 5120), (3, 5120, 8192)])
+@pytest.mark.parametrize("fmt,block", [("ue8m0", (32, 32)), ("ue8m0", (128, 128)), (None, (128, 128))])
+@pytest.mark.parametrize("knobs", [{}, {"block_k": 128, "programs": 64}, {"block_n": 64, "block_k": 512}])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fp8_gemv(t, n, k, fmt, block, knobs, dtype):
+    """The few-row CUDA-core GEMV against the reference: N and K tails, 32- and 128-wide scale blocks (several
+    per K tile, or one per tile), fp32 scales, forced deep splits, bf16 and fp32 activations."""
+    from deepinfer_core.kernels.ops.gemm import fp8_block
+    from deepinfer_core.kernels.ops.quant import quant_fp8_block
+    from deepinfer_nvidia.kernels import triton_fp8_gemv as gv
+
+    g = _gen(11 * t + k)
+    x = torch.randn(t, k, generator=g).to(dtype)
+    q, s = quant_fp8_block(torch.randn(n, k, generator=g) / k ** 0.5, block, fmt)
+    ref = fp8_block(x.float(), q, s, block)
+    poison()
+    sb = (s.view(torch.uint8) if fmt else s).contiguous().cuda()
+    out = gv.gemm_fp8_gemv(x.cuda(), q.cuda(), sb, s.shape[1], block[0], block[1], fmt is not None, 132, **knobs)
+    tol = 3e-2 if dtype == torch.bfloat16 else 1e-4
+    close(out, ref.to(dtype), tol, tol)
+
+
 @pytest.mark.parametrize("t", [1, 8, 64, 300, 600])
 @pytest.mark.parametrize("fmt,block", [("ue8m0", (32, 32)), ("ue8m0", (128, 128)), (None, (128, 128))])
 @pytest.mark.parametrize("provider", ["triton", "triton_bi"])
