@@ -23,7 +23,7 @@ import triton.language as tl
 
 # block_n x block_k weight tile per iteration, programs per SM to aim for with split-K, warps, stages, and the
 # largest row count served here (the tensor-core kernels above it). H200: docs/performance.md (ninth pass).
-GEMV_TUNE: dict[str, int] = {"block_n": 32, "block_k": 256, "programs": 4, "warps": 4, "stages": 3, "rows": 4}
+GEMV_TUNE: dict[str, int] = {"block_n": 32, "block_k": 256, "programs": 4, "warps": 4, "stages": 3, "rows": 2}
 
 
 @triton.jit

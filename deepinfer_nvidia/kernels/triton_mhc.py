@@ -142,8 +142,14 @@ def mix(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: tor
         tiles_for_split = triton.cdiv(t, bt)
     tiles = triton.cdiv(t, bt)
     splits = 1
-    while tiles_for_split * splits < 132 and kdim // (splits * 2) >= 4 * bk and splits < 64:
-        splits *= 2
+    if batch_invariant:
+        while tiles_for_split * splits < 132 and kdim // (splits * 2) >= 4 * bk and splits < 64:
+            splits *= 2
+    else:
+        # decode: the 24 x n*D fp32 matrix (2 MB at V4.1 widths) is the whole cost, so spread it over ~2 waves
+        # of programs with 1-3 K tiles each (the H200 B=1 profile had 32 splits of 5 tiles at 25 us per call)
+        while tiles_for_split * splits < 264 and kdim // (splits * 2) >= 2 * bk and splits < 128:
+            splits *= 2
     k_per = triton.cdiv(triton.cdiv(kdim, splits), bk) * bk
     part = torch.empty(splits, t, nr, dtype=torch.float32, device=dev)
     ss = torch.empty(splits, t, dtype=torch.float32, device=dev)

@@ -205,14 +205,16 @@ def test_mxfp4_gemm_model_width(reg, t, provider):
     close(fn(x.cuda(), packed.cuda(), s.cuda()), ref.bfloat16(), 3e-2, 3e-2)
 
 
-@pytest.mark.parametrize("t", [1, 64, 513])
+@pytest.mark.parametrize("t", [1, 8, 64, 513])
+@pytest.mark.parametrize("d", [4096, 5120])
 @pytest.mark.parametrize("provider", ["triton", "triton_bi"])
-def test_mhc_mix_model_width(reg, t, provider):
+def test_mhc_mix_model_width(reg, t, d, provider):
+    """V4 and V4.1 widths (n*D = 16384 / 20480: up to 64 K splits at decode sizes)."""
     from deepinfer_core.kernels.ops.mhc import mhc_mix
 
     fn = reg.impl("mhc.mix", provider)
     g = _gen(200 + t)
-    n, d = 4, 4096
+    n = 4
     r = torch.randn(t, n, d, generator=g).bfloat16()
     fnw = torch.randn((2 + n) * n, n * d, generator=g) / (n * d) ** 0.5
     base = torch.randn((2 + n) * n, generator=g)
