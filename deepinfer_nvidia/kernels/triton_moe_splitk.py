@@ -44,6 +44,8 @@ SPLITK_TUNE: dict[str, int] = {"block_n": 16, "groups": 8, "warps": 4, "stages":
 # Pairs (tokens x top-k) up to which ``moe.experts_mxfp4`` (provider triton) takes this path; 0 disables it.
 # Measured on the H200 (docs/performance.md, ninth pass): the word version wins 1.41x at 384 pairs and ties at 768.
 SPLITK_PAIRS = 512
+# Pairs up to which the path keeps routing order instead of sorting by expert (no argsort / gather launches).
+UNSORTED_PAIRS = 16
 
 
 # 0x80008000 as int32: the sign bits of two fp16 halves. A module global read inside a jit function must be
@@ -126,11 +128,14 @@ def _swiglu(a1, a3, limit, dtype: tl.constexpr):
 @triton.jit
 def _up_gemv_kernel(x8_ptr, order_ptr, se_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, part_ptr, h_ptr, P, D, F, limit,
                     g_per, TOPK: tl.constexpr, DIRECT: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
-                    ASM: tl.constexpr):
+                    ASM: tl.constexpr, SORTED: tl.constexpr):
     pid_p = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
-    pair = tl.load(order_ptr + pid_p).to(tl.int64)
+    if SORTED:
+        pair = tl.load(order_ptr + pid_p).to(tl.int64)
+    else:  # pairs in routing order; se is ids.reshape(-1)
+        pair = pid_p.to(tl.int64)
     e = tl.load(se_ptr + pid_p).to(tl.int64)
     tok = pair // TOPK
     KG = D // 32
@@ -180,11 +185,14 @@ def _act_kernel(part_ptr, h_ptr, P, F, SPLIT, limit, BLOCK: tl.constexpr):
 
 @triton.jit
 def _down_gemv_kernel(h_ptr, order_ptr, se_ptr, w2_ptr, s2_ptr, part_ptr, P, D, F, g_per,
-                      BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, ASM: tl.constexpr):
+                      BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, ASM: tl.constexpr, SORTED: tl.constexpr):
     pid_p = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
-    pair = tl.load(order_ptr + pid_p).to(tl.int64)
+    if SORTED:
+        pair = tl.load(order_ptr + pid_p).to(tl.int64)
+    else:  # pairs in routing order; se is ids.reshape(-1)
+        pair = pid_p.to(tl.int64)
     e = tl.load(se_ptr + pid_p).to(tl.int64)
     KG = F // 32
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -251,8 +259,11 @@ def splitk_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_n: int | 
     use_asm = bool(tune["asm"] if asm is None else asm)
     dev = x.device
     flat = ids.reshape(-1)
-    order = torch.argsort(flat, stable=True)  # pairs grouped by expert
-    se = flat.index_select(0, order)
+    # pairs grouped by expert, so programs on one expert share its weights through L2; a handful of pairs
+    # rarely repeats an expert, and the radix sort + gather cost ~10 us of a ~75 us layer at batch 1
+    sort = p > UNSORTED_PAIRS
+    order = torch.argsort(flat, stable=True) if sort else flat
+    se = flat.index_select(0, order) if sort else flat
     x8 = x.reshape(t, d // 8, 8).transpose(1, 2).contiguous()  # [T, 8, D/8]: plane j holds columns 8i+j
     u8 = [a.view(torch.uint8) for a in (w1, s1, w3, s3, w2, s2)]
     for i in (0, 2, 4):
@@ -262,14 +273,16 @@ def splitk_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_n: int | 
     part1 = torch.empty(2 * sp1 * p * f if sp1 > 1 else 1, dtype=torch.float32, device=dev)
     _up_gemv_kernel[(p, triton.cdiv(f, bn), sp1)](x8, order, se, u8[0], u8[1], u8[2], u8[3], part1, h, p, d, f,
                                                   float(limit), gp1, TOPK=k, DIRECT=sp1 == 1, BLOCK_N=bn,
-                                                  GROUPS=gr, ASM=use_asm, num_warps=nw, num_stages=ns)
+                                                  GROUPS=gr, ASM=use_asm, SORTED=sort, num_warps=nw,
+                                                  num_stages=ns)
     if sp1 > 1:
         blk = min(1024, max(128, triton.next_power_of_2(f)))
         _act_kernel[(p, triton.cdiv(f, blk))](part1, h, p, f, sp1, float(limit), BLOCK=blk, num_warps=4)
     sp2, gp2 = split_for(p, d, f // 32, bn, gr, target)
     part2 = torch.empty(sp2 * p * d, dtype=torch.float32, device=dev)
     _down_gemv_kernel[(p, triton.cdiv(d, bn), sp2)](h, order, se, u8[4], u8[5], part2, p, d, f, gp2, BLOCK_N=bn,
-                                                    GROUPS=gr, ASM=use_asm, num_warps=nw, num_stages=ns)
+                                                    GROUPS=gr, ASM=use_asm, SORTED=sort, num_warps=nw,
+                                                    num_stages=ns)
     out = torch.empty(t, d, dtype=x.dtype, device=dev)
     wt = weights.reshape(-1).float().contiguous()
     blk = min(1024, max(128, triton.next_power_of_2(d)))
