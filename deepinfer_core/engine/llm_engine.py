@@ -22,6 +22,7 @@ from deepinfer_core.engine.output_processor import OutputProcessor
 from deepinfer_core.hub import resolve_model_path
 from deepinfer_core.kernels.mode import batch_invariant_enabled, kernel_mode
 from deepinfer_core.kernels.registry import get_registry
+from deepinfer_core.kernels.resolve import resolve_kernels
 from deepinfer_core.kv.host_tier import HostTier
 from deepinfer_core.kv.manager import KVCacheManager, bytes_per_block_id, num_blocks_from_memory_budget
 from deepinfer_core.kv.spec import StateSpec
@@ -30,7 +31,7 @@ from deepinfer_core.outputs import RequestOutput
 from deepinfer_core.platform.loader import current_platform
 from deepinfer_core.request import Request, RequestStatus
 from deepinfer_core.runner.decode_graphs import DEFAULT_BATCH_SIZES
-from deepinfer_core.runner.executor import PagedExecutor, group_specs
+from deepinfer_core.runner.executor import STEP_KERNEL_OPS, PagedExecutor, group_specs
 from deepinfer_core.runner.host_store import HostKVStore
 from deepinfer_core.runner.sampler import Sampler, make_generator
 from deepinfer_core.sampling_params import SamplingParams
@@ -88,7 +89,9 @@ class LLMEngine:
         num_blocks = num_blocks_from_memory_budget(groups, layers_per_group, budget)
         # Decode steps replay captured graphs where the platform has them (None on the CPU platform).
         graphs = self.platform.capabilities.graph_capture and not config.enforce_eager
-        self.executor = PagedExecutor(self.model, num_blocks, config.max_num_seqs, device,
+        with kernel_mode(batch_invariant=self.batch_invariant):
+            step_kernels = resolve_kernels(STEP_KERNEL_OPS, self.platform, config.kernel_overrides or None)
+        self.executor = PagedExecutor(self.model, num_blocks, config.max_num_seqs, device, kernels=step_kernels,
                                       extra_specs=proposer.kv_cache_specs() if proposer else None,
                                       graph_runner=self.platform.graph_runner if graphs else None,
                                       graph_batch_sizes=tuple(config.graph_capture_sizes) or DEFAULT_BATCH_SIZES,

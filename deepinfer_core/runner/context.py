@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from deepinfer_core.kernels.ops.kv import compressed_slots, sliding_slots
 from deepinfer_core.kv.spec import CompressedSpec, KVCacheSpec, SlidingWindowSpec, StateSpec
 
 
@@ -102,17 +103,10 @@ def upload(host: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     return host.pin_memory().to(dev, non_blocking=True)
 
 
-def _sliding_meta(spec: SlidingWindowSpec, tok: _TokenIndex, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    bs, w = spec.block_size, spec.window
-    p = tok.pos
-    own = table[tok.seq, p // bs] * bs + p % bs
-    # a floored (bounded-replay) request rebuilds its window KV: nothing of this group is shared
-    no_write = torch.where(tok.floor > 0, torch.zeros_like(tok.no_write_before), tok.no_write_before)
-    writes = torch.where(p < no_write, torch.full_like(own, -1), own)
-    q = p[:, None] - torch.arange(w - 1, -1, -1, device=p.device)[None, :]  # positions p-W+1 .. p
-    qc = q.clamp(min=0)
-    rows = table[tok.seq[:, None], qc // bs] * bs + qc % bs
-    return writes, torch.where(q >= tok.floor[:, None], rows, torch.full_like(rows, -1))
+def _sliding_meta(spec: SlidingWindowSpec, tok: _TokenIndex, table: torch.Tensor, kernels: dict | None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    fn = kernels["kv.sliding_slots"] if kernels else sliding_slots
+    return fn(table, tok.seq, tok.pos, tok.no_write_before, tok.floor, spec.block_size, spec.window)
 
 
 def floor_window_reads(read_idx: torch.Tensor, positions: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
@@ -123,16 +117,11 @@ def floor_window_reads(read_idx: torch.Tensor, positions: torch.Tensor, floor: t
     return torch.where(q >= floor[:, None], read_idx, torch.full_like(read_idx, -1))
 
 
-def _compressed_meta(spec: CompressedSpec, tok: _TokenIndex, table: torch.Tensor, width: int
+def _compressed_meta(spec: CompressedSpec, tok: _TokenIndex, table: torch.Tensor, width: int, kernels: dict | None
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    r, epb, bs = spec.ratio, spec.entries_per_block, spec.block_size
-    p = tok.pos
-    last = table.shape[1] - 1
-    own = table[tok.seq, ((p // r) * r // bs).clamp(max=last)] * epb + (p // r) % epb
-    writes = torch.where(((p + 1) % r == 0) & (p >= tok.no_write_before), own, torch.full_like(own, -1))
-    g = torch.arange(width, device=p.device)[None, :]
-    rows = table[tok.seq[:, None], (g * r // bs).clamp(max=last)] * epb + g % epb
-    return writes, torch.where(g < ((p + 1) // r)[:, None], rows, torch.full_like(rows, -1))
+    fn = kernels["kv.compressed_slots"] if kernels else compressed_slots
+    return fn(table, tok.seq, tok.pos, tok.no_write_before, spec.ratio, spec.entries_per_block, spec.block_size,
+              width)
 
 
 _ROW = 6  # packed ints per request: start, no_write_before, state_slot, num_tokens, window_floor, keep_all_rows
@@ -183,10 +172,13 @@ def pack_step(slices: list[SeqSlice], group_specs: dict[int, KVCacheSpec], input
 
 
 def context_from_packed(dev: torch.Tensor, layout: StepLayout, group_specs: dict[int, KVCacheSpec],
-                        cache_group: dict[str, int], caches: dict[str, torch.Tensor], slices: list[SeqSlice]
-                        ) -> tuple[torch.Tensor | None, StepContext]:
+                        cache_group: dict[str, int], caches: dict[str, torch.Tensor], slices: list[SeqSlice],
+                        kernels: dict | None = None) -> tuple[torch.Tensor | None, StepContext]:
     """(input ids [T] or None, the StepContext) from ``pack_step``'s tensor already on the device: index
-    math only, shapes from ``layout`` alone (no host synchronisation, capturable in a graph)."""
+    math only, shapes from ``layout`` alone (no host synchronisation, capturable in a graph).
+
+    ``kernels``: resolved ``kv.sliding_slots`` / ``kv.compressed_slots`` (the platform's, e.g. one Triton
+    launch per group); None runs their references."""
     device = dev.device
     b, total = layout.num_seqs, layout.num_tokens
     ids = dev[:total] if layout.has_ids else None
@@ -207,9 +199,9 @@ def context_from_packed(dev: torch.Tensor, layout: StepLayout, group_specs: dict
         table = tables[gid] = dev[off:off + b * width].view(b, width)
         off += b * width
         if isinstance(spec, SlidingWindowSpec):
-            w, r = _sliding_meta(spec, tok, table)
+            w, r = _sliding_meta(spec, tok, table, kernels)
         elif isinstance(spec, CompressedSpec):
-            w, r = _compressed_meta(spec, tok, table, read_widths[gid])
+            w, r = _compressed_meta(spec, tok, table, read_widths[gid], kernels)
         else:
             raise TypeError(f"group {gid} has non-paged spec {spec!r}")
         groups[gid] = GroupMetadata(spec, w, r)
@@ -225,12 +217,13 @@ def context_from_packed(dev: torch.Tensor, layout: StepLayout, group_specs: dict
 
 
 def build_step_context(slices: list[SeqSlice], group_specs: dict[int, KVCacheSpec], cache_group: dict[str, int],
-                       caches: dict[str, torch.Tensor], device: torch.device) -> StepContext:
+                       caches: dict[str, torch.Tensor], device: torch.device, kernels: dict | None = None
+                       ) -> StepContext:
     """Build the step's metadata: one small host-to-device copy (asynchronous, from pinned memory, on an
     accelerator), then index math on ``device`` for all requests at once (no per-token or per-request
     Python loops, and no host synchronisation)."""
     host, layout = pack_step(slices, group_specs)
-    return context_from_packed(upload(host, device), layout, group_specs, cache_group, caches, slices)[1]
+    return context_from_packed(upload(host, device), layout, group_specs, cache_group, caches, slices, kernels)[1]
 
 
 def is_state(spec: KVCacheSpec) -> bool:

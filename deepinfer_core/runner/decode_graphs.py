@@ -141,7 +141,8 @@ class DecodeGraphs:
     def _step(self, packed: torch.Tensor, layout: StepLayout, taps: tuple[int, ...] = ()) -> Any:
         """The captured function: packed metadata [L] int64 (device) -> hidden [B_pad*q, D], or with
         ``taps`` (hidden, {layer: features}, ctx): the context's tensors are graph outputs too."""
-        ids, ctx = context_from_packed(packed, layout, self.ex.group_specs, self.ex.cache_group, self.ex.caches, [])
+        ids, ctx = context_from_packed(packed, layout, self.ex.group_specs, self.ex.cache_group, self.ex.caches, [],
+                                       getattr(self.ex, "kernels", None))
         ctx.extras["static_shapes"] = True
         if not taps:
             return self.ex.model.forward(ids, ctx)
@@ -196,7 +197,8 @@ class DecodeGraphs:
     def _draft_step(self, packed: torch.Tensor, layout: StepLayout) -> Any:
         """Captured: packed draft-block metadata (ids hold each request's anchor, then N-1 fillers) ->
         the proposer's greedy DraftBatch [B_pad, N]."""
-        ids, ctx = context_from_packed(packed, layout, self.ex.group_specs, self.ex.cache_group, self.ex.caches, [])
+        ids, ctx = context_from_packed(packed, layout, self.ex.group_specs, self.ex.cache_group, self.ex.caches, [],
+                                       getattr(self.ex, "kernels", None))
         ctx.extras["static_shapes"] = True
         b = layout.num_seqs
         anchors = ids.view(b, -1)[:, 0]

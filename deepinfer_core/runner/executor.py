@@ -15,6 +15,10 @@ from deepinfer_core.kv.spec import KVCacheSpec, StateSpec
 from deepinfer_core.runner.context import SeqSlice, StepContext, build_step_context
 from deepinfer_core.runner.decode_graphs import DEFAULT_BATCH_SIZES, DecodeGraphs
 
+# Ops the executor itself runs every step (the per-group slot metadata of runner/context.py); the engine
+# resolves them for its platform like a model's ops.
+STEP_KERNEL_OPS = ("kv.sliding_slots", "kv.compressed_slots")
+
 
 def group_specs(specs: dict[str, KVCacheSpec]) -> tuple[dict[int, KVCacheSpec], dict[str, int], dict[int, list[str]]]:
     """Group equal paged specs. Returns (gid -> spec, cache name -> gid, gid -> cache names)."""
@@ -34,13 +38,15 @@ class PagedExecutor:
     def __init__(self, model, num_blocks: int, max_num_seqs: int, device: torch.device | str = "cpu",
                  extra_specs: dict[str, KVCacheSpec] | None = None, graph_runner: Callable | None = None,
                  graph_batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, max_context: int = 4096,
-                 max_query_len: int = 1):
+                 max_query_len: int = 1, kernels: dict | None = None):
         """``extra_specs``: caches of a second model sharing the block tables (a draft model).
         ``graph_runner``: the platform's graph runner factory (``fn -> callable``, or None when the platform
         has none); with one, uniform decode steps (the same number of tokens, at most ``max_query_len``, for
         every request) run padded to ``graph_batch_sizes`` buckets from captured graphs (``decode_graphs.py``). State tensors get one scratch row (``scratch_state_slot``) for the
-        padding requests."""
+        padding requests. ``kernels``: the step-metadata ops (``STEP_KERNEL_OPS``) resolved for the platform;
+        None runs their references."""
         self.model = model
+        self.kernels = kernels
         self.device = torch.device(device)
         self.specs = {**model.kv_cache_specs(), **(extra_specs or {})}
         self.group_specs, self.cache_group, self.group_members = group_specs(self.specs)
@@ -59,7 +65,7 @@ class PagedExecutor:
             self.graphs = graphs if graphs.graphed is not None else None  # the platform declined
 
     def context(self, slices: list[SeqSlice]) -> StepContext:
-        return build_step_context(slices, self.group_specs, self.cache_group, self.caches, self.device)
+        return build_step_context(slices, self.group_specs, self.cache_group, self.caches, self.device, self.kernels)
 
     @torch.inference_mode()
     def run(self, input_ids: torch.Tensor, slices: list[SeqSlice]) -> torch.Tensor:

@@ -38,6 +38,9 @@ IMPLS: tuple[tuple, ...] = (
     ("mhc.expand", "triton", f"{_K}.triton_mhc:expand", f"{_K}.triton_mhc:supports_expand", True),
     # a masked row copy (every KV / state cache write): no reduction, each element stored on its own
     ("cache.write_rows", "triton", f"{_K}.triton_cache:write_rows", f"{_K}.triton_cache:supports", True),
+    # exact integer index math, but not flagged (no row test): batch-invariant mode runs the references
+    ("kv.sliding_slots", "triton", f"{_K}.triton_kv:sliding_slots", f"{_K}.triton_kv:supports_sliding"),
+    ("kv.compressed_slots", "triton", f"{_K}.triton_kv:compressed_slots", f"{_K}.triton_kv:supports_compressed"),
     # not invariant: tiles / splits chosen from the row count, cuBLAS or grouped_mm above a size
     ("attention.sparse_sink", "triton", f"{_K}.triton_attention:sparse_sink", f"{_K}.triton_attention:supports"),
     ("mhc.mix", "triton", f"{_K}.triton_mhc:mix", f"{_K}.triton_mhc:supports"),
