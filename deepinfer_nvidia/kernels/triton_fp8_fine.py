@@ -22,19 +22,14 @@ import torch
 import triton
 import triton.language as tl
 
+from deepinfer_nvidia.kernels.triton_scales import ue8m0
+
 from deepinfer_nvidia.kernels._common import dot_precision
 
 # block_k: K elements per iteration (a multiple of the scale block); block_n: output columns per program for
 # up to 64 rows (128 above); programs: split-K aims for this many programs per SM-count (x SMs).
 # H200 measurements in docs/performance.md (ninth pass); benchmarks may override.
 FINE_TUNE: dict[str, int] = {"block_k": 128, "block_n": 64, "programs": 2, "warps": 4, "stages": 4}
-
-
-@triton.jit
-def _scale_bits(b):
-    """UE8M0 byte (int32) -> fp32 2^(b-127); byte 0 is the denormal 2^-127."""
-    bits = tl.where(b == 0, 0x00400000, b << 23)
-    return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -66,7 +61,7 @@ def _fp8_fine_kernel(x_ptr, q_ptr, s_ptr, y_ptr, M, N, K, stride_xm, s_cols, bn_
         smask = nmask[:, None] & ((k0 + rsub * SUBK) < k_hi)[None, :]
         sidx = srow[:, None] + (k0 // SUBK + rsub)[None, :]
         if SCALE_E8M0:
-            sc = _scale_bits(tl.load(s_ptr + sidx, mask=smask, other=127).to(tl.int32))
+            sc = ue8m0(tl.load(s_ptr + sidx, mask=smask, other=127).to(tl.int32))
         else:
             sc = tl.load(s_ptr + sidx, mask=smask, other=1.0)
         w = (w8.to(tl.float32) * sc[:, :, None]).to(x.dtype)

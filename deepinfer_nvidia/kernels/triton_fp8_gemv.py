@@ -21,16 +21,11 @@ import torch
 import triton
 import triton.language as tl
 
+from deepinfer_nvidia.kernels.triton_scales import ue8m0
+
 # block_n x block_k weight tile per iteration, programs per SM to aim for with split-K, warps, stages, and the
 # largest row count served here (the tensor-core kernels above it). H200: docs/performance.md (ninth pass).
 GEMV_TUNE: dict[str, int] = {"block_n": 32, "block_k": 256, "programs": 4, "warps": 4, "stages": 3, "rows": 2}
-
-
-@triton.jit
-def _scale_bits(b):
-    """UE8M0 byte (int32) -> fp32 2^(b-127); byte 0 is the denormal 2^-127."""
-    bits = tl.where(b == 0, 0x00400000, b << 23)
-    return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -62,7 +57,7 @@ def _fp8_gemv_kernel(x_ptr, q_ptr, s_ptr, y_ptr, M, N, K, stride_xm, s_cols, bn_
         sidx = srow[:, None] + (kb0 // bk_blk)[None, :]
         smask = nmask[:, None] & (kb0 < k_hi)[None, :]
         if SCALE_E8M0:
-            sc = _scale_bits(tl.load(s_ptr + sidx, mask=smask, other=127).to(tl.int32))
+            sc = ue8m0(tl.load(s_ptr + sidx, mask=smask, other=127).to(tl.int32))
         else:
             sc = tl.load(s_ptr + sidx, mask=smask, other=1.0)
         acc += part * sc

@@ -36,6 +36,7 @@ import triton.language as tl
 from deepinfer_core.kernels.ops.gemm import _check_x, dense, fp8_block, mxfp4
 from deepinfer_core.kernels.ops.quant import MXFP4_GROUP, QuantFormatError, fp8_block_scale_shape
 from deepinfer_nvidia.kernels import triton_fp8_fine, triton_fp8_gemv
+from deepinfer_nvidia.kernels.triton_scales import ue8m0
 from deepinfer_nvidia.kernels._common import FLOATS, dot_precision, hand_off, on_cuda
 
 _SMS = 132  # H200; only used to size split-K, a wrong value costs speed, never correctness
@@ -56,11 +57,7 @@ def _sm_count(device) -> int:
     return n
 
 
-@triton.jit
-def _ue8m0(b):
-    """UE8M0 byte (int32) -> fp32 2^(b-127); byte 0 is the denormal 2^-127."""
-    bits = tl.where(b == 0, 0x00400000, b << 23)
-    return bits.to(tl.float32, bitcast=True)
+_ue8m0 = ue8m0  # the name the MoE kernel modules import
 
 
 @triton.jit
@@ -216,6 +213,15 @@ def _fp8_dequant_kernel(q_ptr, s_ptr, w_ptr, N, K, s_cols, bn_blk, bk_blk, SCALE
     tl.store(w_ptr + off, w.to(w_ptr.dtype.element_ty), mask=mask)
 
 
+def _dequant_fp8(q, s, s_cols, bn_blk, bk_blk, e8, dtype) -> torch.Tensor:
+    """w [N, K] in ``dtype`` = the block-scaled e4m3 weight, one pass (prefill-sized products)."""
+    n, k = q.shape
+    w = torch.empty(n, k, dtype=dtype, device=q.device)
+    _fp8_dequant_kernel[(triton.cdiv(n, 64), triton.cdiv(k, 128))](q, s, w, n, k, s_cols, bn_blk, bk_blk,
+                                                                  SCALE_E8M0=e8, BLOCK_N=64, BLOCK_K=128, num_warps=4)
+    return w
+
+
 # Rows from which a prefill-sized product dequantises the weight once and runs cuBLAS:
 # measured on the H200 (docs/performance.md), the in-kernel-dequant bf16 dot reached
 # 230-260 TFLOP/s at T=1024 where cuBLAS reaches ~700 on the same shapes.
@@ -278,11 +284,7 @@ def gemm_fp8_block(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, block)
     if m == 0:
         return x.new_zeros(0, n)
     if m >= DEQUANT_ROWS and x.dtype != torch.float32:
-        w = torch.empty(n, k, dtype=x.dtype, device=x.device)
-        _fp8_dequant_kernel[(triton.cdiv(n, 64), triton.cdiv(k, 128))](q, s, w, n, k, s_cols, bn_blk, bk_blk,
-                                                                      SCALE_E8M0=e8, BLOCK_N=64, BLOCK_K=128,
-                                                                      num_warps=4)
-        return x @ w.t()
+        return x @ _dequant_fp8(q, s, s_cols, bn_blk, bk_blk, e8, x.dtype).t()
     if triton_fp8_gemv.takes(m, bk_blk):  # decode: a CUDA-core GEMV, no 16-row tensor-core tile of padding
         return triton_fp8_gemv.gemm_fp8_gemv(x, q, s, s_cols, bn_blk, bk_blk, e8, _sm_count(x.device))
     if triton_fp8_fine.takes(x, bk_blk, m, k, DEQUANT_ROWS):  # V4.1's [32, 32] blocks: K tiles over 4 scale blocks
@@ -330,10 +332,7 @@ def gemm_fp8_block_grouped(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor
     if m == 0:
         return x.new_zeros(0, n)
     if m >= DEQUANT_ROWS and x.dtype != torch.float32:
-        w = torch.empty(n, k, dtype=x.dtype, device=x.device)
-        _fp8_dequant_kernel[(triton.cdiv(n, 64), triton.cdiv(k, 128))](q, s, w, n, k, s_cols, bn_blk, bk_blk,
-                                                                      SCALE_E8M0=e8, BLOCK_N=64, BLOCK_K=128,
-                                                                      num_warps=4)
+        w = _dequant_fp8(q, s, s_cols, bn_blk, bk_blk, e8, x.dtype)
         y = torch.bmm(x.view(m, g, k).transpose(0, 1), w.view(g, ng, k).transpose(1, 2))  # [G, T, Ng]
         return y.transpose(0, 1).reshape(m, n)
     sms = _sm_count(x.device)
