@@ -35,6 +35,9 @@ one valid row in 16 at decode and each program streams a whole K panel (latency-
 ``triton_moe_segments.SEG_MIN_PAIRS`` pairs the weight decode is shared by up to ``SEG_R`` pairs of one
 expert (``triton_moe_segments``).
 
+From ``triton_moe_scaled.SCALED_PAIRS`` pairs (when set), bf16 activations take ``tl.dot_scaled`` tiles
+(``triton_moe_scaled``: the compiler's e2m1 upcast or native block-scaled MMA instead of the hand decode).
+
 Large batches (prefill, ``T*k >= DEQUANT_PAIRS``, bf16): the in-kernel dequantisation is repeated
 for every block of rows, so at prefill sizes it costs more than dequantising each expert once
 (H200: the grouped kernels win at 6144 pairs, 9.6 vs 10.5 ms; dequant-once wins 4x at 49152). That path sorts the pairs, dequantises ``DEQUANT_CHUNK`` experts at a time to bf16
@@ -62,6 +65,7 @@ import triton.language as tl
 
 from deepinfer_core.kernels.ops.moe import clamped_swiglu, experts_dense, experts_fp8, experts_mxfp4
 from deepinfer_core.kernels.ops.quant import MXFP4_GROUP, QuantFormatError
+from deepinfer_nvidia.kernels import triton_moe_scaled as _sc
 from deepinfer_nvidia.kernels import triton_moe_segments as _seg
 from deepinfer_nvidia.kernels import triton_moe_splitk as _splitk
 from deepinfer_nvidia.kernels._common import dot_precision, hand_off, next_pow2, on_cuda
@@ -377,6 +381,10 @@ def moe_experts_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit):
         if _seg.SEG_R > 1 and ids.numel() >= _seg.SEG_MIN_PAIRS:  # one weight decode for up to SEG_R pairs
             return _seg.segments_mxfp4(xc, weights, ids, w1, s1, w3, s3, w2, s2, limit, pairs_per_program=_seg.SEG_R)
         return _splitk.splitk_mxfp4(xc, weights, ids, w1, s1, w3, s3, w2, s2, limit)
+    if x.dim() == 2 and ids.dim() == 2 and _sc.SCALED_PAIRS and ids.numel() >= _sc.SCALED_PAIRS and \
+            _sc.supports_scaled(x):
+        _check_stacks(x, w1, s1, w3, s3, w2, s2)
+        return _sc.scaled_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit)
     return grouped_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit)
 
 

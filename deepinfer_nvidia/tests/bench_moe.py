@@ -39,6 +39,9 @@ def main() -> None:
                     help="block_n x groups x warps x stages x programs x asm")
     ap.add_argument("--splitk-max-pairs", type=int, default=4096)
     ap.add_argument("--seg-r", default="2,4", help="pairs per program of the segment path (triton_moe_segments)")
+    ap.add_argument("--scaled-variants", default="16x64x256x4x3,16x128x256x4x3,16x64x128x4x4,32x64x256x4x3,"
+                    "64x128x128x8x3,128x128x128x8x3,128x256x128x8x3,128x128x64x4x4",
+                    help="tl.dot_scaled path (triton_moe_scaled): block_m x block_n x block_k x warps x stages")
     args = ap.parse_args()
     from triton.testing import do_bench
 
@@ -97,6 +100,21 @@ def main() -> None:
             rel = float((out - ref).norm() / ref.norm())
             print(f"parity T={t}: segments (R={r}) vs aten rel {rel:.2e}", flush=True)
             assert rel < 1e-2, rel
+    from deepinfer_nvidia.kernels import triton_moe_scaled as sc
+
+    scv = [tuple(int(v) for v in s.split("x")) for s in args.scaled_variants.split(",") if s]
+    for t in (5, 64, 2048):
+        x, w, ids = inputs(t)
+        ref = aten_ops.moe_experts_mxfp4(x, w, ids, *ws, 10.0).float()
+        for v in {scv[0], scv[-1]}:
+            try:
+                out = sc.scaled_mxfp4(x, w, ids, *ws, 10.0, *v).float()
+                rel = float((out - ref).norm() / ref.norm())
+            except Exception as exc:  # noqa: BLE001 - recorded; the timing rows say it too
+                print(f"parity T={t}: scaled {v} failed: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                continue
+            print(f"parity T={t}: scaled {v} vs aten rel {rel:.2e}", flush=True)
+            assert rel < 1e-2, rel
     x, w, ids = inputs(2048)
     ref = aten_ops.moe_experts_mxfp4(x, w, ids, *ws, 10.0).float()
     rel = float((tm.dequant_once_mxfp4(x, w, ids, *ws, 10.0).float() - ref).norm() / ref.norm())
@@ -154,6 +172,23 @@ def main() -> None:
                             lambda a: gemm_mxfp4(a, w2[e], s2[e]))
                 return tm._run(x, w, ids, 10.0, gemm3)
             row["per_expert_us"] = do_bench(per_expert, warmup=3, rep=20, return_mode="median") * 1e3
+        row["scaled_us"] = {}
+        for v in scv:
+            name = "x".join(map(str, v))
+            try:
+                fn = (lambda a, b, c, v=v: sc.scaled_mxfp4(a, b, c, *ws, 10.0, *v))
+                if t * K <= args.splitk_max_pairs:
+                    row["scaled_us"][name] = graph_us(fn, x, w, ids)
+                else:
+                    row["scaled_us"][name] = do_bench(lambda: fn(x, w, ids), warmup=5, rep=30,
+                                                      return_mode="median") * 1e3
+            except Exception as exc:  # noqa: BLE001 - a variant that does not compile is recorded
+                row["scaled_us"][name] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
+        ok = {v: u for v, u in row["scaled_us"].items() if isinstance(u, float)}
+        if ok:
+            row["scaled_best"] = min(ok, key=ok.get)
+            row["scaled_best_us"] = ok[row["scaled_best"]]
+            row["scaled_pct_copy_bw"] = nbytes / (row["scaled_best_us"] * 1e-6) / 4.2e12 * 100
         if t * K <= args.splitk_max_pairs:
             row["splitk_graph_us"] = {}
             for sv in skv:
@@ -254,6 +289,13 @@ def main() -> None:
                   f"{r.get('splitk_speedup', float('nan')):.2f}x, {r['splitk_pct_copy_bw']:.1f}% BW; "
                   + ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
                               for k, v in r["splitk_graph_us"].items()))
+    print("tl.dot_scaled path (graph replay up to --splitk-max-pairs pairs, else eager), us:")
+    for r in rows:
+        print(f"  T={r['tokens']} P={r['pairs']}: best {r.get('scaled_best')} {r.get('scaled_best_us', float('nan')):.1f} "
+              f"({r.get('scaled_pct_copy_bw', float('nan')):.1f}% BW) vs split-K {r.get('splitk_best_us', float('nan')):.1f}"
+              f" / grouped {r.get('grouped_graph_us', r['grouped_best_us']):.1f} / dq-once "
+              f"{r.get('dequant_once_us', float('nan')):.1f}; "
+              + ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in r["scaled_us"].items()))
     print("chosen:", json.dumps({"tune": tune, "dequant_pairs": dequant_pairs, "dequant_int": dequant_int,
                                  "splitk_pairs": splitk_pairs, "splitk_tune": splitk_tune}),
           f"({time.strftime('%H:%M:%S')})")

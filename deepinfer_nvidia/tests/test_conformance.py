@@ -421,6 +421,35 @@ def test_moe_experts_mxfp4_splitk(reg, t, k, route, dtype, programs, asm):
     close(out, ref, tol, tol)
 
 
+@pytest.mark.parametrize("t,k,route,bm,bk", [(1, 6, "rand", 16, 256), (8, 6, "one", 16, 128), (17, 3, "skew", 32, 256),
+                                             (64, 6, "rand", 16, 128), (300, 6, "rand", 64, 128),
+                                             (300, 6, "skew", 128, 128), (700, 6, "rand", 128, 64),
+                                             (64, 6, "rand", 0, 0)])
+def test_moe_experts_mxfp4_scaled(reg, t, k, route, bm, bk):
+    """The ``tl.dot_scaled`` grouped path against the reference, bf16: one row to prefill-sized blocks, routing
+    that puts every pair on one expert (one expert then fills several blocks) or one fixed set; BLOCK_M 16-128,
+    K tiles 64-256 with tails (D=640, F=288); ``bm`` 0: the module's own tile choice."""
+    from deepinfer_core.kernels.ops.moe import experts_mxfp4
+    from deepinfer_nvidia.kernels import triton_moe_scaled as sc
+
+    e, d, f = 16, 640, 288
+    ws = _mxfp4_stacks(e, d, f, 600)
+    g = _gen(1100 + t * 10 + k)
+    x = torch.randn(t, d, generator=g).bfloat16()
+    if route == "one":
+        ids = torch.full((t, k), e - 1, dtype=torch.long)
+    elif route == "skew":
+        ids = torch.randperm(e, generator=g)[:k].expand(t, k).contiguous()
+    else:
+        ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+    w = torch.rand(t, k, generator=g)
+    ref = experts_mxfp4(x, w, ids, *ws, 1.0)  # limit 1.0: the clamps are active
+    cu = [a.cuda() for a in [x, w, ids] + ws]
+    poison()
+    out = sc.scaled_mxfp4(*cu, 1.0, block_m=bm or None, block_k=bk or None)
+    close(out, ref, 3e-2, 3e-2)
+
+
 def test_moe_experts_mxfp4_dequant_once(reg):
     """The prefill path (experts dequantised to bf16 in chunks, grouped GEMMs) against the reference,
     with chunks that split the experts unevenly; and the stack dequantiser bit-exact."""
