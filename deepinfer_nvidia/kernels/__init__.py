@@ -34,6 +34,7 @@ IMPLS: tuple[tuple, ...] = (
      True),
     ("rope.interleaved", "triton", f"{_K}.triton_rope:rope", f"{_K}.triton_rope:supports", True),
     ("index.scores", "triton", f"{_K}.triton_indexer:scores", f"{_K}.triton_indexer:supports", True),
+    ("index.topk", "triton", f"{_K}.triton_topk:topk_positions_triton", f"{_K}.triton_topk:supports", True),
     ("mhc.collapse", "triton", f"{_K}.triton_mhc:collapse", f"{_K}.triton_mhc:supports_collapse", True),
     ("mhc.expand", "triton", f"{_K}.triton_mhc:expand", f"{_K}.triton_mhc:supports_expand", True),
     # a masked row copy (every KV / state cache write): no reduction, each element stored on its own

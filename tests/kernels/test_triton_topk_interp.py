@@ -1,0 +1,62 @@
+"""``index.topk``'s Triton kernel (``deepinfer_nvidia/kernels/triton_topk.py``) against the reference in Triton's CPU
+interpreter: the op's own cases, exact ties (rounded scores, +0.0 / -0.0), rows with fewer valid scores than k,
+all-invalid rows, k = 1 and k >= N, bf16-rounded V4.1-sized rows (N 1000, k 512), and the streamed path (rows
+longer than one register block). The kept set must equal the reference's, in ascending position order,
+``-1`` only after the kept positions."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+_INTERPRETED = r"""
+import torch
+from deepinfer_core.kernels.ops.indexer import _gen_topk, topk_positions
+from deepinfer_nvidia.kernels import triton_topk as tt
+
+
+def check(s, k):
+    got, want = tt.topk_positions_triton(s, k, force_kernel=True), topk_positions(s, k)
+    assert got.shape == want.shape and got.dtype == torch.long, (got.shape, want.shape)
+    assert torch.equal(got.sort(dim=-1).values, want.sort(dim=-1).values), ("sets differ", k)
+    for row in got:
+        kept = row[row >= 0]
+        assert torch.equal(row[:kept.numel()], kept), "-1 before a kept position"
+        assert torch.equal(kept, kept.sort().values), "kept positions not ascending"
+
+
+n = 0
+for seed in range(2):
+    for (s, k), _ in _gen_topk(None, "cpu", seed):
+        check(s, k)
+        n += 1
+g = torch.Generator().manual_seed(5)
+s = torch.randn(4, 300, generator=g).round()  # many exact ties
+s[1, :] = 0.0
+s[1, ::3] = -0.0
+s[2, 100:] = float("-inf")
+s[3, :] = float("-inf")
+s2 = (torch.randn(3, 1000, generator=g) * 4).bfloat16().float()
+s2[0, 500:] = float("-inf")
+for block in (8192, 64):  # 64: rows streamed in chunks
+    tt.MAX_BLOCK = block
+    for x, k in ((s, 7), (s, 1), (s, 299), (s, 300), (s, 400), (s2, 512), (s2, 20)):
+        check(x, k)
+        n += 1
+print("INTERPRETED", n)
+"""
+
+
+def test_topk_kernel_in_the_interpreter():
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(TRITON_INTERPRET="1", PYTHONPATH=str(REPO_ROOT))
+    proc = subprocess.run([sys.executable, "-c", _INTERPRETED], cwd=REPO_ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "INTERPRETED 20" in proc.stdout, proc.stdout[-2000:]
