@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Ninth-pass kernel checks and timings on one GPU, in one call (docs/performance.md, ninth pass):
 #   OUT=dir bash deepinfer_nvidia/tests/kernels_pass9.sh [STAGES]
-# ops   conformance of the step slot-metadata ops and cache.write_rows (whole files);
+# ops   conformance of the step slot-metadata ops, cache.write_rows, index.topk and (when present) the sampler,
+#       routing and compressor kernels (whole files);
 # bi    row-invariance checks of the new batch-invariant launches (grouped FP8, write_rows);
 # conf  conformance of the word split-K MXFP4 experts, the FP8 GEMMs (fine [32, 32] path included) and the
 #       cache.write_rows kernel; moe  bench_moe at V4.1 widths (split-K variants vs the grouped path, graphs);
@@ -21,7 +22,7 @@ for s in $STAGES; do
     conf) timeout "${CONF_S:-200}" python3 -m pytest -q -p no:cacheprovider deepinfer_nvidia/tests/test_conformance.py \
             -k "${CONF_K:-splitk or segments or fp8 or harness}" 2>&1 | tee "$OUT/conformance.txt" | tail -15 ;;
     ops) timeout "${OPS_S:-120}" python3 -m pytest -q -p no:cacheprovider deepinfer_nvidia/tests/test_conformance_kv.py \
-            deepinfer_nvidia/tests/test_conformance_cache.py 2>&1 | tee "$OUT/conformance_ops.txt" | tail -15 ;;
+            deepinfer_nvidia/tests/test_conformance_cache.py $(ls deepinfer_nvidia/tests/test_conformance_{topk,sampling,route_compress}.py 2>/dev/null) 2>&1 | tee "$OUT/conformance_ops.txt" | tail -15 ;;
     bi) timeout "${BI_S:-60}" python3 -m pytest -q -p no:cacheprovider deepinfer_nvidia/tests/test_batch_invariance.py \
             -k "grouped or write_rows or invariant" 2>&1 | tee "$OUT/bi_rows.txt" | tail -6 ;;
     moe) timeout "${MOE_S:-170}" python3 -m deepinfer_nvidia.tests.bench_moe --out "$OUT" --arch v41 \
