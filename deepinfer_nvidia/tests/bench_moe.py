@@ -100,7 +100,7 @@ def main() -> None:
             rel = float((out - ref).norm() / ref.norm())
             print(f"parity T={t}: segments (R={r}) vs aten rel {rel:.2e}", flush=True)
             assert rel < 1e-2, rel
-    from deepinfer_nvidia.kernels import triton_moe_scaled as sc
+    from deepinfer_nvidia.kernels import triton_moe_scaled as msc
 
     scv = [tuple(int(v) for v in s.split("x")) for s in args.scaled_variants.split(",") if s]
     for t in (5, 64, 2048):
@@ -108,7 +108,7 @@ def main() -> None:
         ref = aten_ops.moe_experts_mxfp4(x, w, ids, *ws, 10.0).float()
         for v in {scv[0], scv[-1]}:
             try:
-                out = sc.scaled_mxfp4(x, w, ids, *ws, 10.0, *v).float()
+                out = msc.scaled_mxfp4(x, w, ids, *ws, 10.0, *v).float()
                 rel = float((out - ref).norm() / ref.norm())
             except Exception as exc:  # noqa: BLE001 - recorded; the timing rows say it too
                 print(f"parity T={t}: scaled {v} failed: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
@@ -176,7 +176,7 @@ def main() -> None:
         for v in scv:
             name = "x".join(map(str, v))
             try:
-                fn = (lambda a, b, c, v=v: sc.scaled_mxfp4(a, b, c, *ws, 10.0, *v))
+                fn = (lambda a, b, c, v=v: msc.scaled_mxfp4(a, b, c, *ws, 10.0, *v))
                 if t * K <= args.splitk_max_pairs:
                     row["scaled_us"][name] = graph_us(fn, x, w, ids)
                 else:
