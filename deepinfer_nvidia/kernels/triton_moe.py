@@ -240,7 +240,7 @@ TUNE: dict[int, tuple[int, int, int, int]] = {16: (64, 4, 3, 0), 32: (128, 8, 3,
 DEQUANT_INT = 0
 # Pairs (tokens x top-k) from which bf16 activations take the dequantise-once + grouped-GEMM path;
 # 0 disables it. Chosen from the H200 measurements in docs/performance.md.
-DEQUANT_PAIRS = 49152
+DEQUANT_PAIRS = 98304  # tenth pass: below this the tl.dot_scaled path (triton_moe_scaled) wins
 DEQUANT_CHUNK = 32
 
 

@@ -28,17 +28,22 @@ import triton.language as tl
 from deepinfer_nvidia.kernels._common import next_pow2
 from deepinfer_nvidia.kernels.triton_gemm import sum_slices
 
-# (block_m, block_n, block_k, warps, stages) by BLOCK_M; H200 measurements in docs/performance.md (tenth pass).
+# (block_m, block_n, block_k, warps, stages) by BLOCK_M. H200, V4.1 widths (docs/performance.md, tenth pass):
+# 16 rows: 16x64x128, 4 warps, 4 stages won at 6-1536 pairs; 32 rows: 32x64x256 at 6144 pairs; 128 rows:
+# 128x128x128, 8 warps at 49152 pairs; 64 rows: not the best anywhere measured, kept between the two.
 SCALED_TUNE: dict[int, tuple[int, int, int, int, int]] = {
-    16: (16, 64, 256, 4, 3), 32: (32, 64, 256, 4, 3), 64: (64, 128, 128, 8, 3), 128: (128, 128, 128, 8, 3)}
-# Pairs (tokens x top-k) from which ``moe.experts_mxfp4`` takes this path (0: never). Off until measured.
-SCALED_PAIRS = 0
+    16: (16, 64, 128, 4, 4), 32: (32, 64, 256, 4, 3), 64: (64, 128, 128, 8, 3), 128: (128, 128, 128, 8, 3)}
+# Pairs (tokens x top-k) from which ``moe.experts_mxfp4`` takes this path (0: never). H200, V4.1 widths: it
+# beat the hand-decoded grouped kernels at every measured size (384 pairs 4453 vs 5570 us, 1536: 6784 vs 8612,
+# 6144: 8031 vs 13220) and dequant-once at 49152 (18423 vs 27766 us); below SPLITK_PAIRS split-K wins.
+SCALED_PAIRS = 1
 
 
 def block_m_for(pairs: int, experts: int) -> int:
-    """Rows per block from the mean number of pairs per routed expert: 16 / 32 / 64 / 128."""
+    """Rows per block from the mean number of pairs per routed expert: 16 / 32 / 64 / 128 (H200: 16 won at a
+    mean of 4, 32 at 16, 128 at 128)."""
     mean = pairs / max(1, min(experts, pairs))
-    return 16 if mean <= 16 else 32 if mean <= 32 else 64 if mean <= 96 else 128
+    return 16 if mean <= 8 else 32 if mean <= 24 else 64 if mean <= 64 else 128
 
 
 @triton.jit

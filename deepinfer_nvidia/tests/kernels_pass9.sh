@@ -29,7 +29,7 @@ for s in $STAGES; do
             --tokens 1,8,32,64,128,256 --variants 64x4x3x0 2>&1 | tee "$OUT/bench_moe.txt" \
             | grep -E "parity|split-K|segments|  T=|chosen|error" | tail -30 ;;
     scaled) timeout "${SCALED_S:-240}" python3 -m deepinfer_nvidia.tests.bench_moe --out "$OUT" --arch v41 \
-            --tokens ${SCALED_T:-1,8,64,256,1024,8192} --variants 64x4x3x0 --splitk-variants 16x8x4x3x2048x1 --seg-r "" \
+            --tokens ${SCALED_T:-1,8,64,256,1024,8192} --variants 64x4x3x0 --splitk-variants 16x8x4x3x2048x1 --seg-r "" ${SCALED_ARGS:-} \
             2>&1 | tee "$OUT/bench_moe_scaled.txt" | grep -E "parity|dot_scaled|  T=|error|Error" | tail -40 ;;
     fp8) timeout "${FP8_S:-170}" python3 -m deepinfer_nvidia.tests.bench_fp8 --out "$OUT" 2>&1 \
             | tee "$OUT/bench_fp8.txt" | grep -E "bandwidth|one V4.1|^M=|error" | tail -30 ;;
