@@ -1,0 +1,120 @@
+"""``sample.topk_topp_minp``'s Triton kernel (``deepinfer_nvidia/kernels/triton_sampling.py``) against the reference
+in Triton's CPU interpreter: the op's own cases (the harness comparator: identical -inf mask), then hard cases:
+exact ties (bf16-rounded logits, four distinct values, all-equal rows, +0.0 / -0.0), ties at the k-th value,
+top_k 1 / 2 / V - 1 / V / 0 / -1, top_p 1e-6 / 0 / 0.999 / off, min_p up to 1.0, -inf entries and an all -inf row,
+and two V = 129280 (DeepSeek V4) rows streamed in many chunks. fp32 logits only (the interpreter mishandles bf16).
+
+Hard cases allow a mask difference only at tokens whose decision hinges on fp32 rounding (top-p mass before the
+token within 2e-5 of p, or a probability within 2e-5 of min-p's threshold, found in float64): the kernel's
+documented caveat; the number of such differences is printed. Kept values must equal the logits bit for bit.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+_INTERPRETED = r"""
+import time
+import torch
+from deepinfer_core.kernels.ops.sampling import _compare_masked, _gen_filters, topk_topp_minp
+from deepinfer_nvidia.kernels import triton_sampling as ts
+
+NEG = float("-inf")
+
+
+def near_boundary(x, top_k, top_p, min_p, tol=2e-5):
+    # float64 walk in the reference's order: tokens whose keep / drop decision is within fp32 rounding
+    x = x.double()
+    v = x.shape[1]
+    e = torch.exp(x - x.amax(-1, keepdim=True))
+    mp = min_p.double()[:, None]
+    minp_row = (((e - mp).abs() <= tol * mp) & (mp > 0)).any(-1, keepdim=True)  # renormalises the whole row
+    x = torch.where(e < mp, NEG, x)
+    sx, order = torch.sort(x, dim=-1, descending=True, stable=True)
+    k = top_k.long()
+    k = torch.where((k <= 0) | (k >= v), v, k)
+    sx = torch.where(sx < sx.gather(1, (k - 1)[:, None]), NEG, sx)
+    probs = torch.softmax(sx, dim=-1)
+    before = torch.cumsum(probs, dim=-1) - probs
+    p = top_p.float().double()[:, None]
+    near = ((before - p).abs() <= tol) & (p < 1)
+    return torch.empty_like(near).scatter_(1, order, near) | minp_row
+
+
+def check(x, top_k, top_p, min_p):
+    out = ts.topk_topp_minp(x, top_k, top_p, min_p, force_kernel=True)
+    ref = topk_topp_minp(x, top_k, top_p, min_p)
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    om, rm = torch.isneginf(out), torch.isneginf(ref)
+    diff = om != rm
+    bad = diff & ~near_boundary(x, top_k, top_p, min_p)
+    assert not bad.any(), ("masks differ", bad.nonzero()[:8].tolist(), top_k.tolist(), top_p.tolist(),
+                           min_p.tolist())
+    assert torch.equal(out[~om], x[~om]), "kept logits changed"
+    return int(diff.sum())
+
+
+def hard_cases(v, seed):
+    g = torch.Generator().manual_seed(seed)
+    rnd = 2 * torch.randn(8, v, generator=g)
+    zeros = torch.zeros(8, v)
+    zeros[1, ::3] = -0.0
+    kth = torch.full((8, v), -3.0)  # 5, then four 4s, then 3s: ties at the k-th value for k = 2..5
+    kth[:, :5] = torch.tensor([5.0, 4.0, 4.0, 4.0, 4.0])
+    kth[:, 40:60] = 3.0
+    kth = kth[:, torch.randperm(v, generator=g)]
+    infs = rnd.clone()
+    infs[0, v // 3:] = NEG
+    infs[1, :] = NEG
+    infs[1, 5] = 1.0
+    infs[2, :] = NEG
+    infs[3, ::2] = NEG
+    infs[4] = torch.tensor([0.0, -0.0, 1.0, -1.0]).repeat(v // 4 + 1)[:v]
+    ks = torch.tensor([1, 2, 7, 50, v, v - 1, 0, -1])
+    ps = torch.tensor([1e-6, 0.3137, 0.9071, 0.999, 0.5003, 1.0, 0.0, 0.7311])
+    mps = torch.tensor([0.0, 0.0, 0.3, 0.0, 0.9, 1.0, 0.05, 0.0])
+    for x in (rnd.bfloat16().float(), torch.randint(0, 4, (8, v), generator=g).float() * 0.5, zeros, kth, infs):
+        yield x, ks, ps, mps
+        yield x, ks.roll(3), ps.roll(1), mps.roll(5)
+    yield kth, torch.tensor([2, 3, 4, 5, 6, 25, 26, 30]), torch.ones(8), torch.zeros(8)
+    yield infs, torch.full((8,), v // 2), torch.full((8,), 0.95), torch.zeros(8)
+
+
+t0 = time.time()
+n = 0
+for seed in range(2):
+    for (x, k, p, mp), _ in _gen_filters(torch.float32, "cpu", seed):
+        _compare_masked(ts.topk_topp_minp(x, k, p, mp, force_kernel=True), topk_topp_minp(x, k, p, mp),
+                        torch.float32)
+        n += 1
+t1 = time.time()
+tolerated = 0
+for case in hard_cases(3001, 7):
+    tolerated += check(*case)
+    n += 1
+t2 = time.time()
+g = torch.Generator().manual_seed(11)
+big = (3 * torch.randn(2, 129280, generator=g)).bfloat16().float()
+tolerated += check(big, torch.tensor([50, 0]), torch.tensor([0.9071, 0.95]), torch.tensor([0.0, 0.0]))
+n += 1
+print(f"times: generated {t1 - t0:.1f}s, hard {t2 - t1:.1f}s, V=129280 {time.time() - t2:.1f}s; "
+      f"tolerated rounding differences: {tolerated}")
+print("INTERPRETED", n)
+"""
+
+
+def test_filter_kernel_in_the_interpreter():
+    """Own process: ``TRITON_INTERPRET`` is read when the kernels are decorated. Skipped without triton."""
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(TRITON_INTERPRET="1", PYTHONPATH=str(REPO_ROOT))
+    proc = subprocess.run([sys.executable, "-c", _INTERPRETED], cwd=REPO_ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "INTERPRETED 21" in proc.stdout, proc.stdout[-2000:]
