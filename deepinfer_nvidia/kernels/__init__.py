@@ -35,6 +35,8 @@ IMPLS: tuple[tuple, ...] = (
     ("rope.interleaved", "triton", f"{_K}.triton_rope:rope", f"{_K}.triton_rope:supports", True),
     ("index.scores", "triton", f"{_K}.triton_indexer:scores", f"{_K}.triton_indexer:supports", True),
     ("index.topk", "triton", f"{_K}.triton_topk:topk_positions_triton", f"{_K}.triton_topk:supports", True),
+    ("sample.topk_topp_minp", "triton", f"{_K}.triton_sampling:topk_topp_minp", f"{_K}.triton_sampling:supports_filters",
+     True),
     ("mhc.collapse", "triton", f"{_K}.triton_mhc:collapse", f"{_K}.triton_mhc:supports_collapse", True),
     ("mhc.expand", "triton", f"{_K}.triton_mhc:expand", f"{_K}.triton_mhc:supports_expand", True),
     # a masked row copy (every KV / state cache write): no reduction, each element stored on its own

@@ -10,6 +10,7 @@
 # v4    the 2-layer V4 sweep with graphs and the HF transformers peer at batch 32;
 # scaled bench_moe at V4.1 widths for the tl.dot_scaled expert path (tenth pass) against split-K, the
 #       grouped kernels and dequant-once, decode to prefill sizes;
+# small bench_small_ops: index.topk, the sampler filter, routing and pooling kernels against their references;
 # v41   the 8-layer V4.1 sweep with graphs (no HF peer: transformers has V4 only). Each stage has its own limit.
 set -u
 OUT=${OUT:-.}
@@ -31,6 +32,8 @@ for s in $STAGES; do
     scaled) timeout "${SCALED_S:-240}" python3 -m deepinfer_nvidia.tests.bench_moe --out "$OUT" --arch v41 \
             --tokens ${SCALED_T:-1,8,64,256,1024,8192} --variants 64x4x3x0 --splitk-variants 16x8x4x3x2048x1 --seg-r "" ${SCALED_ARGS:-} \
             2>&1 | tee "$OUT/bench_moe_scaled.txt" | grep -E "parity|dot_scaled|  T=|error|Error" | tail -40 ;;
+    small) timeout "${SMALL_S:-120}" python3 -m deepinfer_nvidia.tests.bench_small_ops --out "$OUT" 2>&1 \
+            | tee "$OUT/bench_small_ops.txt" | tail -40 ;;
     fp8) timeout "${FP8_S:-170}" python3 -m deepinfer_nvidia.tests.bench_fp8 --out "$OUT" 2>&1 \
             | tee "$OUT/bench_fp8.txt" | grep -E "bandwidth|one V4.1|^M=|error" | tail -30 ;;
     v4) timeout "${V4_S:-200}" python3 benchmarks/sweep.py --out "$OUT/v4" --providers triton --layers 2 \
