@@ -240,7 +240,9 @@ TUNE: dict[int, tuple[int, int, int, int]] = {16: (64, 4, 3, 0), 32: (128, 8, 3,
 DEQUANT_INT = 0
 # Pairs (tokens x top-k) from which bf16 activations take the dequantise-once + grouped-GEMM path;
 # 0 disables it. Chosen from the H200 measurements in docs/performance.md.
-DEQUANT_PAIRS = 98304  # tenth pass: below this the tl.dot_scaled path (triton_moe_scaled) wins
+# Tenth pass: the tl.dot_scaled path (triton_moe_scaled) won up to 98304 pairs (1.16x there, 1.53x at 49152);
+# the crossover is extrapolated from those two points (~130k pairs), not measured.
+DEQUANT_PAIRS = 131072
 DEQUANT_CHUNK = 32
 
 

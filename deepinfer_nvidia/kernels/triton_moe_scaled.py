@@ -30,12 +30,14 @@ from deepinfer_nvidia.kernels.triton_gemm import sum_slices
 
 # (block_m, block_n, block_k, warps, stages) by BLOCK_M. H200, V4.1 widths (docs/performance.md, tenth pass):
 # 16 rows: 16x64x128, 4 warps, 4 stages won at 6-1536 pairs; 32 rows: 32x64x256 at 6144 pairs; 128 rows:
-# 128x128x128, 8 warps at 49152 pairs; 64 rows: not the best anywhere measured, kept between the two.
+# 128x64x128, 4 warps at 49152 and 98304 pairs (128x128x128 / 8 warps within 2%); 64 rows: not the best
+# anywhere measured, kept between the two.
 SCALED_TUNE: dict[int, tuple[int, int, int, int, int]] = {
-    16: (16, 64, 128, 4, 4), 32: (32, 64, 256, 4, 3), 64: (64, 128, 128, 8, 3), 128: (128, 128, 128, 8, 3)}
+    16: (16, 64, 128, 4, 4), 32: (32, 64, 256, 4, 3), 64: (64, 128, 128, 8, 3), 128: (128, 64, 128, 4, 3)}
 # Pairs (tokens x top-k) from which ``moe.experts_mxfp4`` takes this path (0: never). H200, V4.1 widths: it
 # beat the hand-decoded grouped kernels at every measured size (384 pairs 4453 vs 5570 us, 1536: 6784 vs 8612,
-# 6144: 8031 vs 13220) and dequant-once at 49152 (18423 vs 27766 us); below SPLITK_PAIRS split-K wins.
+# 6144: 8031 vs 13220) and dequant-once at 49152 (18055 vs 27649 us) and 98304 (29629 vs 34408); below
+# SPLITK_PAIRS split-K wins (at 768 pairs this path won: 6234 vs split-K 7536).
 SCALED_PAIRS = 1
 
 
