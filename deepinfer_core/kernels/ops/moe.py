@@ -109,6 +109,13 @@ def _gen_experts(dtype, device, seed):
         yield (x, w, ids, w1, w3, w2, 10.0), {}
 
 
+def _gen_route_hash(dtype, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    for t, e, k in [(3, 8, 2), (17, 64, 6)]:
+        ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).to(torch.int32)
+        yield (torch.randn(t, e, generator=g).to(device), ids.to(device), 1.5), {}
+
+
 def _compare_route(out, ref, dtype):
     (wo, io), (wr, ir) = out, ref
     so, oo = io.sort(dim=-1)
@@ -142,7 +149,7 @@ def _gen_experts_mxfp4(dtype, device, seed):
 
 OPS = [
     OpSpec("moe.route_topk", route_topk, _gen_route, compare=_compare_route),
-    OpSpec("moe.route_hash", route_hash, None),
+    OpSpec("moe.route_hash", route_hash, _gen_route_hash, compare=_compare_route),
     OpSpec("moe.experts", experts_dense, _gen_experts, tolerances={torch.bfloat16: (3e-2, 3e-2)}),
     OpSpec("moe.experts_fp8", experts_fp8, _gen_experts_fp8, tolerances={torch.bfloat16: (3e-2, 3e-2)}),
     OpSpec("moe.experts_mxfp4", experts_mxfp4, _gen_experts_mxfp4, tolerances={torch.bfloat16: (3e-2, 3e-2)}),
