@@ -39,8 +39,6 @@ IMPLS: tuple[tuple, ...] = (
     ("moe.route_hash", "triton", f"{_K}.triton_route:route_hash", f"{_K}.triton_route:supports_hash", True),
     ("compress.softmax_pool", "triton", f"{_K}.triton_compress:softmax_pool", f"{_K}.triton_compress:supports_pool",
      True),
-    ("sample.topk_topp_minp", "triton", f"{_K}.triton_sampling:topk_topp_minp", f"{_K}.triton_sampling:supports_filters",
-     True),
     ("mhc.collapse", "triton", f"{_K}.triton_mhc:collapse", f"{_K}.triton_mhc:supports_collapse", True),
     ("mhc.expand", "triton", f"{_K}.triton_mhc:expand", f"{_K}.triton_mhc:supports_expand", True),
     # a masked row copy (every KV / state cache write): no reduction, each element stored on its own
@@ -48,7 +46,10 @@ IMPLS: tuple[tuple, ...] = (
     # exact integer index math, but not flagged (no row test): batch-invariant mode runs the references
     ("kv.sliding_slots", "triton", f"{_K}.triton_kv:sliding_slots", f"{_K}.triton_kv:supports_sliding"),
     ("kv.compressed_slots", "triton", f"{_K}.triton_kv:compressed_slots", f"{_K}.triton_kv:supports_compressed"),
-    # not invariant: tiles / splits chosen from the row count, cuBLAS or grouped_mm above a size
+    # not invariant: tiles / splits chosen from the row count, cuBLAS or grouped_mm above a size (the sampler
+    # filter: the reference below triton_sampling.MIN_ROWS rows, the kernel above; masks agree except within
+    # fp32 rounding of a top-p / min-p boundary)
+    ("sample.topk_topp_minp", "triton", f"{_K}.triton_sampling:topk_topp_minp", f"{_K}.triton_sampling:supports_filters"),
     ("attention.sparse_sink", "triton", f"{_K}.triton_attention:sparse_sink", f"{_K}.triton_attention:supports"),
     ("mhc.mix", "triton", f"{_K}.triton_mhc:mix", f"{_K}.triton_mhc:supports"),
     ("gemm.fp8_block", "triton", f"{_K}.triton_gemm:gemm_fp8_block", f"{_K}.triton_gemm:supports_fp8"),

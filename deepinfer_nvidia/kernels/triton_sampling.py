@@ -187,6 +187,12 @@ def _covered(logits: torch.Tensor) -> bool:
             and logits.shape[1] > 0)
 
 
+# Rows from which the kernel runs. One program walks a whole row (~70 passes with every filter on), so a small
+# batch leaves most SMs idle. H200, V 129280 (docs/performance.md, tenth pass): at B=1 530 us against the
+# reference's 285, at B=8 0.55-0.91x, at B=64 1.4-1.7x, at B=256 2.7-3.4x. Smaller batches run the reference.
+MIN_ROWS = 64
+
+
 def supports_filters(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> bool:
     """CUDA logits [B, V] (fp32/bf16/fp16, V > 0) with CUDA per-row parameters."""
     return on_cuda(logits, top_k, top_p, min_p) and _covered(logits)
@@ -197,6 +203,8 @@ def topk_topp_minp(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tenso
     """``sample.topk_topp_minp``: logits [B, V] (fp32/bf16/fp16), top_k [B] int, top_p [B] and min_p [B]
     float -> a new [B, V] tensor of logits' dtype, filtered-out tokens -inf, kept ones unchanged.
     ``force_kernel`` runs the kernel on CPU tensors (Triton's interpreter, tests only)."""
+    if not force_kernel and supports_filters(logits, top_k, top_p, min_p) and logits.shape[0] < MIN_ROWS:
+        return ref_filters(logits, top_k, top_p, min_p)  # measured faster there (MIN_ROWS)
     if not (supports_filters(logits, top_k, top_p, min_p) or (force_kernel and _covered(logits))):
         return hand_off(_OP, f"logits {getattr(logits, 'dtype', None)} on {getattr(logits, 'device', None)} "
                         "not covered", ref_filters, logits, top_k, top_p, min_p)

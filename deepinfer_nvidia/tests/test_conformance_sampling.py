@@ -23,9 +23,12 @@ NEG = float("-inf")
 
 @pytest.fixture(scope="module")
 def fn():
-    from deepinfer_nvidia.kernels.triton_sampling import topk_topp_minp
+    """The kernel at every batch size (the op itself runs the reference below ``MIN_ROWS`` rows)."""
+    from deepinfer_nvidia.kernels import triton_sampling
 
-    return topk_topp_minp
+    saved, triton_sampling.MIN_ROWS = triton_sampling.MIN_ROWS, 0
+    yield triton_sampling.topk_topp_minp
+    triton_sampling.MIN_ROWS = saved
 
 
 def poison() -> None:
