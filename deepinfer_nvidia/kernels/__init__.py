@@ -41,6 +41,7 @@ IMPLS: tuple[tuple, ...] = (
      True),
     ("mhc.collapse", "triton", f"{_K}.triton_mhc:collapse", f"{_K}.triton_mhc:supports_collapse", True),
     ("mhc.expand", "triton", f"{_K}.triton_mhc:expand", f"{_K}.triton_mhc:supports_expand", True),
+    ("mhc.head_pre", "triton", f"{_K}.triton_mhc:head_pre", f"{_K}.triton_mhc:supports_head", True),
     # a masked row copy (every KV / state cache write): no reduction, each element stored on its own
     ("cache.write_rows", "triton", f"{_K}.triton_cache:write_rows", f"{_K}.triton_cache:supports", True),
     # exact integer index math, but not flagged (no row test): batch-invariant mode runs the references

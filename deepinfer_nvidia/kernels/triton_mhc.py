@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_core.kernels.ops.mhc import mhc_mix
+from deepinfer_core.kernels.ops.mhc import mhc_head_pre, mhc_mix
 from deepinfer_nvidia.kernels._common import FLOATS, hand_off, next_pow2, on_cuda
 
 
@@ -165,6 +165,60 @@ def mix_bi(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: 
            hc_eps: float, sinkhorn_iters: int):
     """``mhc.mix``, batch-invariant (residual [T, n, D] -> fp32 pre [T, n], post [T, n], comb [T, n, n])."""
     return mix(residual, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, batch_invariant=True)
+
+
+# -- mhc.head_pre: the final head's collapse weights (the reference runs ~7 small ops) ----------------------
+@triton.jit
+def _head_gate_kernel(part_ptr, ss_ptr, base_ptr, scale_ptr, out_ptr, T, K, n, norm_eps, hc_eps,
+                      NR: tl.constexpr, NP: tl.constexpr, SPLITS: tl.constexpr):
+    t = tl.program_id(0)
+    s = tl.arange(0, SPLITS)
+    r = 1.0 / tl.sqrt(tl.sum(tl.load(ss_ptr + s * T + t), axis=0) / K + norm_eps)
+    i = tl.arange(0, NP)
+    imask = i < n
+    prow = (s[:, None] * T + t).to(tl.int64) * NR
+    m = tl.sum(tl.load(part_ptr + prow + i[None, :], mask=imask[None, :], other=0.0), axis=0) * r
+    z = m * tl.load(scale_ptr) + tl.load(base_ptr + i, mask=imask, other=0.0)
+    tl.store(out_ptr + t * n + i, tl.sigmoid(z) + hc_eps, mask=imask)
+
+
+def supports_head(residual, fn, base, scale, norm_eps, hc_eps) -> bool:
+    """CUDA residual [T, n, D] (fp32/bf16/fp16, n <= 16) with fp32 fn [n, n*D], base [n], scale [1]."""
+    return (on_cuda(residual, fn, base, scale) and residual.dtype in FLOATS and residual.dim() == 3
+            and residual.shape[1] <= 16 and fn.dtype == base.dtype == scale.dtype == torch.float32)
+
+
+def head_pre(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_eps: float,
+             hc_eps: float, force_kernel: bool = False) -> torch.Tensor:
+    """``mhc.head_pre``: residual [T, n, D] -> fp32 [T, n], ``sigmoid(scale * fn . rms(vec(R)) + base) + hc_eps``.
+
+    Two launches: ``_proj_kernel`` (split-K projection + sum of squares, the split taken from n*D alone and 16
+    tokens per program, so a token's sums never depend on the batch) and one program per token for the RMS
+    factor and the gate. ``force_kernel`` runs on CPU tensors (Triton's interpreter, tests only)."""
+    if not (supports_head(residual, fn, base, scale, norm_eps, hc_eps) or force_kernel):
+        return hand_off("mhc.head_pre", f"operands residual {residual.dtype} on {residual.device} not covered",
+                        mhc_head_pre, residual, fn, base, scale, norm_eps, hc_eps)
+    t, n, d = residual.shape
+    kdim = n * d
+    if fn.shape != (n, kdim) or base.shape != (n,) or scale.numel() != 1:
+        raise ValueError(f"mhc.head_pre: for residual [T, {n}, {d}] expected fn [{n}, {kdim}], base [{n}], "
+                         f"scale [1]; got {tuple(fn.shape)}, {tuple(base.shape)}, {tuple(scale.shape)}")
+    out = torch.empty(t, n, dtype=torch.float32, device=residual.device)
+    if t == 0:
+        return out
+    nr, bk, bt = max(16, next_pow2(n)), 128, BI_BLOCK_T
+    splits = 1
+    while splits < 132 and kdim // (splits * 2) >= 4 * bk and splits < 64:
+        splits *= 2
+    k_per = triton.cdiv(triton.cdiv(kdim, splits), bk) * bk
+    part = torch.empty(splits, t, nr, dtype=torch.float32, device=residual.device)
+    ss = torch.empty(splits, t, dtype=torch.float32, device=residual.device)
+    _proj_kernel[(triton.cdiv(t, bt), splits)](residual.contiguous(), fn.contiguous(), part, ss, t, kdim, n, k_per,
+                                               NR=nr, BLOCK_T=bt, BLOCK_K=bk, num_warps=4)
+    _head_gate_kernel[(t,)](part, ss, base.contiguous(), scale.reshape(1).contiguous(), out, t, kdim, n,
+                            float(norm_eps), float(hc_eps), NR=nr, NP=max(2, next_pow2(n)), SPLITS=splits,
+                            num_warps=1)
+    return out
 
 
 # -- mhc.collapse / mhc.expand: one launch each (the references run 4 and ~8 small ops) ---------------

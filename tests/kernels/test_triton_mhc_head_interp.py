@@ -1,0 +1,52 @@
+"""``mhc.head_pre``'s Triton launch (``deepinfer_nvidia/kernels/triton_mhc.py:head_pre``) in Triton's CPU interpreter
+against the reference: the op's own cases and a V4-like width (n 4, D 1280: several K splits), and the reference's
+shape errors."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+_INTERPRETED = r"""
+import torch
+from deepinfer_core.kernels.ops.mhc import _gen_head, mhc_head_pre
+from deepinfer_nvidia.kernels import triton_mhc as tm
+
+n = 0
+for seed in range(2):
+    for args, _ in _gen_head(torch.float32, "cpu", seed):
+        torch.testing.assert_close(tm.head_pre(*args, force_kernel=True), mhc_head_pre(*args), atol=1e-5, rtol=1e-5)
+        n += 1
+g = torch.Generator().manual_seed(3)
+r = torch.randn(3, 4, 1280, generator=g)
+fn = torch.randn(4, 5120, generator=g) * 0.02
+base, scale = torch.randn(4, generator=g), torch.rand(1, generator=g)
+torch.testing.assert_close(tm.head_pre(r, fn, base, scale, 1e-6, 1e-6, force_kernel=True),
+                           mhc_head_pre(r, fn, base, scale, 1e-6, 1e-6), atol=1e-5, rtol=1e-5)
+print("INTERPRETED", n + 1)
+"""
+
+
+def test_head_pre_in_the_interpreter():
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(TRITON_INTERPRET="1", PYTHONPATH=str(REPO_ROOT))
+    proc = subprocess.run([sys.executable, "-c", _INTERPRETED], cwd=REPO_ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "INTERPRETED 5" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_head_pre_shape_errors():
+    pytest.importorskip("triton")
+    from deepinfer_nvidia.kernels import triton_mhc as tm
+
+    r = torch.randn(2, 4, 16)
+    with pytest.raises(ValueError, match="expected fn"):
+        tm.head_pre(r, torch.randn(4, 60), torch.randn(4), torch.rand(1), 1e-6, 1e-6, force_kernel=True)
