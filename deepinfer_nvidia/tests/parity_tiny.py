@@ -4,7 +4,14 @@
 
 Tiny generated DeepSeek-V4 checkpoints (fp8 layout), three prompts that cross the window and
 both compression ratios; 24 greedy tokens each through the paged decode path. fp32 activations:
-tokens must match exactly and logits within 1e-3 (TF32 is off); bf16: logits within bf16 tolerance.
+tokens must match exactly and logits within 1e-3 (TF32 is off).
+
+bf16: this tiny random model is chaotic under bf16 rounding. The CPU reference's own bf16 logits differ from
+its fp32 logits by ~0.24 (max |logit| ~5), and its bf16 tokens leave the fp32 ones after 1-2 steps (measured on
+the CPU, docs/performance.md, tenth pass). So a fixed absolute tolerance between two bf16 runs says little. The
+bf16 check is instead against the fp32 truth: the GPU's bf16 error, max|GPU bf16 - CPU fp32|, must be at most
+``BF16_ERROR_RATIO`` times the reference's own bf16 error, max|CPU bf16 - CPU fp32|. The GPU-vs-CPU bf16
+difference is printed too.
 """
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ from deepinfer_models.deepseek_v4.loading import load_deepseek_v4
 from deepinfer_models.testing import write_tiny_v4_checkpoint
 
 OVERRIDES = {"gemm.dense": "aten", "moe.experts": "aten"}
+BF16_ERROR_RATIO = 1.5
 
 
 def greedy(model, prompts, n, device):
@@ -52,9 +60,11 @@ def main() -> None:
     gpu = NvidiaPlatform()
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 129000, (n,), generator=g).tolist() for n in (20, 140, 260)]
-    for dtype, tol in ((torch.float32, 1e-3), (torch.bfloat16, 5e-2)):
-        d = tempfile.mkdtemp()
-        write_tiny_v4_checkpoint(d, quant="fp8", seed=1, tokenizer=False)
+    d = tempfile.mkdtemp()
+    write_tiny_v4_checkpoint(d, quant="fp8", seed=1, tokenizer=False)
+    truth = None  # CPU fp32 first-step logits
+    failed = []
+    for dtype, tol in ((torch.float32, 1e-3), (torch.bfloat16, None)):
         os.environ["DEEPINFER_KERNELS"] = "reference"
         cpu_model = load_deepseek_v4(d, dtype=dtype, device="cpu")
         os.environ.pop("DEEPINFER_KERNELS")
@@ -67,7 +77,22 @@ def main() -> None:
         diff = (l_cpu - l_gpu).abs().max().item()
         scale = l_cpu.abs().max().item()
         print(f"{str(dtype):15} greedy tokens identical per prompt: {same} (agreeing {agree}/24); "
-              f"first-step logits max|diff| {diff:.2e} (max|logit| {scale:.2f}, tol {tol:g})")
+              f"first-step logits max|GPU - CPU| {diff:.2e} (max|logit| {scale:.2f})")
+        if tol is not None:
+            truth = l_cpu
+            if not all(same) or diff > tol:
+                failed.append(f"{dtype}: tokens {same}, logits {diff:.2e} > {tol:g}")
+        else:
+            err_gpu = (l_gpu - truth).abs().max().item()
+            err_cpu = (l_cpu - truth).abs().max().item()
+            ok = err_gpu <= BF16_ERROR_RATIO * err_cpu
+            print(f"{'':15} against CPU fp32: GPU bf16 error {err_gpu:.3e}, CPU reference bf16 error {err_cpu:.3e} "
+                  f"(ratio {err_gpu / max(err_cpu, 1e-30):.2f}, bound {BF16_ERROR_RATIO}): {'ok' if ok else 'FAIL'}")
+            if not ok:
+                failed.append(f"bf16 error {err_gpu:.3e} > {BF16_ERROR_RATIO} x {err_cpu:.3e}")
+    if failed:
+        raise SystemExit("parity failed: " + "; ".join(failed))
+    print("parity ok")
 
 
 if __name__ == "__main__":
