@@ -108,7 +108,8 @@ def topk_topp_minp(
     b, v = logits.shape
     wd = _work_dtype(logits)
     x = logits.to(wd)
-    neg_inf = torch.tensor(float("-inf"), dtype=wd, device=x.device)
+    # a device fill, not torch.tensor(...): no host-to-device copy, so the op can be captured in a CUDA graph
+    neg_inf = x.new_full((), float("-inf"))
 
     # min-p; the most likely token always passes (its prob >= min_p * itself).
     probs = torch.softmax(x, dim=-1)
