@@ -3,18 +3,12 @@ bad operands raise clear errors; ``static_index.write_rows`` runs the bound op; 
 run in Triton's CPU interpreter, writes what the reference writes."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from deepinfer_core.kernels.ops.cache import _gen, check_write_rows, write_rows
 from deepinfer_core.kernels.registry import get_registry
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -208,16 +202,10 @@ print("INTERPRETED", n + 6)
 """
 
 
-def test_triton_kernel_in_the_interpreter():
+def test_triton_kernel_in_the_interpreter(run_interpreted):
     """The kernel against the reference in ``TRITON_INTERPRET=1`` (its own process: the flag is read when
     the kernel is decorated). Skipped when triton is not installed."""
-    pytest.importorskip("triton")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(TRITON_INTERPRET="1", PYTHONPATH=str(REPO_ROOT))
-    proc = subprocess.run([sys.executable, "-c", _INTERPRETED], cwd=REPO_ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "INTERPRETED 96" in proc.stdout, proc.stdout[-2000:]
+    run_interpreted(_INTERPRETED, "INTERPRETED 96")
 
 
 def test_triton_wrapper_on_host_tensors_is_the_reference():

@@ -3,17 +3,11 @@ cache layout (docs/architecture.md), their errors, the engine's use of the resol
 in Triton's CPU interpreter against the references."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from deepinfer_core.kernels.ops.kv import _gen_compressed, _gen_sliding, compressed_slots, sliding_slots
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def sliding_loop(table, seq, pos, nwb, floor, bs, window):
@@ -112,13 +106,7 @@ print("INTERPRETED", n + 2)
 """
 
 
-def test_triton_kernels_in_the_interpreter():
+def test_triton_kernels_in_the_interpreter(run_interpreted):
     """The kernels against the references in ``TRITON_INTERPRET=1`` (own process: the flag is read when the
     kernels are decorated). Skipped when triton is not installed."""
-    pytest.importorskip("triton")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(TRITON_INTERPRET="1", PYTHONPATH=str(REPO_ROOT))
-    proc = subprocess.run([sys.executable, "-c", _INTERPRETED], cwd=REPO_ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "INTERPRETED 29" in proc.stdout, proc.stdout[-2000:]
+    run_interpreted(_INTERPRETED, "INTERPRETED 29")

@@ -3,15 +3,9 @@ against the reference: the op's own cases and a V4-like width (n 4, D 1280: seve
 shape errors."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 _INTERPRETED = r"""
 import torch
@@ -33,14 +27,8 @@ print("INTERPRETED", n + 1)
 """
 
 
-def test_head_pre_in_the_interpreter():
-    pytest.importorskip("triton")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(TRITON_INTERPRET="1", PYTHONPATH=str(REPO_ROOT))
-    proc = subprocess.run([sys.executable, "-c", _INTERPRETED], cwd=REPO_ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "INTERPRETED 5" in proc.stdout, proc.stdout[-2000:]
+def test_head_pre_in_the_interpreter(run_interpreted):
+    run_interpreted(_INTERPRETED, "INTERPRETED 5")
 
 
 def test_head_pre_shape_errors():

@@ -6,14 +6,6 @@ give errors of order 100%; the GPU conformance test (``test_moe_experts_mxfp4_sc
 bound."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-import pytest
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 _INTERPRETED = r"""
 import torch
@@ -49,11 +41,5 @@ print("INTERPRETED", n)
 """
 
 
-def test_scaled_experts_in_the_interpreter():
-    pytest.importorskip("triton")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(TRITON_INTERPRET="1", PYTHONPATH=str(REPO_ROOT))
-    proc = subprocess.run([sys.executable, "-c", _INTERPRETED], cwd=REPO_ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "INTERPRETED 4" in proc.stdout, proc.stdout[-2000:]
+def test_scaled_experts_in_the_interpreter(run_interpreted):
+    run_interpreted(_INTERPRETED, "INTERPRETED 4")

@@ -3,19 +3,13 @@
 host operands to the references (same results, same errors)."""
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from deepinfer_core.kernels.ops.compress import softmax_pool
 from deepinfer_core.kernels.ops.moe import route_hash, route_topk
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 _INTERPRETED = r"""
 import warnings
@@ -124,16 +118,10 @@ print("INTERPRETED", n)
 """
 
 
-def test_triton_kernels_in_the_interpreter():
+def test_triton_kernels_in_the_interpreter(run_interpreted):
     """The kernels against the references in ``TRITON_INTERPRET=1`` (own process: the flag is read when the
     kernels are decorated). Skipped when triton is not installed."""
-    pytest.importorskip("triton")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(TRITON_INTERPRET="1", PYTHONPATH=str(REPO_ROOT))
-    proc = subprocess.run([sys.executable, "-c", _INTERPRETED], cwd=REPO_ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "INTERPRETED 48" in proc.stdout, proc.stdout[-2000:]
+    run_interpreted(_INTERPRETED, "INTERPRETED 48")
 
 
 def _same_error(fn, ref, *args):

@@ -10,14 +10,6 @@ documented caveat; the number of such differences is printed. Kept values must e
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-import pytest
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 _INTERPRETED = r"""
 import time
@@ -109,12 +101,6 @@ print("INTERPRETED", n)
 """
 
 
-def test_filter_kernel_in_the_interpreter():
+def test_filter_kernel_in_the_interpreter(run_interpreted):
     """Own process: ``TRITON_INTERPRET`` is read when the kernels are decorated. Skipped without triton."""
-    pytest.importorskip("triton")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(TRITON_INTERPRET="1", PYTHONPATH=str(REPO_ROOT))
-    proc = subprocess.run([sys.executable, "-c", _INTERPRETED], cwd=REPO_ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "INTERPRETED 21" in proc.stdout, proc.stdout[-2000:]
+    run_interpreted(_INTERPRETED, "INTERPRETED 21")

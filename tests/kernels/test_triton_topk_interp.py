@@ -5,14 +5,6 @@ longer than one register block). The kept set must equal the reference's, in asc
 ``-1`` only after the kept positions."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-import pytest
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 _INTERPRETED = r"""
 import torch
@@ -52,11 +44,5 @@ print("INTERPRETED", n)
 """
 
 
-def test_topk_kernel_in_the_interpreter():
-    pytest.importorskip("triton")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(TRITON_INTERPRET="1", PYTHONPATH=str(REPO_ROOT))
-    proc = subprocess.run([sys.executable, "-c", _INTERPRETED], cwd=REPO_ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "INTERPRETED 20" in proc.stdout, proc.stdout[-2000:]
+def test_topk_kernel_in_the_interpreter(run_interpreted):
+    run_interpreted(_INTERPRETED, "INTERPRETED 20")
