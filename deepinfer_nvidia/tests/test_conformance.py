@@ -357,6 +357,18 @@ def _mxfp4_stacks(e: int, d: int, f: int, seed: int):
     return _MXFP4_STACKS[key]
 
 
+def _routing(t: int, k: int, e: int, route: str, g: torch.Generator):
+    """(ids [t, k], weights [t, k]): ``one`` puts every pair on the last expert, ``skew`` gives every token the same
+    k experts, else each token k distinct random experts."""
+    if route == "one":
+        ids = torch.full((t, k), e - 1, dtype=torch.long)
+    elif route == "skew":
+        ids = torch.randperm(e, generator=g)[:k].expand(t, k).contiguous()
+    else:
+        ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+    return ids, torch.rand(t, k, generator=g)
+
+
 @pytest.mark.parametrize("t,k,route", [(1, 6, "rand"), (8, 6, "one"), (17, 3, "skew"), (64, 6, "rand"),
                                        (100, 6, "rand"), (5, 8, "one")])
 @pytest.mark.parametrize("r", [2, 4])
@@ -372,13 +384,7 @@ def test_moe_experts_mxfp4_segments(t, k, route, r, programs):
     ws = _mxfp4_stacks(e, d, f, 600)
     g = _gen(900 + t * 10 + k)
     x = torch.randn(t, d, generator=g).bfloat16()
-    if route == "one":
-        ids = torch.full((t, k), e - 1, dtype=torch.long)
-    elif route == "skew":
-        ids = torch.randperm(e, generator=g)[:k].expand(t, k).contiguous()
-    else:
-        ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
-    w = torch.rand(t, k, generator=g)
+    ids, w = _routing(t, k, e, route, g)
     ref = experts_mxfp4(x, w, ids, *ws, 1.0)
     cu = [a.cuda() for a in [x, w, ids] + ws]
     poison()
@@ -403,13 +409,7 @@ def test_moe_experts_mxfp4_splitk(reg, t, k, route, dtype, programs, asm):
     ws = _mxfp4_stacks(e, d, f, 600)
     g = _gen(700 + t * 10 + k)
     x = torch.randn(t, d, generator=g).to(dtype)
-    if route == "one":
-        ids = torch.full((t, k), e - 1, dtype=torch.long)
-    elif route == "skew":
-        ids = torch.randperm(e, generator=g)[:k].expand(t, k).contiguous()
-    else:
-        ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
-    w = torch.rand(t, k, generator=g)
+    ids, w = _routing(t, k, e, route, g)
     ref = experts_mxfp4(x, w, ids, *ws, 1.0)  # limit 1.0: the clamps are active
     cu = [a.cuda() for a in [x, w, ids] + ws]
     poison()
@@ -436,13 +436,7 @@ def test_moe_experts_mxfp4_scaled(reg, t, k, route, bm, bk):
     ws = _mxfp4_stacks(e, d, f, 600)
     g = _gen(1100 + t * 10 + k)
     x = torch.randn(t, d, generator=g).bfloat16()
-    if route == "one":
-        ids = torch.full((t, k), e - 1, dtype=torch.long)
-    elif route == "skew":
-        ids = torch.randperm(e, generator=g)[:k].expand(t, k).contiguous()
-    else:
-        ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
-    w = torch.rand(t, k, generator=g)
+    ids, w = _routing(t, k, e, route, g)
     ref = experts_mxfp4(x, w, ids, *ws, 1.0)  # limit 1.0: the clamps are active
     cu = [a.cuda() for a in [x, w, ids] + ws]
     poison()
