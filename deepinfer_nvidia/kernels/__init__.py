@@ -50,7 +50,8 @@ IMPLS: tuple[tuple, ...] = (
     # not invariant: tiles / splits chosen from the row count, cuBLAS or grouped_mm above a size (the sampler
     # filter: the reference below triton_sampling.MIN_ROWS rows, the kernel above; masks agree except within
     # fp32 rounding of a top-p / min-p boundary)
-    ("sample.topk_topp_minp", "triton", f"{_K}.triton_sampling:topk_topp_minp", f"{_K}.triton_sampling:supports_filters"),
+    ("sample.topk_topp_minp", "triton", f"{_K}.triton_sampling:topk_topp_minp",
+     f"{_K}.triton_sampling:supports_filters"),
     ("attention.sparse_sink", "triton", f"{_K}.triton_attention:sparse_sink", f"{_K}.triton_attention:supports"),
     ("mhc.mix", "triton", f"{_K}.triton_mhc:mix", f"{_K}.triton_mhc:supports"),
     ("gemm.fp8_block", "triton", f"{_K}.triton_gemm:gemm_fp8_block", f"{_K}.triton_gemm:supports_fp8"),

@@ -35,12 +35,14 @@ one valid row in 16 at decode and each program streams a whole K panel (latency-
 ``triton_moe_segments.SEG_MIN_PAIRS`` pairs the weight decode is shared by up to ``SEG_R`` pairs of one
 expert (``triton_moe_segments``).
 
-From ``triton_moe_scaled.SCALED_PAIRS`` pairs (when set), bf16 activations take ``tl.dot_scaled`` tiles
-(``triton_moe_scaled``: the compiler's e2m1 upcast or native block-scaled MMA instead of the hand decode).
+Above the split-K range, bf16 activations take ``tl.dot_scaled`` tiles (``triton_moe_scaled``, from
+``SCALED_PAIRS``: the compiler's e2m1 upcast or native block-scaled MMA instead of the hand decode; H200,
+tenth pass: 1.25-1.65x the grouped kernels below, 1.16-1.53x dequant-once at 49152-98304 pairs). The grouped
+kernels here serve other dtypes and the batch-invariant provider.
 
-Large batches (prefill, ``T*k >= DEQUANT_PAIRS``, bf16): the in-kernel dequantisation is repeated
-for every block of rows, so at prefill sizes it costs more than dequantising each expert once
-(H200: the grouped kernels win at 6144 pairs, 9.6 vs 10.5 ms; dequant-once wins 4x at 49152). That path sorts the pairs, dequantises ``DEQUANT_CHUNK`` experts at a time to bf16
+Very large batches (``T*k >= DEQUANT_PAIRS``, bf16): the in-kernel dequantisation is repeated for every
+block of rows, so from some size it costs more than dequantising each expert once (extrapolated from the
+tenth pass's measurements). That path sorts the pairs, dequantises ``DEQUANT_CHUNK`` experts at a time to bf16
 (``_mxfp4_dequant_kernel``, one pass) and runs three CUTLASS grouped GEMMs per chunk
 (``torch._grouped_mm``); it syncs once for the chunk boundaries and holds at most
 ``DEQUANT_CHUNK`` experts in bf16 (1.6 GB for 32 V4-Flash experts).

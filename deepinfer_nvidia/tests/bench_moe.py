@@ -291,10 +291,11 @@ def main() -> None:
                               for k, v in r["splitk_graph_us"].items()))
     print("tl.dot_scaled path (graph replay up to --splitk-max-pairs pairs, else eager), us:")
     for r in rows:
-        print(f"  T={r['tokens']} P={r['pairs']}: best {r.get('scaled_best')} {r.get('scaled_best_us', float('nan')):.1f} "
-              f"({r.get('scaled_pct_copy_bw', float('nan')):.1f}% BW) vs split-K {r.get('splitk_best_us', float('nan')):.1f}"
+        nan = float("nan")
+        print(f"  T={r['tokens']} P={r['pairs']}: best {r.get('scaled_best')} {r.get('scaled_best_us', nan):.1f} "
+              f"({r.get('scaled_pct_copy_bw', nan):.1f}% BW) vs split-K {r.get('splitk_best_us', nan):.1f}"
               f" / grouped {r.get('grouped_graph_us', r['grouped_best_us']):.1f} / dq-once "
-              f"{r.get('dequant_once_us', float('nan')):.1f}; "
+              f"{r.get('dequant_once_us', nan):.1f}; "
               + ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in r["scaled_us"].items()))
     print("chosen:", json.dumps({"tune": tune, "dequant_pairs": dequant_pairs, "dequant_int": dequant_int,
                                  "splitk_pairs": splitk_pairs, "splitk_tune": splitk_tune}),

@@ -4,8 +4,9 @@
 
 ``index.topk`` (k 512 over 1024 / 8192 compressed entries) and ``sample.topk_topp_minp`` (V 129280, all three
 filters on, and top-p only) at batch 1, 8, 64, 256; when present, ``moe.route_topk`` (E 384, k 6) and
-``compress.softmax_pool``. Each time is the median of ``do_bench`` over one CUDA-graph replay of the call (launch overhead
-excluded), or of eager calls for a side that cannot be captured (printed as ``eager``); the ratio is reference / kernel. Writes ``small_ops.json``.
+``compress.softmax_pool``. Each time is the median of ``do_bench`` over one CUDA-graph replay of the call
+(launch overhead excluded), or of eager calls for a side that cannot be captured (printed as ``eager``); the
+ratio is reference / kernel. Writes ``small_ops.json``.
 """
 from __future__ import annotations
 
