@@ -1,0 +1,316 @@
+"""Routed MXFP4 experts on Hopper: weight-stationary swap-AB wgmma kernels written in Gluon.
+
+Why (docs/performance.md, eleventh pass). At decode batch sizes each routed expert holds 1-16 pairs. The
+split-K GEMV kernels decode every weight element once per *pair* (~6.2 instructions per element per pair), and
+``tl.dot_scaled`` on SM90 upcasts with ~9.6 instructions per element; at ~8.6 T e2m1 elements/s of copy
+bandwidth against ~30 T thread instructions/s, the bandwidth allows about 3.5. Here, per (expert block,
+output tile):
+
+1. the packed weight tile ``[BLOCK_N rows, BLOCK_K]`` is loaded as 16-byte vectors, one MXFP4 group of 32
+   elements per thread (``L3`` layout), and decoded by inline PTX to exact bf16: 8 elements per 32-bit word
+   with 2 shifts, 1 ``and`` and 1 ``lop3`` per pair (the e2m1 bits placed at the bf16 exponent/mantissa
+   boundary give ``E2M1 * 2^-126``), then ``mul.bf16x2`` by ``2^126`` and by the group's UE8M0 scale (with
+   ``SAFE=0`` a single multiply by ``scale * 2^126``, exact only when every scale byte is <= 128, which the
+   wrapper checks once per weight stack);
+2. the decoded tile goes to shared memory (``NVMMASharedLayout``) as the *A* operand of ``wgmma`` (M = the
+   weight rows) and the block's activation rows ``[BLOCK_M pairs, BLOCK_K]`` as *B*: swap-AB, so a block of
+   16 pairs needs no 64-row padding;
+3. the K order inside each 8-element chunk is the decoder's register order (elements 0,4,2,6 | 1,5,3,7 ...
+   see ``_decode``); the activation tile is permuted the same way in registers, so no repacking is needed.
+
+Numerics are the grouped path's: exact bf16 weights, fp32 accumulation (K order differs), the reference's
+roundings in the SwiGLU and the down product, fp32 weighting and the slot-order sum (``sum_slices``).
+Layout and flow follow ``triton_moe_scaled`` (``align`` blocks, ``h [blocks * BLOCK_M, F]``, ``y [P, D]``).
+
+Gluon (``triton.experimental.gluon``) ships with Triton >= 3.5; where it is missing, ``available()`` is False and
+``moe.experts_mxfp4`` keeps its other paths. SM90 only (``wgmma``); SM100 takes ``tl.dot_scaled``'s native MMA.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+
+try:  # Gluon is experimental: absent in older Triton, so the path is optional
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        warpgroup_mma,
+        warpgroup_mma_init,
+        warpgroup_mma_wait,
+    )
+    _GLUON = True
+except ImportError:  # pragma: no cover - depends on the installed triton
+    _GLUON = False
+
+# (block_n weight rows, block_k, warps, stages) by BLOCK_M (pairs per block); H200 figures in docs/performance.md.
+SWAP_TUNE: dict[int, tuple[int, int, int, int]] = {16: (64, 128, 4, 3), 32: (64, 128, 4, 3), 64: (64, 128, 4, 3)}
+# Pair counts [SWAP_MIN_PAIRS, SWAP_MAX_PAIRS] for which ``moe.experts_mxfp4`` (provider triton) takes this path
+# on SM90; 0 disables it.
+SWAP_MIN_PAIRS = 0
+SWAP_MAX_PAIRS = 0
+
+
+def _pair_asm(shift_a: int, right: bool, shift_b: int, out: int, safe: bool) -> str:
+    """PTX for one output register: nibbles j and j+4 of word $4 -> bf16x2 (exact) times the scale $5."""
+    a = f"shr.b32 a, $4, {shift_a}; " if right else f"shl.b32 a, $4, {shift_a}; "
+    b = f"shl.b32 b, $4, {shift_b}; " if shift_b else "mov.b32 b, $4; "
+    scale = f"mul.rn.bf16x2 a, a, c; mul.rn.bf16x2 ${out}, a, $5; " if safe else f"mul.rn.bf16x2 ${out}, a, $5; "
+    return a + b + "and.b32 b, b, 0x80008000; lop3.b32 a, a, 0x01C001C0, b, 0xEA; " + scale
+
+
+def _word_asm(safe: bool) -> str:
+    """4 packed bytes (8 e2m1 nibbles) -> registers (e0,e4) (e1,e5) | (e2,e6) (e3,e7) as scaled bf16x2.
+    Nibble j sits at bits 4j..4j+3: its magnitude goes to bits 6-8 and its sign to bit 15 (j+4: 22-24, 31)."""
+    head = "{ .reg .b32 a, b, c; mov.b32 c, 0x7E807E80; "  # c = 2^126 in both bf16 halves
+    return (head + _pair_asm(6, False, 12, 0, safe) + _pair_asm(2, False, 8, 1, safe)
+            + _pair_asm(2, True, 4, 2, safe) + _pair_asm(6, True, 0, 3, safe) + "}")
+
+
+def _bf16x2_mul(x: int, y: int) -> int:
+    """Both bf16 halves of two 32-bit words multiplied with round-to-nearest-even (torch's bf16 rounding)."""
+    out = 0
+    for h in (0, 16):
+        vx, vy = (torch.tensor([(v >> h) & 0xFFFF], dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
+                  for v in (x, y))
+        out |= ((vx * vy).to(torch.bfloat16).view(torch.int16).item() & 0xFFFF) << h
+    return out
+
+
+def decode_word_reference(word: int, scale_bits: int, safe: bool = True) -> list[int]:
+    """Pure-Python model of ``_word_asm`` on one 32-bit word (CPU tests): its 4 output registers.
+    ``scale_bits``: the bf16x2 scale operand the kernel passes (2^(s-127), or 2^(s-1) when not ``safe``)."""
+    regs = []
+    for shift_a, right, shift_b in ((6, False, 12), (2, False, 8), (2, True, 4), (6, True, 0)):
+        a = (word >> shift_a) if right else (word << shift_a) & 0xFFFFFFFF
+        b = (word << shift_b) & 0xFFFFFFFF
+        v = (a & 0x01C001C0) | (b & 0x80008000)
+        regs.append(_bf16x2_mul(_bf16x2_mul(v, 0x7E807E80), scale_bits) if safe else _bf16x2_mul(v, scale_bits))
+    return regs
+
+
+def available() -> bool:
+    return _GLUON
+
+
+if _GLUON:
+    _ASM_SAFE = gl.constexpr(_word_asm(True))
+    _ASM_FAST = gl.constexpr(_word_asm(False))
+
+    @gluon.jit
+    def _decode(b, sc, BN: gl.constexpr, BK: gl.constexpr, SAFE: gl.constexpr):
+        """``b [BN, G, 16]`` uint8 (one MXFP4 group per thread), ``sc [BN, G, 1]`` UE8M0 -> ``[BN, BK]`` bf16 in
+        the register K order: within each 8 elements, logical k' = 4*p1 + 2*s + p0 holds natural 4*p0 + p1 + 2*s."""
+        G: gl.constexpr = BK // 32
+        s16 = sc.to(gl.int16)
+        if SAFE:  # 2^(s-127) as bf16 bits (s = 0: the subnormal 2^-127)
+            bits = gl.where(s16 == 0, 64, s16 << 7)
+            asm: gl.constexpr = _ASM_SAFE
+        else:  # 2^(s-1) = scale * 2^126, valid for s <= 128 (checked by the wrapper)
+            bits = (s16 + 126) << 7
+            asm: gl.constexpr = _ASM_FAST
+        scale = gl.broadcast(bits.to(gl.bfloat16, bitcast=True), b)[0]
+        o0, o1 = gl.inline_asm_elementwise(asm, "=r,=r,=r,=r,r,r,r", [b, scale],
+                                           dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=4)
+        # o_s[4q + 2*p1 + p0] = natural element 8q + 4*p0 + p1 + 2*s; keep each register pair (p0) whole
+        j = gl.join(o0.reshape([BN, G, 4, 2, 2]), o1.reshape([BN, G, 4, 2, 2]))
+        return j.permute(0, 1, 2, 3, 5, 4).reshape([BN, BK])
+
+    @gluon.jit
+    def _rev3(n):
+        """Column n -> its position in the decoder's K order: the low 3 bits reversed (an involution)."""
+        return (n & -8) | ((n & 1) << 2) | (n & 2) | ((n >> 2) & 1)
+
+    @gluon.jit
+    def _issue(ring, w_ptr, woff3, nm3, rg3, g0, KG, stage):
+        """cp.async of one packed tile (groups g0..g0+G of the rows in ``woff3``) into ring slot ``stage``."""
+        gm = gl.expand_dims(gl.expand_dims(g0 + rg3 < KG, 0), 2)
+        async_copy.async_copy_global_to_shared(ring.index(stage), w_ptr + woff3 + g0 * 16, mask=nm3 & gm)
+
+    @gluon.jit
+    def _scales(s_ptr, soff, nm, rg3, g0, KG):
+        return gl.expand_dims(gl.load(s_ptr + soff + g0, mask=nm & gl.expand_dims(g0 + rg3 < KG, 0), other=127), 2)
+
+    @gluon.jit
+    def _swap_kernel(x_ptr, pair_ptr, bexp_ptr, wa_ptr, sa_ptr, wb_ptr, sb_ptr, wt_ptr, out_ptr, P, E, N, K,
+                     stride_x, limit, NT, TOPK: gl.constexpr, UP: gl.constexpr, BLOCK_M: gl.constexpr,
+                     BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, SAFE: gl.constexpr,
+                     num_warps: gl.constexpr):
+        """One (expert block, N tile) of ``out = act(x_rows) @ W^T``, W [E, N, K/2] packed e2m1.
+        UP: x rows are the pairs' tokens of ``x_ptr`` (K order already bit-reversed), W = w1 (``wa``) and w3
+        (``wb``), out = h [blocks*BLOCK_M, N] = clamped SwiGLU, written in the bit-reversed K order of the down
+        kernel. Not UP: x rows are h's rows of this block, W = w2, out = y [P, N] fp32 (times the routing weight)."""
+        G: gl.constexpr = BLOCK_K // 32
+        L3: gl.constexpr = gl.BlockedLayout([1, 1, 16], [32 // G, G, 1], [num_warps, 1, 1], [2, 1, 0])
+        LS: gl.constexpr = gl.SliceLayout(2, L3)
+        LX: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BLOCK_K // 8), BLOCK_K // 8], [num_warps, 1], [1, 0])
+        ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])
+        SM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        RING: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
+        pid = gl.program_id(0)
+        blk = pid // NT
+        e = gl.load(bexp_ptr + blk)
+        if e >= E:
+            return
+        e64 = e.to(gl.int64)
+        KG = K // 32
+        rows_x = blk * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LX))
+        if UP:
+            pair_x = gl.load(pair_ptr + rows_x)
+            xrow = gl.expand_dims((pair_x // TOPK).to(gl.int64) * stride_x, 1)
+            vx = gl.expand_dims(pair_x < P, 1)
+        else:
+            xrow = gl.expand_dims(rows_x.to(gl.int64) * stride_x, 1)
+            vx = gl.expand_dims(rows_x >= 0, 1)
+        ck = gl.expand_dims(gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, LX)), 0)
+        rn3 = (pid % NT) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LS))
+        rg3 = gl.arange(0, G, layout=gl.SliceLayout(0, LS))
+        rb3 = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(0, L3)))
+        nm = gl.expand_dims(rn3 < N, 1)
+        nm3 = gl.expand_dims(nm, 2)
+        woff = gl.expand_dims(e64 * N * (K // 2) + rn3.to(gl.int64) * (K // 2), 1) + gl.expand_dims(rg3 * 16, 0)
+        woff3 = gl.expand_dims(woff, 2) + gl.expand_dims(gl.expand_dims(rb3, 0), 0)
+        soff = gl.expand_dims(e64 * N * KG + rn3.to(gl.int64) * KG, 1) + gl.expand_dims(rg3, 0)
+
+        ring_a = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, G, 16], RING)
+        ring_x = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, BLOCK_K], SM)
+        dec_a = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, BLOCK_K], SM)
+        acc_a = warpgroup_mma_init(gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ACC))
+        if UP:
+            ring_b = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, G, 16], RING)
+            dec_b = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, BLOCK_K], SM)
+            acc_b = warpgroup_mma_init(gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ACC))
+        n_k = gl.cdiv(K, BLOCK_K)
+        for jp in gl.static_range(STAGES - 1):  # prologue: the first STAGES-1 tiles in flight
+            _issue(ring_a, wa_ptr, woff3, nm3, rg3, jp * G, KG, jp)
+            if UP:
+                _issue(ring_b, wb_ptr, woff3, nm3, rg3, jp * G, KG, jp)
+            async_copy.async_copy_global_to_shared(ring_x.index(jp), x_ptr + xrow + jp * BLOCK_K + ck,
+                                                   mask=vx & (jp * BLOCK_K + ck < K))
+            async_copy.commit_group()
+        ca = _scales(sa_ptr, soff, nm, rg3, 0, KG)
+        if UP:
+            cb = _scales(sb_ptr, soff, nm, rg3, 0, KG)
+        for i in range(n_k):
+            # the previous tiles' wgmma are done: their ring slot and the decode buffers may be reused
+            if UP:
+                acc_a, acc_b = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a, acc_b))
+            else:
+                acc_a = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a,))
+            gl.thread_barrier()
+            j = i + STAGES - 1
+            sj = j % STAGES
+            _issue(ring_a, wa_ptr, woff3, nm3, rg3, j * G, KG, sj)
+            if UP:
+                _issue(ring_b, wb_ptr, woff3, nm3, rg3, j * G, KG, sj)
+            async_copy.async_copy_global_to_shared(ring_x.index(sj), x_ptr + xrow + j * BLOCK_K + ck,
+                                                   mask=vx & (j * BLOCK_K + ck < K))
+            async_copy.commit_group()
+            nca = _scales(sa_ptr, soff, nm, rg3, (i + 1) * G, KG)
+            if UP:
+                ncb = _scales(sb_ptr, soff, nm, rg3, (i + 1) * G, KG)
+            async_copy.wait_group(STAGES - 1)
+            gl.thread_barrier()
+            si = i % STAGES
+            dec_a.store(_decode(ring_a.index(si).load(L3), ca, BLOCK_N, BLOCK_K, SAFE))
+            if UP:
+                dec_b.store(_decode(ring_b.index(si).load(L3), cb, BLOCK_N, BLOCK_K, SAFE))
+            fence_async_shared()
+            gl.thread_barrier()
+            xs = ring_x.index(si).permute((1, 0))
+            acc_a = warpgroup_mma(dec_a, xs, acc_a, is_async=True)
+            if UP:
+                acc_b = warpgroup_mma(dec_b, xs, acc_b, is_async=True)
+                cb = ncb
+            ca = nca
+        async_copy.wait_group(0)
+        rn = (pid % NT) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
+        rows = blk * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ACC))
+        dtype: gl.constexpr = x_ptr.dtype.element_ty
+        if UP:
+            acc_a, acc_b = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a, acc_b))
+            g = gl.minimum(acc_a.to(dtype).to(gl.float32), limit).to(dtype).to(gl.float32)
+            sg = (g / (1.0 + gl.exp(-g))).to(dtype).to(gl.float32)
+            u = gl.minimum(gl.maximum(acc_b.to(dtype).to(gl.float32), -limit), limit).to(dtype).to(gl.float32)
+            gl.store(out_ptr + gl.expand_dims(rows.to(gl.int64) * N, 0) + gl.expand_dims(_rev3(rn), 1),
+                     (sg * u).to(dtype), mask=gl.expand_dims(rn < N, 1))
+        else:
+            acc_a = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a,))
+            pair = gl.load(pair_ptr + rows)
+            valid = pair < P
+            wt = gl.load(wt_ptr + pair, mask=valid, other=0.0)
+            y = acc_a.to(dtype).to(gl.float32) * gl.expand_dims(wt, 0)
+            gl.store(out_ptr + gl.expand_dims(pair.to(gl.int64) * N, 0) + gl.expand_dims(rn, 1), y,
+                     mask=gl.expand_dims(valid, 0) & gl.expand_dims(rn < N, 1))
+
+
+_SAFE_CACHE: dict[tuple[int, int, int], bool] = {}
+
+
+def scales_allow_fast(*scales: torch.Tensor) -> bool:
+    """True when every UE8M0 byte of the given scale stacks is <= 128 (then ``scale * 2^126`` is a finite bf16
+    and one multiply per pair suffices). One host read per stack, cached by storage and version; during CUDA
+    graph capture an unseen stack answers False (the exact two-multiply decode) instead of synchronising."""
+    ok = True
+    for s in scales:
+        key = (s.data_ptr(), s.numel(), s._version)
+        if key not in _SAFE_CACHE:
+            if torch.cuda.is_current_stream_capturing():
+                return False
+            _SAFE_CACHE[key] = bool((s.view(torch.uint8) <= 128).all())
+        ok = ok and _SAFE_CACHE[key]
+    return ok
+
+
+def supports_swap(x: torch.Tensor) -> bool:
+    """Gluon present, an SM90 device, bf16 activations with unit-stride rows."""
+    return (_GLUON and x.is_cuda and x.dtype == torch.bfloat16 and x.dim() == 2
+            and torch.cuda.get_device_capability(x.device)[0] == 9)
+
+
+def block_m_for(pairs: int, experts: int) -> int:
+    """Pairs per block: 16 up to a mean of 12 pairs per routed expert, 32 up to 24, else 64."""
+    mean = pairs / max(1, min(experts, pairs))
+    return 16 if mean <= 12 else 32 if mean <= 24 else 64
+
+
+def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | None = None,
+               block_n: int | None = None, block_k: int | None = None, warps: int | None = None,
+               stages: int | None = None, safe: bool | None = None) -> torch.Tensor:
+    """x [T, D] bf16; weights [T, k] float; ids [T, k] int; w1, w3 [E, F, D/2] uint8 + UE8M0 [E, F, D/32];
+    w2 [E, D, F/2] + [E, D, F/32] -> [T, D] bf16. No host synchronisation after the first call per weight
+    stack (CUDA-graph safe). D and F must be multiples of 32; the stacks must already be checked."""
+    from deepinfer_nvidia.kernels.triton_gemm import sum_slices
+    from deepinfer_nvidia.kernels.triton_moe import align  # lazy: triton_moe imports this module
+
+    t, d = x.shape
+    k = ids.shape[1]
+    ne, f = w1.shape[0], w1.shape[1]
+    if t == 0 or k == 0:
+        return torch.zeros(t, d, dtype=x.dtype, device=x.device)
+    x = x if x.stride(1) == 1 else x.contiguous()
+    p = t * k
+    bm = block_m or block_m_for(p, ne)
+    tbn, tbk, tw, ts = SWAP_TUNE.get(bm, SWAP_TUNE[16])
+    bn, bk, warps, stages = block_n or tbn, block_k or tbk, warps or tw, stages or ts
+    if safe is None:
+        safe = not scales_allow_fast(s1, s3, s2)
+    pair, bexp = align(ids, ne, bm)
+    nb = bexp.numel()
+    u8 = [a.view(torch.uint8) for a in (w1, s1, w3, s3, w2, s2)]
+    # the decoder's K order within each 8 columns is the bit reversal of the natural one (see ``_decode``)
+    xp = x.reshape(t, d // 8, 2, 2, 2).permute(0, 1, 4, 3, 2).reshape(t, d)
+    h = torch.empty(nb * bm, f, dtype=x.dtype, device=x.device)
+    nt1 = triton.cdiv(f, bn)
+    wt = weights.reshape(-1).float().contiguous()
+    _swap_kernel[(nb * nt1,)](xp, pair, bexp, u8[0], u8[1], u8[2], u8[3], wt, h, p, ne, f, d, xp.stride(0),
+                              float(limit), nt1, TOPK=k, UP=1, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages,
+                              SAFE=int(safe), num_warps=warps)
+    y = torch.empty(p, d, dtype=torch.float32, device=x.device)
+    nt2 = triton.cdiv(d, bn)
+    _swap_kernel[(nb * nt2,)](h, pair, bexp, u8[4], u8[5], u8[4], u8[5], wt, y, p, ne, d, f, f, float(limit), nt2,
+                              TOPK=k, UP=0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages, SAFE=int(safe),
+                              num_warps=warps)
+    return sum_slices(y, t, d, k, d, k * d, x.dtype)

@@ -1,0 +1,125 @@
+"""Gluon swap-AB MXFP4 experts (``gluon_moe_swap``) on the GPU: parity, then timings (not a pytest file).
+
+    python -m deepinfer_nvidia.tests.bench_swap [--out DIR] [--arch v41] [--tokens 1,8,64,256,1024]
+        [--variants 16x64x128x4x3,...]   (block_m x block_n x block_k x warps x stages)
+
+1. Parity against the ``aten`` provider (bf16 dequant + grouped GEMM) at full width, with realistic scale bytes
+   (the one-multiply decode) and, at small widths, with random scale bytes over 0..200 (the exact two-multiply
+   decode, subnormal and large scales included), for several tile shapes; max relative error printed; any
+   error above 2e-2 (or a NaN) fails the run.
+2. For each token count: the current default path of ``moe.experts_mxfp4`` (split-K / ``tl.dot_scaled``) and
+   each swap variant, replayed from one CUDA graph per call (us per layer, median of ``do_bench``), with the
+   bytes of the distinct routed experts over the time as GB/s. Writes ``swap_bench.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+
+import torch
+
+
+def _packed(e, n, k, g, scale_lo=None, scale_hi=None):
+    w = torch.randint(0, 256, (e, n, k // 2), generator=g, device="cuda", dtype=torch.uint8)
+    if scale_lo is None:  # realistic: one power of two near 1/sqrt(k)
+        b = round(math.log2(1.0 / (math.sqrt(k) * 2.3))) + 127
+        s = torch.randint(b - 2, b + 2, (e, n, k // 32), generator=g, device="cuda", dtype=torch.uint8)
+    else:
+        s = torch.randint(scale_lo, scale_hi, (e, n, k // 32), generator=g, device="cuda", dtype=torch.uint8)
+    return w, s.view(torch.float8_e8m0fnu)
+
+
+def _rel(a, b):
+    a, b = a.float(), b.float()
+    if not torch.isfinite(a).all():
+        return float("nan")
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+
+
+def _graph_us(fn, do_bench):
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return do_bench(graph.replay, warmup=20, rep=100) * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--arch", default="v41", choices=("v4", "v41"))
+    ap.add_argument("--tokens", default="1,8,64,256,1024")
+    ap.add_argument("--variants", default="16x64x128x4x3,16x64x128x4x4,16x64x256x4x2,16x128x128x8x3,"
+                    "32x64x128x4x3,64x64x128x4x3")
+    args = ap.parse_args()
+    from triton.testing import do_bench
+
+    import deepinfer_nvidia.kernels.gluon_moe_swap as sw
+    import deepinfer_nvidia.kernels.triton_moe as tm
+    from deepinfer_nvidia.kernels import aten_ops
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    E, K, D, F = (384, 6, 5120, 2304) if args.arch == "v41" else (256, 6, 4096, 2048)
+    variants = [tuple(int(v) for v in s.split("x")) for s in args.variants.split(",") if s]
+    failures = []
+
+    def inputs(t, e, d):
+        x = torch.randn(t, d, generator=g, device="cuda").to(torch.bfloat16)
+        ids = torch.rand(t, e, generator=g, device="cuda").topk(K, dim=1).indices
+        return x, torch.rand(t, K, generator=g, device="cuda"), ids
+
+    # -- parity -------------------------------------------------------------------------------------
+    small = (16, 256, 192)  # E, D, F: K tails of the 128/256 tiles, rows not multiples of the N tile
+    for tag, (e, d, f), lo, hi in (("full", (E, D, F), None, None), ("small-extreme", small, 0, 200)):
+        ws = (*_packed(e, f, d, g, lo, hi), *_packed(e, f, d, g, lo, hi), *_packed(e, d, f, g, lo, hi))
+        print(f"[parity {tag}] fast decode allowed: {sw.scales_allow_fast(ws[1], ws[3], ws[5])}")
+        for t in (1, 5, 64, 300):
+            x, w, ids = inputs(t, e, d)
+            ref = aten_ops.moe_experts_mxfp4(x, w, ids, *ws, 10.0)
+            for bm, bn, bk, nw, st in variants[:3] + [(32, 64, 128, 4, 3), (64, 64, 128, 4, 3)]:
+                for safe in (True, False) if lo is None else (True,):
+                    out = sw.swap_mxfp4(x, w, ids, *ws, 10.0, block_m=bm, block_n=bn, block_k=bk, warps=nw,
+                                        stages=st, safe=safe)
+                    r = _rel(out, ref)
+                    ok = r == r and r <= 2e-2
+                    if not ok:
+                        failures.append((tag, t, bm, bn, bk, nw, st, safe, r))
+                    print(f"  T={t:4d} bm{bm} bn{bn} bk{bk} w{nw} s{st} safe={int(safe)}: rel {r:.2e}"
+                          + ("" if ok else "  FAIL"))
+    if failures:
+        print("PARITY FAILURES:", failures)
+
+    # -- timings ------------------------------------------------------------------------------------
+    ws = (*_packed(E, F, D, g), *_packed(E, F, D, g), *_packed(E, D, F, g))
+    per_expert = sum(a.numel() for a in ws)  # bytes (uint8 and e8m0 are one byte each)
+    rows = []
+    for t in [int(v) for v in args.tokens.split(",") if v]:
+        x, w, ids = inputs(t, E, D)
+        distinct = torch.unique(ids).numel()
+        mb = distinct * per_expert / E / 1e6
+        base = _graph_us(lambda: tm.moe_experts_mxfp4(x, w, ids, *ws, 10.0), do_bench)
+        row = {"T": t, "pairs": t * K, "experts": distinct, "MB": round(mb, 1), "default_us": round(base, 1),
+               "swap": {}}
+        line = f"T={t:5d} pairs={t * K:6d} experts={distinct:3d} {mb:8.1f} MB  default {base:8.1f} us"
+        for bm, bn, bk, nw, st in variants:
+            try:
+                us = _graph_us(lambda: sw.swap_mxfp4(x, w, ids, *ws, 10.0, block_m=bm, block_n=bn, block_k=bk,
+                                                     warps=nw, stages=st), do_bench)
+            except Exception as exc:  # a tile that does not fit: report and go on
+                print(f"  {bm}x{bn}x{bk}x{nw}x{st}: {type(exc).__name__}: {str(exc)[:200]}")
+                continue
+            row["swap"][f"{bm}x{bn}x{bk}x{nw}x{st}"] = round(us, 1)
+            line += f" | {bm}x{bn}x{bk}x{nw}x{st} {us:8.1f} ({mb / us * 1e-3:5.2f} TB/s)"
+        rows.append(row)
+        print(line, flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "swap_bench.json"), "w") as fh:
+        json.dump({"arch": args.arch, "rows": rows, "parity_failures": [list(map(str, f)) for f in failures]},
+                  fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

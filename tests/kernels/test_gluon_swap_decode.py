@@ -1,0 +1,81 @@
+"""CPU checks of the Gluon swap-AB expert kernels' bit tricks (``deepinfer_nvidia.kernels.gluon_moe_swap``).
+
+The kernels themselves need an SM90 GPU (``deepinfer_nvidia/tests/bench_swap.py`` and the conformance file run
+them there). Here: the Python model of the inline PTX decoder, built from the same shift constants, against
+the MXFP4 definition (E2M1 code * 2^(s - 127), exact in bf16) for every code, scale bytes over the whole
+range with the exact two-multiply form and over 0..128 with the one-multiply form; and the K order contract
+(``_decode``'s register order equals the wrapper's bit-reversed activation layout).
+"""
+from __future__ import annotations
+
+import random
+
+import torch
+
+from deepinfer_core.kernels.ops.quant import E2M1_VALUES
+from deepinfer_nvidia.kernels.gluon_moe_swap import _word_asm, decode_word_reference
+
+# register r holds (low half, high half) = natural elements (ORDER[r][0], ORDER[r][1]) of the word's 8 nibbles
+ORDER = ((0, 4), (1, 5), (2, 6), (3, 7))
+
+
+def _bf16_bits(v: float) -> int:
+    return torch.tensor([v], dtype=torch.float32).to(torch.bfloat16).view(torch.int16).item() & 0xFFFF
+
+
+def _expected(word: int, s: int) -> list[int]:
+    vals = [E2M1_VALUES[(word >> (4 * j)) & 0xF] * 2.0 ** (s - 127) for j in range(8)]
+    return [_bf16_bits(vals[a]) | (_bf16_bits(vals[b]) << 16) for a, b in ORDER]
+
+
+def _scale_operand(s: int, safe: bool) -> int:
+    bits = (64 if s == 0 else s << 7) if safe else (s + 126) << 7  # as the kernel builds them
+    return bits | (bits << 16)
+
+
+def test_every_code_and_scale_exact_with_two_multiplies():
+    words = [sum(((i + j) % 16) << (4 * j) for j in range(8)) for i in range(16)]  # every code in every slot
+    for s in list(range(0, 255, 7)) + [0, 1, 127, 128, 129, 254]:
+        for w in words:
+            assert decode_word_reference(w, _scale_operand(s, True), safe=True) == _expected(w, s), (hex(w), s)
+
+
+def test_one_multiply_form_exact_up_to_scale_128():
+    rng = random.Random(0)
+    for s in range(0, 129):
+        for _ in range(4):
+            w = rng.getrandbits(32)
+            assert decode_word_reference(w, _scale_operand(s, False), safe=False) == _expected(w, s), (hex(w), s)
+
+
+def test_one_multiply_form_overflows_above_128():
+    # why the wrapper checks the scale bytes: 2^(s-1) is not a finite bf16 from s = 129 on
+    w = 0x22222222  # code 2 = 1.0 everywhere
+    assert decode_word_reference(w, _scale_operand(129, False), safe=False) != _expected(w, 129)
+
+
+def test_asm_text_matches_the_model_constants():
+    text = _word_asm(True)
+    for piece in ("shl.b32 a, $4, 6;", "shl.b32 b, $4, 12;", "shl.b32 a, $4, 2;", "shl.b32 b, $4, 8;",
+                  "shr.b32 a, $4, 2;", "shl.b32 b, $4, 4;", "shr.b32 a, $4, 6;", "mov.b32 b, $4;",
+                  "0x01C001C0", "0x80008000", "0x7E807E80"):
+        assert piece in text
+    assert text.count("mul.rn.bf16x2") == 8 and _word_asm(False).count("mul.rn.bf16x2") == 4
+
+
+def test_k_order_contract():
+    # _decode: o_s[4q + 2*p1 + p0] = natural 8q + 4*p0 + p1 + 2*s, joined and permuted to (q, p1, s, p0)
+    logical = []
+    for q in range(2):
+        for p1 in range(2):
+            for s in range(2):
+                for p0 in range(2):
+                    logical.append(8 * q + 4 * p0 + p1 + 2 * s)
+    # the activation side: x.reshape(.., 8ths, 2, 2, 2).permute(0, 1, 4, 3, 2) = bit reversal of the low 3 bits
+    x = torch.arange(16).reshape(1, 2, 2, 2, 2).permute(0, 1, 4, 3, 2).reshape(16).tolist()
+    assert logical == x
+    rev3 = [(n & -8) | ((n & 1) << 2) | (n & 2) | ((n >> 2) & 1) for n in range(16)]  # the h store of the up kernel
+    assert [rev3[k] for k in range(16)] == x
+    # each consecutive logical pair is one whole output register (o0 = $0 $1, o1 = $2 $3): no repacking
+    pairs = [tuple(logical[i:i + 2]) for i in range(0, 8, 2)]
+    assert pairs == [ORDER[0], ORDER[2], ORDER[1], ORDER[3]]
