@@ -25,13 +25,26 @@ from deepinfer_nvidia.kernels.triton_scales import ue8m0
 
 # block_n x block_k weight tile per iteration, programs per SM to aim for with split-K, warps, stages, and the
 # largest row count served here (the tensor-core kernels above it). H200: docs/performance.md (ninth pass).
-GEMV_TUNE: dict[str, int] = {"block_n": 32, "block_k": 256, "programs": 4, "warps": 4, "stages": 3, "rows": 2}
+# fold: the split-K partials are summed by the last program of each column tile (one launch instead of two).
+GEMV_TUNE: dict[str, int] = {"block_n": 32, "block_k": 256, "programs": 4, "warps": 4, "stages": 3, "rows": 2,
+                             "fold": 1}
+
+# Arrival counters of the folded split-K sum, per device: zero between launches (each launch's last programs reset
+# theirs). Launches on one stream run one after another, which is all the engine does.
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _counters(device: torch.device, n: int) -> torch.Tensor:
+    buf = _COUNTERS.get(device)
+    if buf is None or buf.numel() < n:
+        buf = _COUNTERS[device] = torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device)
+    return buf
 
 
 @triton.jit
-def _fp8_gemv_kernel(x_ptr, q_ptr, s_ptr, y_ptr, M, N, K, stride_xm, s_cols, bn_blk, bk_blk, k_per_split, NG,
-                     SUBK: tl.constexpr, SCALE_E8M0: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr):
+def _fp8_gemv_kernel(x_ptr, q_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, stride_xm, s_cols, bn_blk, bk_blk,
+                     k_per_split, NG, SUBK: tl.constexpr, SCALE_E8M0: tl.constexpr, SPLIT_K: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr):
     KB: tl.constexpr = BLOCK_K // SUBK
     row = tl.program_id(0).to(tl.int64)
     pid_n = tl.program_id(1)
@@ -64,8 +77,20 @@ def _fp8_gemv_kernel(x_ptr, q_ptr, s_ptr, y_ptr, M, N, K, stride_xm, s_cols, bn_
     out = tl.sum(acc, axis=1)
     if SPLIT_K == 1:
         tl.store(y_ptr + row * N + rn, out.to(y_ptr.dtype.element_ty), mask=nmask)
+    elif FOLD:
+        # split-K partial, then the last program of this (row, column tile) to arrive sums all partials in split
+        # order (the bits of ``sum_slices``) and resets its counter for the next launch (CUDA-graph replays)
+        tl.store(part_ptr + (pid_k * M + row) * N + rn, out, mask=nmask)
+        tl.debug_barrier()  # every thread's partial is stored before the arrival is counted
+        cnt = cnt_ptr + row * tl.num_programs(1) + pid_n
+        if tl.atomic_add(cnt, 1, sem="acq_rel") == SPLIT_K - 1:
+            total = tl.zeros([BLOCK_N], dtype=tl.float32)
+            for sk in range(SPLIT_K):
+                total += tl.load(part_ptr + (sk * M + row) * N + rn, mask=nmask, other=0.0, cache_modifier=".cg")
+            tl.store(y_ptr + row * N + rn, total.to(y_ptr.dtype.element_ty), mask=nmask)
+            tl.atomic_xchg(cnt, 0)
     else:
-        tl.store(y_ptr + (pid_k * M + row) * N + rn, out, mask=nmask)
+        tl.store(part_ptr + (pid_k * M + row) * N + rn, out, mask=nmask)
 
 
 def takes(m: int, bk_blk: int) -> bool:
@@ -85,7 +110,7 @@ def gemv_block_n(block_n: int | None = None) -> int:
 def gemm_fp8_gemv(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, bn_blk: int, bk_blk: int,
                   e8: bool, sms: int, block_n: int | None = None, block_k: int | None = None,
                   programs: int | None = None, warps: int | None = None, stages: int | None = None,
-                  ng: int | None = None) -> torch.Tensor:
+                  ng: int | None = None, fold: int | None = None) -> torch.Tensor:
     """y [M, N] (x.dtype) = x [M, K] @ dequant(q [N, K], s)^T for a few rows; operands prepared by
     ``triton_gemm._prep_fp8`` (x row-contiguous, q e4m3 contiguous, s fp32 or UE8M0 bytes [ceil(N/bn), s_cols]).
     ``ng``: rows per weight group (grouped op; a multiple of the column tile). Keyword arguments: tuning knobs
@@ -106,10 +131,13 @@ def gemm_fp8_gemv(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int
         split *= 2
     k_per = triton.cdiv(triton.cdiv(k, split), bk) * bk
     split = triton.cdiv(k, k_per)
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device) if split == 1 else \
-        torch.empty(split, m, n, dtype=torch.float32, device=x.device)
-    _fp8_gemv_kernel[(m, triton.cdiv(n, bn), split)](x, q, s, y, m, n, k, x.stride(0), s_cols, bn_blk, bk_blk, k_per,
-                                                     ng or n, SUBK=subk, SCALE_E8M0=e8, SPLIT_K=split, BLOCK_N=bn,
-                                                     BLOCK_K=bk, num_warps=warps or tune["warps"],
-                                                     num_stages=stages or tune["stages"])
-    return y if split == 1 else _finish(y, m, n, x.dtype)
+    fold = tune["fold"] if fold is None else fold
+    nt = triton.cdiv(n, bn)
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device) if split == 1 or fold else None
+    part = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else y
+    cnt = _counters(x.device, m * nt) if split > 1 and fold else part  # (unused when not folding)
+    _fp8_gemv_kernel[(m, nt, split)](x, q, s, y if y is not None else part, part, cnt, m, n, k, x.stride(0), s_cols,
+                                     bn_blk, bk_blk, k_per, ng or n, SUBK=subk, SCALE_E8M0=e8, SPLIT_K=split,
+                                     BLOCK_N=bn, BLOCK_K=bk, FOLD=int(bool(fold)), num_warps=warps or tune["warps"],
+                                     num_stages=stages or tune["stages"])
+    return y if y is not None else _finish(part, m, n, x.dtype)

@@ -67,6 +67,7 @@ import triton.language as tl
 
 from deepinfer_core.kernels.ops.moe import clamped_swiglu, experts_dense, experts_fp8, experts_mxfp4
 from deepinfer_core.kernels.ops.quant import MXFP4_GROUP, QuantFormatError
+from deepinfer_nvidia.kernels import gluon_moe_swap as _sw
 from deepinfer_nvidia.kernels import triton_moe_scaled as _sc
 from deepinfer_nvidia.kernels import triton_moe_segments as _seg
 from deepinfer_nvidia.kernels import triton_moe_splitk as _splitk
@@ -379,6 +380,11 @@ def moe_experts_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit):
     if x.dim() == 2 and ids.dim() == 2 and _dequant_once_ok(x, ids.numel()):
         _check_stacks(x, w1, s1, w3, s3, w2, s2)
         return dequant_once_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit)
+    if x.dim() == 2 and ids.dim() == 2 and _sw.SWAP_MAX_PAIRS and \
+            _sw.SWAP_MIN_PAIRS <= ids.numel() <= _sw.SWAP_MAX_PAIRS and _sw.supports_swap(x) and \
+            x.shape[1] % 32 == 0 and w1.shape[1] % 32 == 0:  # SM90: weight-stationary wgmma (Gluon)
+        _check_stacks(x, w1, s1, w3, s3, w2, s2)
+        return _sw.swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit)
     if x.dim() == 2 and ids.dim() == 2 and 0 < ids.numel() <= _splitk.SPLITK_PAIRS:
         _check_stacks(x, w1, s1, w3, s3, w2, s2)
         xc = x if x.stride(1) == 1 else x.contiguous()

@@ -444,6 +444,60 @@ def test_moe_experts_mxfp4_scaled(reg, t, k, route, bm, bk):
     close(out, ref, 3e-2, 3e-2)
 
 
+@pytest.mark.parametrize("t,k,route,bm,bk,stages", [(1, 6, "rand", 16, 128, 3), (8, 6, "one", 16, 128, 2),
+                                                    (17, 3, "skew", 32, 128, 3), (64, 6, "rand", 16, 256, 2),
+                                                    (300, 6, "rand", 64, 128, 3), (300, 6, "skew", 16, 64, 4),
+                                                    (64, 6, "rand", 0, 0, 0)])
+@pytest.mark.parametrize("safe", [None, True])
+def test_moe_experts_mxfp4_swap(reg, t, k, route, bm, bk, stages, safe):
+    """The Gluon swap-AB path (SM90 only) against the reference, bf16: one token to several blocks of one expert,
+    K tiles 64-256 with tails (D=640, F=288), 2-4 cp.async stages; ``safe`` None: the wrapper picks the decode
+    from the scale bytes, True: the exact two-multiply decode; ``bm`` 0: the module's own tiles."""
+    from deepinfer_core.kernels.ops.moe import experts_mxfp4
+    from deepinfer_nvidia.kernels import gluon_moe_swap as sw
+
+    if not (sw.available() and torch.cuda.get_device_capability()[0] == 9):
+        pytest.skip("Gluon wgmma path: SM90 with triton.experimental.gluon only")
+    e, d, f = 16, 640, 288
+    ws = _mxfp4_stacks(e, d, f, 600)
+    g = _gen(1300 + t * 10 + k)
+    x = torch.randn(t, d, generator=g).bfloat16()
+    ids, w = _routing(t, k, e, route, g)
+    ref = experts_mxfp4(x, w, ids, *ws, 1.0)  # limit 1.0: the clamps are active
+    cu = [a.cuda() for a in [x, w, ids] + ws]
+    poison()
+    out = sw.swap_mxfp4(*cu, 1.0, block_m=bm or None, block_k=bk or None, stages=stages or None, safe=safe)
+    close(out, ref, 3e-2, 3e-2)
+
+
+def test_moe_experts_mxfp4_swap_extreme_scales(reg):
+    """Scale bytes over 0..254 (subnormal 2^-127 to 2^127 weights): the wrapper must pick the exact decode and
+    match the reference wherever the reference is finite."""
+    from deepinfer_core.kernels.ops.moe import experts_mxfp4
+    from deepinfer_nvidia.kernels import gluon_moe_swap as sw
+
+    if not (sw.available() and torch.cuda.get_device_capability()[0] == 9):
+        pytest.skip("Gluon wgmma path: SM90 with triton.experimental.gluon only")
+    g = _gen(1377)
+    e, d, f, t, k = 8, 256, 128, 9, 4
+
+    def stack(n, kk, lo, hi):
+        w = torch.randint(0, 256, (e, n, kk // 2), generator=g, dtype=torch.uint8)
+        return w, torch.randint(lo, hi, (e, n, kk // 32), generator=g, dtype=torch.uint8).view(torch.float8_e8m0fnu)
+
+    # up-projection scales across the whole range (products stay finite: x is small), down scales moderate
+    ws = [*stack(f, d, 0, 255), *stack(f, d, 0, 255), *stack(d, f, 100, 140)]
+    x = (torch.randn(t, d, generator=g) * 2.0 ** -100).bfloat16()
+    ids, w = _routing(t, k, e, "rand", g)
+    ref = experts_mxfp4(x, w, ids, *ws, 1e30)
+    cu = [a.cuda() for a in [x, w, ids] + ws]
+    assert not sw.scales_allow_fast(cu[4], cu[6], cu[8])
+    poison()
+    out = sw.swap_mxfp4(*cu, 1e30)
+    fin = torch.isfinite(ref.float())
+    close(out.cpu()[fin], ref[fin], 3e-2, 3e-2)
+
+
 def test_moe_experts_mxfp4_dequant_once(reg):
     """The prefill path (experts dequantised to bf16 in chunks, grouped GEMMs) against the reference,
     with chunks that split the experts unevenly; and the stack dequantiser bit-exact."""
