@@ -27,6 +27,8 @@ Gluon (``triton.experimental.gluon``) ships with Triton >= 3.5; where it is miss
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 
@@ -47,9 +49,11 @@ except ImportError:  # pragma: no cover - depends on the installed triton
 # (block_n weight rows, block_k, warps, stages) by BLOCK_M (pairs per block); H200 figures in docs/performance.md.
 SWAP_TUNE: dict[int, tuple[int, int, int, int]] = {16: (64, 128, 4, 3), 32: (64, 128, 4, 3), 64: (64, 128, 4, 3)}
 # Pair counts [SWAP_MIN_PAIRS, SWAP_MAX_PAIRS] for which ``moe.experts_mxfp4`` (provider triton) takes this path
-# on SM90; 0 disables it.
+# on SM90; 0 disables it. ``DEEPINFER_NV_SWAP_PAIRS=min,max`` overrides both (benchmarks, A/B runs).
 SWAP_MIN_PAIRS = 0
 SWAP_MAX_PAIRS = 0
+if os.environ.get("DEEPINFER_NV_SWAP_PAIRS"):
+    SWAP_MIN_PAIRS, SWAP_MAX_PAIRS = (int(v) for v in os.environ["DEEPINFER_NV_SWAP_PAIRS"].split(","))
 
 
 def _pair_asm(shift_a: int, right: bool, shift_b: int, out: int, safe: bool) -> str:

@@ -115,7 +115,12 @@ def main() -> None:
             line += f" | {bm}x{bn}x{bk}x{nw}x{st} {us:8.1f} ({mb / us * 1e-3:5.2f} TB/s)"
         rows.append(row)
         print(line, flush=True)
+    # the pair range where the best swap tile beat the default path (for DEEPINFER_NV_SWAP_PAIRS)
+    wins = [r["pairs"] for r in rows if r["swap"] and min(r["swap"].values()) < r["default_us"]]
+    print(f"swap wins at pairs: {wins}")
     os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "swap_pairs.txt"), "w") as fh:
+        fh.write(f"{min(wins)},{max(wins)}\n" if wins else "0,0\n")
     with open(os.path.join(args.out, "swap_bench.json"), "w") as fh:
         json.dump({"arch": args.arch, "rows": rows, "parity_failures": [list(map(str, f)) for f in failures]},
                   fh, indent=1)
