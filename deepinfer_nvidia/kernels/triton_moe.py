@@ -68,6 +68,7 @@ import triton.language as tl
 from deepinfer_core.kernels.ops.moe import clamped_swiglu, experts_dense, experts_fp8, experts_mxfp4
 from deepinfer_core.kernels.ops.quant import MXFP4_GROUP, QuantFormatError
 from deepinfer_nvidia.kernels import gluon_moe_swap as _sw
+from deepinfer_nvidia.kernels import triton_align as _align
 from deepinfer_nvidia.kernels import triton_moe_scaled as _sc
 from deepinfer_nvidia.kernels import triton_moe_segments as _seg
 from deepinfer_nvidia.kernels import triton_moe_splitk as _splitk
@@ -97,6 +98,8 @@ def align(ids: torch.Tensor, experts: int, block_m: int) -> tuple[torch.Tensor, 
     flat = ids.reshape(-1).long()
     p = flat.numel()
     nb = num_blocks(p, experts, block_m)
+    if flat.is_cuda and 0 < p <= _align.ALIGN_MAX_PAIRS:  # one launch instead of ~20
+        return _align.align_small(ids, experts, block_m, nb)
     dev = flat.device
     order = torch.argsort(flat, stable=True)
     counts = torch.zeros(experts, dtype=torch.long, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
