@@ -28,6 +28,7 @@ Gluon (``triton.experimental.gluon``) ships with Triton >= 3.5; where it is miss
 from __future__ import annotations
 
 import os
+import weakref
 
 import torch
 import triton
@@ -250,21 +251,23 @@ if _GLUON:
                      mask=gl.expand_dims(valid, 0) & gl.expand_dims(rn < N, 1))
 
 
-_SAFE_CACHE: dict[tuple[int, int, int], bool] = {}
+_SAFE_CACHE: dict[tuple[int, int, int], tuple[weakref.ref, bool]] = {}
 
 
 def scales_allow_fast(*scales: torch.Tensor) -> bool:
     """True when every UE8M0 byte of the given scale stacks is <= 128 (then ``scale * 2^126`` is a finite bf16
     and one multiply per pair suffices). One host read per stack, cached by storage and version; during CUDA
-    graph capture an unseen stack answers False (the exact two-multiply decode) instead of synchronising."""
+    graph capture an unseen stack answers False (the exact two-multiply decode) instead of synchronising. The
+    entry holds a weak reference, so a new tensor that reuses a freed stack's memory is checked again."""
     ok = True
     for s in scales:
         key = (s.data_ptr(), s.numel(), s._version)
-        if key not in _SAFE_CACHE:
-            if torch.cuda.is_current_stream_capturing():
+        hit = _SAFE_CACHE.get(key)
+        if hit is None or hit[0]() is not s:
+            if s.is_cuda and torch.cuda.is_current_stream_capturing():
                 return False
-            _SAFE_CACHE[key] = bool((s.view(torch.uint8) <= 128).all())
-        ok = ok and _SAFE_CACHE[key]
+            hit = _SAFE_CACHE[key] = (weakref.ref(s), bool((s.view(torch.uint8) <= 128).all()))
+        ok = ok and hit[1]
     return ok
 
 
