@@ -79,3 +79,15 @@ def test_k_order_contract():
     # each consecutive logical pair is one whole output register (o0 = $0 $1, o1 = $2 $3): no repacking
     pairs = [tuple(logical[i:i + 2]) for i in range(0, 8, 2)]
     assert pairs == [ORDER[0], ORDER[2], ORDER[1], ORDER[3]]
+
+
+def test_scale_check_picks_the_exact_decode_when_needed():
+    from deepinfer_nvidia.kernels.gluon_moe_swap import scales_allow_fast
+
+    ok = torch.full((3, 4), 128, dtype=torch.uint8).view(torch.float8_e8m0fnu)
+    big = torch.full((3, 4), 120, dtype=torch.uint8)
+    big[2, 3] = 129
+    big = big.view(torch.float8_e8m0fnu)
+    assert scales_allow_fast(ok) and not scales_allow_fast(big) and not scales_allow_fast(ok, big)
+    fresh = torch.full((3, 4), 200, dtype=torch.uint8).view(torch.float8_e8m0fnu)  # a new stack is checked anew
+    assert not scales_allow_fast(fresh)
