@@ -12,6 +12,11 @@
 #       grouped kernels and dequant-once, decode to prefill sizes;
 # small bench_small_ops: index.topk, the sampler filter, routing and pooling kernels against their references;
 # v41   the 8-layer V4.1 sweep with graphs (no HF peer: transformers has V4 only). Each stage has its own limit.
+# swap  bench_swap: the Gluon swap-AB expert kernels (eleventh pass): parity, then timings against the default
+#       path; writes swap_pairs.txt, the pair range where they won, which later stages export as
+#       DEEPINFER_NV_SWAP_PAIRS unless it is already set;
+# new   conformance of the eleventh pass's kernels (swap experts, folded GEMV, one-launch align);
+# parity parity_tiny (fp32 tokens and logits, bf16 against the fp32 truth).
 set -u
 OUT=${OUT:-.}
 STAGES=${1:-conf moe fp8}
@@ -19,7 +24,15 @@ export PYTHONUNBUFFERED=1 DEEPINFER_ACCELERATOR=nvidia
 t0=$(date +%s)
 for s in $STAGES; do
   echo "[$(( $(date +%s) - t0 )) s] stage $s"
+  if [ -z "${DEEPINFER_NV_SWAP_PAIRS:-}" ] && [ -s "$OUT/swap_pairs.txt" ]; then
+    export DEEPINFER_NV_SWAP_PAIRS=$(cat "$OUT/swap_pairs.txt"); echo "DEEPINFER_NV_SWAP_PAIRS=$DEEPINFER_NV_SWAP_PAIRS"
+  fi
   case $s in
+    swap) timeout "${SWAP_S:-240}" python3 -m deepinfer_nvidia.tests.bench_swap --out "$OUT" ${SWAP_ARGS:-} 2>&1 \
+            | tee "$OUT/bench_swap.txt" | grep -vE "^  T=.*rel [0-9.e-]+$" | tail -40 ;;
+    new) timeout "${NEW_S:-150}" python3 -m pytest -q -p no:cacheprovider deepinfer_nvidia/tests/test_conformance.py \
+            -k "swap or gemv or align" 2>&1 | tee "$OUT/conformance_new.txt" | tail -8 ;;
+    parity) timeout "${PARITY_S:-120}" python3 -m deepinfer_nvidia.tests.parity_tiny 2>&1 | tee "$OUT/parity.txt" | tail -15 ;;
     conf) timeout "${CONF_S:-200}" python3 -m pytest -q -p no:cacheprovider deepinfer_nvidia/tests/test_conformance.py \
             -k "${CONF_K:-splitk or segments or fp8 or harness}" 2>&1 | tee "$OUT/conformance.txt" | tail -15 ;;
     ops) timeout "${OPS_S:-120}" python3 -m pytest -q -p no:cacheprovider deepinfer_nvidia/tests/test_conformance_kv.py \
