@@ -49,24 +49,31 @@ def block_m_for(pairs: int, experts: int) -> int:
 
 
 @triton.jit
-def _scaled_up_kernel(x_ptr, pair_ptr, bexp_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_ptr, P, E, D, F, stride_x,
-                      limit, NT, TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr):
+def _block_tile(pair_ptr, bexp_ptr, P, N, K, NT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Program -> (expert, its block's rows, their pairs, valid rows, output columns ``rn`` of ``N``, their mask,
+    and the packed-weight / scale row offsets of those columns in a stack ``[E, N, K/2]`` / ``[E, N, K/32]``).
+    The grid is block-major: program p is block p // NT, column tile p % NT."""
     pid = tl.program_id(0)
     blk = pid // NT
     e = tl.load(bexp_ptr + blk)
-    if e >= E:
-        return
     rows = blk * BLOCK_M + tl.arange(0, BLOCK_M)
     pair = tl.load(pair_ptr + rows)
-    valid = pair < P
-    tok = (pair // TOPK).to(tl.int64)
     rn = (pid % NT) * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = rn < F
-    dtype = x_ptr.dtype.element_ty
     e64 = e.to(tl.int64)
-    wrow = e64 * F * (D // 2) + rn[:, None].to(tl.int64) * (D // 2)
-    srow = e64 * F * (D // 32) + rn[:, None].to(tl.int64) * (D // 32)
+    wrow = e64 * N * (K // 2) + rn[:, None].to(tl.int64) * (K // 2)
+    srow = e64 * N * (K // 32) + rn[:, None].to(tl.int64) * (K // 32)
+    return e, rows, pair, pair < P, rn, rn < N, wrow, srow
+
+
+@triton.jit
+def _scaled_up_kernel(x_ptr, pair_ptr, bexp_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_ptr, P, E, D, F, stride_x,
+                      limit, NT, TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr):
+    e, rows, pair, valid, rn, nmask, wrow, srow = _block_tile(pair_ptr, bexp_ptr, P, F, D, NT, BLOCK_M, BLOCK_N)
+    if e >= E:
+        return
+    tok = (pair // TOPK).to(tl.int64)
+    dtype = x_ptr.dtype.element_ty
     HALF: tl.constexpr = BLOCK_K // 2
     GROUPS: tl.constexpr = BLOCK_K // 32
     acc1 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -94,20 +101,10 @@ def _scaled_up_kernel(x_ptr, pair_ptr, bexp_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr,
 @triton.jit
 def _scaled_down_kernel(h_ptr, pair_ptr, bexp_ptr, wt_ptr, w2_ptr, s2_ptr, y_ptr, P, E, D, F, NT,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid = tl.program_id(0)
-    blk = pid // NT
-    e = tl.load(bexp_ptr + blk)
+    e, rows, pair, valid, rn, nmask, wrow, srow = _block_tile(pair_ptr, bexp_ptr, P, D, F, NT, BLOCK_M, BLOCK_N)
     if e >= E:
         return
-    rows = blk * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(pair_ptr + rows)
-    valid = pair < P
-    rn = (pid % NT) * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = rn < D
     dtype = h_ptr.dtype.element_ty
-    e64 = e.to(tl.int64)
-    wrow = e64 * D * (F // 2) + rn[:, None].to(tl.int64) * (F // 2)
-    srow = e64 * D * (F // 32) + rn[:, None].to(tl.int64) * (F // 32)
     HALF: tl.constexpr = BLOCK_K // 2
     GROUPS: tl.constexpr = BLOCK_K // 32
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
