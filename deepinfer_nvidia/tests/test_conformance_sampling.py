@@ -40,23 +40,10 @@ def poison() -> None:
 
 
 def near_boundary(x, top_k, top_p, min_p, tol=1e-5):
-    """[B, V] bool: tokens whose keep / drop decision is within fp32 rounding, from a float64 walk in the
-    reference's order (a min-p boundary token flags its whole row: it changes the top-p renormalisation)."""
-    x = x.double()
-    v = x.shape[1]
-    e = torch.exp(x - x.amax(-1, keepdim=True))
-    mp = min_p.double()[:, None]
-    minp_row = (((e - mp).abs() <= tol * mp) & (mp > 0)).any(-1, keepdim=True)
-    x = torch.where(e < mp, NEG, x)
-    sx, order = torch.sort(x, dim=-1, descending=True, stable=True)
-    k = top_k.long()
-    k = torch.where((k <= 0) | (k >= v), v, k)
-    sx = torch.where(sx < sx.gather(1, (k - 1)[:, None]), NEG, sx)
-    probs = torch.softmax(sx, dim=-1)
-    before = torch.cumsum(probs, dim=-1) - probs
-    p = top_p.float().double()[:, None]
-    near = ((before - p).abs() <= tol) & (p < 1)
-    return torch.empty_like(near).scatter_(1, order, near) | minp_row
+    """Tokens whose decision is within fp32 rounding (core's ``rounding_boundary_tokens``)."""
+    from deepinfer_core.kernels.ops.sampling import rounding_boundary_tokens
+
+    return rounding_boundary_tokens(x, top_k, top_p, min_p, tol)
 
 
 def check(out, x, top_k, top_p, min_p) -> int:

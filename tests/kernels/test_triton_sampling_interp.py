@@ -14,29 +14,15 @@ from __future__ import annotations
 _INTERPRETED = r"""
 import time
 import torch
-from deepinfer_core.kernels.ops.sampling import _compare_masked, _gen_filters, topk_topp_minp
+from deepinfer_core.kernels.ops.sampling import (_compare_masked, _gen_filters, rounding_boundary_tokens,
+                                                 topk_topp_minp)
 from deepinfer_nvidia.kernels import triton_sampling as ts
 
 NEG = float("-inf")
 
 
-def near_boundary(x, top_k, top_p, min_p, tol=2e-5):
-    # float64 walk in the reference's order: tokens whose keep / drop decision is within fp32 rounding
-    x = x.double()
-    v = x.shape[1]
-    e = torch.exp(x - x.amax(-1, keepdim=True))
-    mp = min_p.double()[:, None]
-    minp_row = (((e - mp).abs() <= tol * mp) & (mp > 0)).any(-1, keepdim=True)  # renormalises the whole row
-    x = torch.where(e < mp, NEG, x)
-    sx, order = torch.sort(x, dim=-1, descending=True, stable=True)
-    k = top_k.long()
-    k = torch.where((k <= 0) | (k >= v), v, k)
-    sx = torch.where(sx < sx.gather(1, (k - 1)[:, None]), NEG, sx)
-    probs = torch.softmax(sx, dim=-1)
-    before = torch.cumsum(probs, dim=-1) - probs
-    p = top_p.float().double()[:, None]
-    near = ((before - p).abs() <= tol) & (p < 1)
-    return torch.empty_like(near).scatter_(1, order, near) | minp_row
+def near_boundary(x, top_k, top_p, min_p):
+    return rounding_boundary_tokens(x, top_k, top_p, min_p, tol=2e-5)
 
 
 def check(x, top_k, top_p, min_p):

@@ -168,6 +168,30 @@ def exponential_race(logits: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 _SHAPES = [(1, 8), (4, 50), (9, 257), (3, 4099)]
 
 
+def rounding_boundary_tokens(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
+                             tol: float = 1e-5) -> torch.Tensor:
+    """``[B, V]`` bool: tokens whose keep / drop decision in ``topk_topp_minp`` lies within fp32 rounding, found by
+    a float64 walk in the reference's order (top-p mass before the token within ``tol`` of p; a probability
+    within ``tol`` (relative) of min-p's threshold flags its whole row, since it changes the top-p
+    renormalisation). For checking kernels whose masks may differ from the reference only there."""
+    neg = float("-inf")
+    x = x.double()
+    v = x.shape[1]
+    e = torch.exp(x - x.amax(-1, keepdim=True))
+    mp = min_p.double()[:, None]
+    minp_row = (((e - mp).abs() <= tol * mp) & (mp > 0)).any(-1, keepdim=True)
+    x = torch.where(e < mp, neg, x)
+    sx, order = torch.sort(x, dim=-1, descending=True, stable=True)
+    k = top_k.long()
+    k = torch.where((k <= 0) | (k >= v), v, k)
+    sx = torch.where(sx < sx.gather(1, (k - 1)[:, None]), neg, sx)
+    probs = torch.softmax(sx, dim=-1)
+    before = torch.cumsum(probs, dim=-1) - probs
+    p = top_p.float().double()[:, None]
+    near = ((before - p).abs() <= tol) & (p < 1)
+    return torch.empty_like(near).scatter_(1, order, near) | minp_row
+
+
 def _gen_penalties(dtype, device, seed):
     g = torch.Generator().manual_seed(seed)
     for b, v in _SHAPES:
