@@ -48,7 +48,8 @@ except ImportError:  # pragma: no cover - depends on the installed triton
     _GLUON = False
 
 # (block_n weight rows, block_k, warps, stages) by BLOCK_M (pairs per block); H200 figures in docs/performance.md.
-SWAP_TUNE: dict[int, tuple[int, int, int, int]] = {16: (64, 128, 4, 3), 32: (64, 128, 4, 3), 64: (64, 128, 4, 3)}
+SWAP_TUNE: dict[int, tuple[int, int, int, int]] = {16: (64, 128, 4, 3), 32: (64, 128, 4, 3), 64: (64, 128, 4, 3),
+                                                   128: (64, 128, 4, 2)}
 # Pair counts [SWAP_MIN_PAIRS, SWAP_MAX_PAIRS] for which ``moe.experts_mxfp4`` (provider triton) takes this path
 # on SM90; 0 disables it. ``DEEPINFER_NV_SWAP_PAIRS=min,max`` overrides both (benchmarks, A/B runs).
 SWAP_MIN_PAIRS = 0
@@ -278,9 +279,9 @@ def supports_swap(x: torch.Tensor) -> bool:
 
 
 def block_m_for(pairs: int, experts: int) -> int:
-    """Pairs per block: 16 up to a mean of 12 pairs per routed expert, 32 up to 24, else 64."""
+    """Pairs per block: 16 up to a mean of 12 pairs per routed expert, 32 up to 24, 64 up to 96, else 128."""
     mean = pairs / max(1, min(experts, pairs))
-    return 16 if mean <= 12 else 32 if mean <= 24 else 64
+    return 16 if mean <= 12 else 32 if mean <= 24 else 64 if mean <= 96 else 128
 
 
 def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | None = None,
