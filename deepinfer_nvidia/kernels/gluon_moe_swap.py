@@ -140,9 +140,9 @@ if _GLUON:
 
     @gluon.jit
     def _swap_kernel(x_ptr, pair_ptr, bexp_ptr, wa_ptr, sa_ptr, wb_ptr, sb_ptr, wt_ptr, out_ptr, P, E, N, K,
-                     stride_x, limit, NT, TOPK: gl.constexpr, UP: gl.constexpr, BLOCK_M: gl.constexpr,
+                     row_bytes, stride_x, limit, NT, TOPK: gl.constexpr, UP: gl.constexpr, BLOCK_M: gl.constexpr,
                      BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, SAFE: gl.constexpr,
-                     num_warps: gl.constexpr):
+                     AREG: gl.constexpr, PROBE: gl.constexpr, num_warps: gl.constexpr):
         """One (expert block, N tile) of ``out = act(x_rows) @ W^T``, W [E, N, K/2] packed e2m1.
         UP: x rows are the pairs' tokens of ``x_ptr`` (K order already bit-reversed), W = w1 (``wa``) and w3
         (``wb``), out = h [blocks*BLOCK_M, N] = clamped SwiGLU, written in the bit-reversed K order of the down
@@ -154,7 +154,8 @@ if _GLUON:
         ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
         SM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        RING: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
+        AOP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
+        RING: gl.constexpr = gl.SwizzledSharedLayout(16, 1, 1, [2, 1, 0])
         pid = gl.program_id(0)
         blk = pid // NT
         e = gl.load(bexp_ptr + blk)
@@ -176,7 +177,9 @@ if _GLUON:
         rb3 = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(0, L3)))
         nm = gl.expand_dims(rn3 < N, 1)
         nm3 = gl.expand_dims(nm, 2)
-        woff = gl.expand_dims(e64 * N * (K // 2) + rn3.to(gl.int64) * (K // 2), 1) + gl.expand_dims(rg3 * 16, 0)
+        # row_bytes = K / 2 as its own argument: the launcher specialises it on divisibility by 16, so each
+        # thread's 16 bytes are known aligned and move as one 16-byte cp.async
+        woff = gl.expand_dims(e64 * N * row_bytes + rn3.to(gl.int64) * row_bytes, 1) + gl.expand_dims(rg3 * 16, 0)
         woff3 = gl.expand_dims(woff, 2) + gl.expand_dims(gl.expand_dims(rb3, 0), 0)
         soff = gl.expand_dims(e64 * N * KG + rn3.to(gl.int64) * KG, 1) + gl.expand_dims(rg3, 0)
 
@@ -220,15 +223,34 @@ if _GLUON:
             async_copy.wait_group(STAGES - 1)
             gl.thread_barrier()
             si = i % STAGES
-            dec_a.store(_decode(ring_a.index(si).load(L3), ca, BLOCK_N, BLOCK_K, SAFE))
-            if UP:
-                dec_b.store(_decode(ring_b.index(si).load(L3), cb, BLOCK_N, BLOCK_K, SAFE))
-            fence_async_shared()
-            gl.thread_barrier()
             xs = ring_x.index(si).permute((1, 0))
-            acc_a = warpgroup_mma(dec_a, xs, acc_a, is_async=True)
+            if AREG:  # A from registers (the layout conversion is the compiler's, no async-proxy write of A)
+                da = gl.convert_layout(_decode(ring_a.index(si).load(L3), ca, BLOCK_N, BLOCK_K, SAFE), AOP)
+                if UP:
+                    db = gl.convert_layout(_decode(ring_b.index(si).load(L3), cb, BLOCK_N, BLOCK_K, SAFE), AOP)
+                if (PROBE & 1) == 0:
+                    fence_async_shared()
+                gl.thread_barrier()
+                acc_a = warpgroup_mma(da, xs, acc_a, is_async=True)
+                if UP:
+                    acc_b = warpgroup_mma(db, xs, acc_b, is_async=True)
+            else:
+                if (PROBE & 4) == 0:
+                    dec_a.store(_decode(ring_a.index(si).load(L3), ca, BLOCK_N, BLOCK_K, SAFE))
+                    if UP:
+                        dec_b.store(_decode(ring_b.index(si).load(L3), cb, BLOCK_N, BLOCK_K, SAFE))
+                if (PROBE & 1) == 0:
+                    fence_async_shared()
+                gl.thread_barrier()
+                if (PROBE & 2) == 0:
+                    acc_a = warpgroup_mma(dec_a, xs, acc_a, is_async=True)
+                    if UP:
+                        acc_b = warpgroup_mma(dec_b, xs, acc_b, is_async=True)
+                else:
+                    acc_a = warpgroup_mma_init(acc_a)
+                    if UP:
+                        acc_b = warpgroup_mma_init(acc_b)
             if UP:
-                acc_b = warpgroup_mma(dec_b, xs, acc_b, is_async=True)
                 cb = ncb
             ca = nca
         async_copy.wait_group(0)
@@ -286,7 +308,7 @@ def block_m_for(pairs: int, experts: int) -> int:
 
 def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | None = None,
                block_n: int | None = None, block_k: int | None = None, warps: int | None = None,
-               stages: int | None = None, safe: bool | None = None) -> torch.Tensor:
+               stages: int | None = None, safe: bool | None = None, areg: int = 0, probe: int = 0) -> torch.Tensor:
     """x [T, D] bf16; weights [T, k] float; ids [T, k] int; w1, w3 [E, F, D/2] uint8 + UE8M0 [E, F, D/32];
     w2 [E, D, F/2] + [E, D, F/32] -> [T, D] bf16. No host synchronisation after the first call per weight
     stack (CUDA-graph safe). D and F must be multiples of 32; the stacks must already be checked."""
@@ -313,12 +335,12 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
     h = torch.empty(nb * bm, f, dtype=x.dtype, device=x.device)
     nt1 = triton.cdiv(f, bn)
     wt = weights.reshape(-1).float().contiguous()
-    _swap_kernel[(nb * nt1,)](xp, pair, bexp, u8[0], u8[1], u8[2], u8[3], wt, h, p, ne, f, d, xp.stride(0),
+    _swap_kernel[(nb * nt1,)](xp, pair, bexp, u8[0], u8[1], u8[2], u8[3], wt, h, p, ne, f, d, d // 2, xp.stride(0),
                               float(limit), nt1, TOPK=k, UP=1, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages,
-                              SAFE=int(safe), num_warps=warps)
+                              SAFE=int(safe), AREG=areg, PROBE=probe, num_warps=warps)
     y = torch.empty(p, d, dtype=torch.float32, device=x.device)
     nt2 = triton.cdiv(d, bn)
-    _swap_kernel[(nb * nt2,)](h, pair, bexp, u8[4], u8[5], u8[4], u8[5], wt, y, p, ne, d, f, f, float(limit), nt2,
+    _swap_kernel[(nb * nt2,)](h, pair, bexp, u8[4], u8[5], u8[4], u8[5], wt, y, p, ne, d, f, f // 2, f, float(limit), nt2,
                               TOPK=k, UP=0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages, SAFE=int(safe),
-                              num_warps=warps)
+                              AREG=areg, PROBE=probe, num_warps=warps)
     return sum_slices(y, t, d, k, d, k * d, x.dtype)

@@ -54,6 +54,9 @@ def main() -> None:
     ap.add_argument("--tokens", default="1,8,64,256,1024,8192")
     ap.add_argument("--variants", default="16x64x128x4x3,16x64x128x4x4,16x64x256x4x2,16x128x128x8x3,"
                     "32x64x128x4x3,64x64x128x4x3,64x128x128x8x2,128x64x128x4x2")
+    ap.add_argument("--probes", default="", help="diagnostics only: areg:probe:block_k:stages,... timed at "
+                    "T=1 and 64 (probe bits: 1 no async-proxy fence, 2 no wgmma, 4 no decode; results wrong)")
+    ap.add_argument("--skip-parity", action="store_true")
     args = ap.parse_args()
     from triton.testing import do_bench
 
@@ -71,9 +74,22 @@ def main() -> None:
         ids = torch.rand(t, e, generator=g, device="cuda").topk(K, dim=1).indices
         return x, torch.rand(t, K, generator=g, device="cuda"), ids
 
+    if args.probes:
+        ws = (*_packed(E, F, D, g), *_packed(E, F, D, g), *_packed(E, D, F, g))
+        for t in (1, 64):
+            x, w, ids = inputs(t, E, D)
+            ref = tm.moe_experts_mxfp4(x, w, ids, *ws, 10.0)
+            line = f"[probe] T={t:4d} default {_graph_us(lambda: tm.moe_experts_mxfp4(x, w, ids, *ws, 10.0), do_bench):8.1f}"
+            for spec in args.probes.split(","):
+                areg, probe, bk, st = (int(v) for v in spec.split(":"))
+                fn = lambda: sw.swap_mxfp4(x, w, ids, *ws, 10.0, block_k=bk, stages=st, areg=areg, probe=probe)  # noqa: E731
+                r = _rel(fn(), ref) if probe == 0 else float("nan")
+                line += f" | {spec} {_graph_us(fn, do_bench):8.1f}" + (f" (rel {r:.1e})" if probe == 0 else "")
+            print(line, flush=True)
     # -- parity -------------------------------------------------------------------------------------
     small = (16, 256, 192)  # E, D, F: K tails of the 128/256 tiles, rows not multiples of the N tile
-    for tag, (e, d, f), lo, hi in (("full", (E, D, F), None, None), ("small-extreme", small, 0, 200)):
+    for tag, (e, d, f), lo, hi in () if args.skip_parity else (("full", (E, D, F), None, None),
+                                                              ("small-extreme", small, 0, 200)):
         ws = (*_packed(e, f, d, g, lo, hi), *_packed(e, f, d, g, lo, hi), *_packed(e, d, f, g, lo, hi))
         print(f"[parity {tag}] fast decode allowed: {sw.scales_allow_fast(ws[1], ws[3], ws[5])}")
         for t in (1, 5, 64, 300):
@@ -114,7 +130,7 @@ def main() -> None:
                 print(f"  {bm}x{bn}x{bk}x{nw}x{st}: {type(exc).__name__}: {str(exc)[:200]}")
                 continue
             row["swap"][f"{bm}x{bn}x{bk}x{nw}x{st}"] = round(us, 1)
-            line += f" | {bm}x{bn}x{bk}x{nw}x{st} {us:8.1f} ({mb / us * 1e-3:5.2f} TB/s)"
+            line += f" | {bm}x{bn}x{bk}x{nw}x{st} {us:8.1f} ({mb / us:5.2f} TB/s)"
         rows.append(row)
         print(line, flush=True)
     # the pair range where the best swap tile beat the default path (for DEEPINFER_NV_SWAP_PAIRS)
