@@ -47,9 +47,11 @@ try:  # Gluon is experimental: absent in older Triton, so the path is optional
 except ImportError:  # pragma: no cover - depends on the installed triton
     _GLUON = False
 
-# (block_n weight rows, block_k, warps, stages) by BLOCK_M (pairs per block); H200 figures in docs/performance.md.
-SWAP_TUNE: dict[int, tuple[int, int, int, int]] = {16: (64, 128, 4, 3), 32: (64, 128, 4, 3), 64: (64, 128, 4, 3),
-                                                   128: (64, 128, 4, 2)}
+# (block_n weight rows, block_k, warps, stages, areg) by BLOCK_M (pairs per block); areg 2: A decoded straight into
+# the wgmma register fragment (64 x 128 tiles, 4 warps), 1: A in registers through a layout conversion, 0: A
+# through shared memory. H200 figures in docs/performance.md (eleventh pass).
+SWAP_TUNE: dict[int, tuple[int, int, int, int, int]] = {16: (64, 128, 4, 3, 2), 32: (64, 128, 4, 3, 2),
+                                                        64: (64, 128, 4, 3, 2), 128: (64, 128, 4, 2, 0)}
 # Pair counts [SWAP_MIN_PAIRS, SWAP_MAX_PAIRS] for which ``moe.experts_mxfp4`` (provider triton) takes this path
 # on SM90; 0 disables it. ``DEEPINFER_NV_SWAP_PAIRS=min,max`` overrides both (benchmarks, A/B runs).
 SWAP_MIN_PAIRS = 0
@@ -101,14 +103,24 @@ def available() -> bool:
 
 
 if _GLUON:
+    def _fragment_bytes_layout(block_n):
+        """[BLOCK_N, 4, 16] packed bytes (a 128-element K tile): warp w, lane (r = lane // 4, c = lane % 4) holds
+        rows 16w + r and 16w + r + 8 (+64 per further register row block), bytes 16c..16c+15: the rows and the
+        K quarter of its wgmma A fragment (m64n*k16, bf16) over the 8 k-steps of the tile."""
+        regs = [[0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 0, 8], [8, 0, 0]]
+        regs += [[64 * (1 << i), 0, 0] for i in range((block_n // 64).bit_length() - 1)]
+        return gl.DistributedLinearLayout(reg_bases=regs, lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0],
+                                                                      [4, 0, 0]],
+                                          warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[block_n, 4, 16])
+
+    _FRAG_BYTES = gl.constexpr(_fragment_bytes_layout(64))
     _ASM_SAFE = gl.constexpr(_word_asm(True))
     _ASM_FAST = gl.constexpr(_word_asm(False))
 
     @gluon.jit
-    def _decode(b, sc, BN: gl.constexpr, BK: gl.constexpr, SAFE: gl.constexpr):
-        """``b [BN, G, 16]`` uint8 (one MXFP4 group per thread), ``sc [BN, G, 1]`` UE8M0 -> ``[BN, BK]`` bf16 in
-        the register K order: within each 8 elements, logical k' = 4*p1 + 2*s + p0 holds natural 4*p0 + p1 + 2*s."""
-        G: gl.constexpr = BK // 32
+    def _decode_halves(b, sc, SAFE: gl.constexpr):
+        """The inline-PTX decode of packed bytes ``b`` (scales ``sc`` broadcast along the last dim): two bf16
+        tensors shaped like ``b``; per 4 bytes, o0 packs nibbles (0, 4, 1, 5) and o1 (2, 6, 3, 7)."""
         s16 = sc.to(gl.int16)
         if SAFE:  # 2^(s-127) as bf16 bits (s = 0: the subnormal 2^-127)
             bits = gl.where(s16 == 0, 64, s16 << 7)
@@ -117,8 +129,15 @@ if _GLUON:
             bits = (s16 + 126) << 7
             asm: gl.constexpr = _ASM_FAST
         scale = gl.broadcast(bits.to(gl.bfloat16, bitcast=True), b)[0]
-        o0, o1 = gl.inline_asm_elementwise(asm, "=r,=r,=r,=r,r,r,r", [b, scale],
-                                           dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=4)
+        return gl.inline_asm_elementwise(asm, "=r,=r,=r,=r,r,r,r", [b, scale], dtype=(gl.bfloat16, gl.bfloat16),
+                                         is_pure=True, pack=4)
+
+    @gluon.jit
+    def _decode(b, sc, BN: gl.constexpr, BK: gl.constexpr, SAFE: gl.constexpr):
+        """``b [BN, G, 16]`` uint8 (one MXFP4 group per thread), ``sc [BN, G, 1]`` UE8M0 -> ``[BN, BK]`` bf16 in
+        the register K order: within each 8 elements, logical k' = 4*p1 + 2*s + p0 holds natural 4*p0 + p1 + 2*s."""
+        G: gl.constexpr = BK // 32
+        o0, o1 = _decode_halves(b, sc, SAFE)
         # o_s[4q + 2*p1 + p0] = natural element 8q + 4*p0 + p1 + 2*s; keep each register pair (p0) whole
         j = gl.join(o0.reshape([BN, G, 4, 2, 2]), o1.reshape([BN, G, 4, 2, 2]))
         return j.permute(0, 1, 2, 3, 5, 4).reshape([BN, BK])
@@ -127,6 +146,21 @@ if _GLUON:
     def _rev3(n):
         """Column n -> its position in the decoder's K order: the low 3 bits reversed (an involution)."""
         return (n & -8) | ((n & 1) << 2) | (n & 2) | ((n >> 2) & 1)
+
+    @gluon.jit
+    def _decode_fragment(b, sc, BN: gl.constexpr, SAFE: gl.constexpr):
+        """``_decode`` for the fragment layout: ``b [BN, 4 (c), 16]`` -> ``[BN, 128]`` bf16 whose logical K index
+        k = 32q + 16S + 8p + 2c + e holds physical element 32c + 8q + 4e + 2S + p (``frag_order``): thread c then
+        holds K pairs 2c, 2c+1 (+8, +16 ...), the A fragment's columns."""
+        o0, o1 = _decode_halves(b, sc, SAFE)
+        j = gl.join(o0, o1).reshape([BN, 4, 4, 2, 2, 2])  # (c, q, p, e, S)
+        return j.permute(0, 2, 5, 3, 1, 4).reshape([BN, 128])  # (q, S, p, c, e)
+
+    @gluon.jit
+    def _frag128(n):
+        """Natural column n -> its logical position in ``_decode_fragment``'s order (per 128 columns)."""
+        m = n % 128
+        return (n - m) + 32 * ((m // 8) % 4) + 16 * ((m // 2) % 2) + 8 * (m % 2) + 2 * (m // 32) + (m // 4) % 2
 
     @gluon.jit
     def _issue(ring, w_ptr, woff3, nm3, rg3, g0, KG, stage):
@@ -148,7 +182,11 @@ if _GLUON:
         (``wb``), out = h [blocks*BLOCK_M, N] = clamped SwiGLU, written in the bit-reversed K order of the down
         kernel. Not UP: x rows are h's rows of this block, W = w2, out = y [P, N] fp32 (times the routing weight)."""
         G: gl.constexpr = BLOCK_K // 32
-        L3: gl.constexpr = gl.BlockedLayout([1, 1, 16], [32 // G, G, 1], [num_warps, 1, 1], [2, 1, 0])
+        if AREG == 2:  # each thread loads exactly the bytes of its wgmma A fragment (BLOCK_N 64, K 128, 4 warps)
+            gl.static_assert(BLOCK_N == 64 and BLOCK_K == 128 and num_warps == 4)
+            L3: gl.constexpr = _FRAG_BYTES
+        else:
+            L3: gl.constexpr = gl.BlockedLayout([1, 1, 16], [32 // G, G, 1], [num_warps, 1, 1], [2, 1, 0])
         LS: gl.constexpr = gl.SliceLayout(2, L3)
         LX: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BLOCK_K // 8), BLOCK_K // 8], [num_warps, 1], [1, 0])
         ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -224,7 +262,17 @@ if _GLUON:
             gl.thread_barrier()
             si = i % STAGES
             xs = ring_x.index(si).permute((1, 0))
-            if AREG:  # A from registers (the layout conversion is the compiler's, no async-proxy write of A)
+            if AREG == 2:  # A from registers, decoded straight into the fragment order (see _decode_fragment)
+                da = gl.convert_layout(_decode_fragment(ring_a.index(si).load(L3), ca, BLOCK_N, SAFE), AOP)
+                if UP:
+                    db = gl.convert_layout(_decode_fragment(ring_b.index(si).load(L3), cb, BLOCK_N, SAFE), AOP)
+                if (PROBE & 1) == 0:
+                    fence_async_shared()
+                gl.thread_barrier()
+                acc_a = warpgroup_mma(da, xs, acc_a, is_async=True)
+                if UP:
+                    acc_b = warpgroup_mma(db, xs, acc_b, is_async=True)
+            elif AREG:  # A from registers (the layout conversion is the compiler's, no async-proxy write of A)
                 da = gl.convert_layout(_decode(ring_a.index(si).load(L3), ca, BLOCK_N, BLOCK_K, SAFE), AOP)
                 if UP:
                     db = gl.convert_layout(_decode(ring_b.index(si).load(L3), cb, BLOCK_N, BLOCK_K, SAFE), AOP)
@@ -262,7 +310,8 @@ if _GLUON:
             g = gl.minimum(acc_a.to(dtype).to(gl.float32), limit).to(dtype).to(gl.float32)
             sg = (g / (1.0 + gl.exp(-g))).to(dtype).to(gl.float32)
             u = gl.minimum(gl.maximum(acc_b.to(dtype).to(gl.float32), -limit), limit).to(dtype).to(gl.float32)
-            gl.store(out_ptr + gl.expand_dims(rows.to(gl.int64) * N, 0) + gl.expand_dims(_rev3(rn), 1),
+            hcol = _frag128(rn) if AREG == 2 else _rev3(rn)
+            gl.store(out_ptr + gl.expand_dims(rows.to(gl.int64) * N, 0) + gl.expand_dims(hcol, 1),
                      (sg * u).to(dtype), mask=gl.expand_dims(rn < N, 1))
         else:
             acc_a = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a,))
@@ -306,9 +355,19 @@ def block_m_for(pairs: int, experts: int) -> int:
     return 16 if mean <= 12 else 32 if mean <= 24 else 64 if mean <= 96 else 128
 
 
+def permute_k(x: torch.Tensor, fragment: bool) -> torch.Tensor:
+    """Activations ``[T, K]`` in the kernels' K order (a copy): the bit reversal of the low 3 bits of each column
+    (``_decode``), or with ``fragment`` the A-fragment order of ``_decode_fragment`` per 128 columns."""
+    t, k = x.shape
+    if fragment:  # natural n = 32c + 8q + 4e + 2S + p -> logical (q, S, p, c, e)
+        return x.reshape(t, k // 128, 4, 4, 2, 2, 2).permute(0, 1, 3, 5, 6, 2, 4).reshape(t, k)
+    return x.reshape(t, k // 8, 2, 2, 2).permute(0, 1, 4, 3, 2).reshape(t, k)
+
+
 def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | None = None,
                block_n: int | None = None, block_k: int | None = None, warps: int | None = None,
-               stages: int | None = None, safe: bool | None = None, areg: int = 0, probe: int = 0) -> torch.Tensor:
+               stages: int | None = None, safe: bool | None = None, areg: int | None = None,
+               probe: int = 0) -> torch.Tensor:
     """x [T, D] bf16; weights [T, k] float; ids [T, k] int; w1, w3 [E, F, D/2] uint8 + UE8M0 [E, F, D/32];
     w2 [E, D, F/2] + [E, D, F/32] -> [T, D] bf16. No host synchronisation after the first call per weight
     stack (CUDA-graph safe). D and F must be multiples of 32; the stacks must already be checked."""
@@ -323,15 +382,17 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
     x = x if x.stride(1) == 1 else x.contiguous()
     p = t * k
     bm = block_m or block_m_for(p, ne)
-    tbn, tbk, tw, ts = SWAP_TUNE.get(bm, SWAP_TUNE[16])
+    tbn, tbk, tw, ts, ta = SWAP_TUNE.get(bm, SWAP_TUNE[16])
     bn, bk, warps, stages = block_n or tbn, block_k or tbk, warps or tw, stages or ts
+    areg = ta if areg is None else areg
+    if areg == 2 and (d % 128 or f % 128 or bn != 64 or bk != 128 or warps != 4):
+        areg = 1  # the fragment layout covers 64 x 128 tiles of 4 warps over whole 128-column tiles only
     if safe is None:
         safe = not scales_allow_fast(s1, s3, s2)
     pair, bexp = align(ids, ne, bm)
     nb = bexp.numel()
     u8 = [a.view(torch.uint8) for a in (w1, s1, w3, s3, w2, s2)]
-    # the decoder's K order within each 8 columns is the bit reversal of the natural one (see ``_decode``)
-    xp = x.reshape(t, d // 8, 2, 2, 2).permute(0, 1, 4, 3, 2).reshape(t, d)
+    xp = permute_k(x, areg == 2)
     h = torch.empty(nb * bm, f, dtype=x.dtype, device=x.device)
     nt1 = triton.cdiv(f, bn)
     wt = weights.reshape(-1).float().contiguous()

@@ -52,8 +52,8 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--arch", default="v41", choices=("v4", "v41"))
     ap.add_argument("--tokens", default="1,8,64,256,1024,8192")
-    ap.add_argument("--variants", default="16x64x128x4x3,16x64x128x4x4,16x64x256x4x2,16x128x128x8x3,"
-                    "32x64x128x4x3,64x64x128x4x3,64x128x128x8x2,128x64x128x4x2")
+    ap.add_argument("--variants", default="16x64x128x4x3x2,16x64x128x4x4x2,16x64x128x4x3x1,32x64x128x4x3x2,"
+                    "64x64x128x4x3x2,128x64x128x4x2x0", help="block_m x block_n x block_k x warps x stages x areg")
     ap.add_argument("--probes", default="", help="diagnostics only: areg:probe:block_k:stages,... timed at "
                     "T=1 and 64 (probe bits: 1 no async-proxy fence, 2 no wgmma, 4 no decode; results wrong)")
     ap.add_argument("--skip-parity", action="store_true")
@@ -82,7 +82,8 @@ def main() -> None:
             line = f"[probe] T={t:4d} default {_graph_us(lambda: tm.moe_experts_mxfp4(x, w, ids, *ws, 10.0), do_bench):8.1f}"
             for spec in args.probes.split(","):
                 areg, probe, bk, st = (int(v) for v in spec.split(":"))
-                fn = lambda: sw.swap_mxfp4(x, w, ids, *ws, 10.0, block_k=bk, stages=st, areg=areg, probe=probe)  # noqa: E731
+                fn = lambda: sw.swap_mxfp4(x, w, ids, *ws, 10.0, block_k=bk, stages=st, areg=areg,  # noqa: E731
+                                           probe=probe)
                 r = _rel(fn(), ref) if probe == 0 else float("nan")
                 line += f" | {spec} {_graph_us(fn, do_bench):8.1f}" + (f" (rel {r:.1e})" if probe == 0 else "")
             print(line, flush=True)
@@ -95,15 +96,15 @@ def main() -> None:
         for t in (1, 5, 64, 300):
             x, w, ids = inputs(t, e, d)
             ref = aten_ops.moe_experts_mxfp4(x, w, ids, *ws, 10.0)
-            for bm, bn, bk, nw, st in variants[:3] + [(32, 64, 128, 4, 3), (64, 64, 128, 4, 3)]:
+            for bm, bn, bk, nw, st, ar in variants[:5]:
                 for safe in (True, False) if lo is None else (True,):
                     out = sw.swap_mxfp4(x, w, ids, *ws, 10.0, block_m=bm, block_n=bn, block_k=bk, warps=nw,
-                                        stages=st, safe=safe)
+                                        stages=st, safe=safe, areg=ar)
                     r = _rel(out, ref)
                     ok = r == r and r <= 2e-2
                     if not ok:
-                        failures.append((tag, t, bm, bn, bk, nw, st, safe, r))
-                    print(f"  T={t:4d} bm{bm} bn{bn} bk{bk} w{nw} s{st} safe={int(safe)}: rel {r:.2e}"
+                        failures.append((tag, t, bm, bn, bk, nw, st, ar, safe, r))
+                    print(f"  T={t:4d} bm{bm} bn{bn} bk{bk} w{nw} s{st} areg{ar} safe={int(safe)}: rel {r:.2e}"
                           + ("" if ok else "  FAIL"))
     if failures:
         print("PARITY FAILURES:", failures)
@@ -117,24 +118,26 @@ def main() -> None:
         distinct = torch.unique(ids).numel()
         mb = distinct * per_expert / E / 1e6
         base = _graph_us(lambda: tm.moe_experts_mxfp4(x, w, ids, *ws, 10.0), do_bench)
+        own = _graph_us(lambda: sw.swap_mxfp4(x, w, ids, *ws, 10.0), do_bench)  # the module's own tiles
         row = {"T": t, "pairs": t * K, "experts": distinct, "MB": round(mb, 1), "default_us": round(base, 1),
-               "swap": {}}
-        line = f"T={t:5d} pairs={t * K:6d} experts={distinct:3d} {mb:8.1f} MB  default {base:8.1f} us"
-        for bm, bn, bk, nw, st in variants:
+               "swap_own_us": round(own, 1), "swap": {}}
+        line = (f"T={t:5d} pairs={t * K:6d} experts={distinct:3d} {mb:8.1f} MB  default {base:8.1f} us"
+                f" ({mb / base:4.2f} TB/s) | swap own tiles {own:8.1f} ({mb / own:4.2f} TB/s)")
+        for bm, bn, bk, nw, st, ar in variants:
             if t * K >= 16384 and bm < 64 or t * K <= 64 and bm > 16:  # hopeless tiles at these sizes
                 continue
             try:
                 us = _graph_us(lambda: sw.swap_mxfp4(x, w, ids, *ws, 10.0, block_m=bm, block_n=bn, block_k=bk,
-                                                     warps=nw, stages=st), do_bench)
+                                                     warps=nw, stages=st, areg=ar), do_bench)
             except Exception as exc:  # a tile that does not fit: report and go on
-                print(f"  {bm}x{bn}x{bk}x{nw}x{st}: {type(exc).__name__}: {str(exc)[:200]}")
+                print(f"  {bm}x{bn}x{bk}x{nw}x{st}x{ar}: {type(exc).__name__}: {str(exc)[:200]}")
                 continue
-            row["swap"][f"{bm}x{bn}x{bk}x{nw}x{st}"] = round(us, 1)
-            line += f" | {bm}x{bn}x{bk}x{nw}x{st} {us:8.1f} ({mb / us:5.2f} TB/s)"
+            row["swap"][f"{bm}x{bn}x{bk}x{nw}x{st}x{ar}"] = round(us, 1)
+            line += f" | {bm}x{bn}x{bk}x{nw}x{st}x{ar} {us:8.1f}"
         rows.append(row)
         print(line, flush=True)
-    # the pair range where the best swap tile beat the default path (for DEEPINFER_NV_SWAP_PAIRS)
-    wins = [r["pairs"] for r in rows if r["swap"] and min(r["swap"].values()) < r["default_us"]]
+    # the pair range where the module's own swap tiles beat the default path (for DEEPINFER_NV_SWAP_PAIRS)
+    wins = [r["pairs"] for r in rows if r["swap_own_us"] < r["default_us"]]
     print(f"swap wins at pairs: {wins}")
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "swap_pairs.txt"), "w") as fh:

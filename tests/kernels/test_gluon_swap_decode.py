@@ -91,3 +91,38 @@ def test_scale_check_picks_the_exact_decode_when_needed():
     assert scales_allow_fast(ok) and not scales_allow_fast(big) and not scales_allow_fast(ok, big)
     fresh = torch.full((3, 4), 200, dtype=torch.uint8).view(torch.float8_e8m0fnu)  # a new stack is checked anew
     assert not scales_allow_fast(fresh)
+
+
+def _decoder_halves_index(c_count: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """Physical element index (within a 128-element tile of one weight row) of each value of the decoder's two
+    outputs for the fragment layout: thread c holds bytes 16c..16c+15; word q of them gives registers
+    rho = 0..3 = nibbles (rho, rho + 4), o0 packing rho 0, 1 and o1 rho 2, 3 (two values each)."""
+    o = torch.empty(2, c_count, 16, dtype=torch.long)
+    for c in range(c_count):
+        for q in range(4):
+            for rho in range(4):
+                for e in range(2):
+                    o[rho // 2, c, 4 * q + 2 * (rho % 2) + e] = 32 * c + 8 * q + rho + 4 * e
+    return o[0], o[1]
+
+
+def test_fragment_k_order_contract():
+    from deepinfer_nvidia.kernels.gluon_moe_swap import permute_k
+
+    o0, o1 = _decoder_halves_index()
+    # the kernel's _decode_fragment: join, reshape (c, q, p, e, S), permute to (q, S, p, c, e), flatten
+    logical = torch.stack([o0, o1], -1).reshape(4, 4, 2, 2, 2).permute(1, 4, 2, 0, 3).reshape(128)
+    assert sorted(logical.tolist()) == list(range(128))
+    # the activations follow the same order (the wrapper's permutation, two tiles of 128)
+    x = torch.arange(256)[None]
+    assert torch.equal(permute_k(x, True)[0], torch.cat([logical, logical + 128]))
+    # the up kernel's h store (_frag128) sends natural column n to its logical position
+    def frag128(n):
+        m = n % 128
+        return (n - m) + 32 * ((m // 8) % 4) + 16 * ((m // 2) % 2) + 8 * (m % 2) + 2 * (m // 32) + (m // 4) % 2
+    for n in range(256):
+        assert permute_k(x, True)[0][frag128(n)] == n
+    # thread c holds exactly the A-fragment columns of a k16 step: (k // 2) % 4 == c
+    for k in range(128):
+        c = logical[k].item() // 32
+        assert (k // 2) % 4 == c
