@@ -50,12 +50,17 @@ except ImportError:  # pragma: no cover - depends on the installed triton
 # (block_n weight rows, block_k, warps, stages, areg) by BLOCK_M (pairs per block); areg 2: A decoded straight into
 # the wgmma register fragment (64 x 128 tiles, 4 warps), 1: A in registers through a layout conversion, 0: A
 # through shared memory. H200 figures in docs/performance.md (eleventh pass).
+# 128 rows with the fragment decode spill registers, so that entry keeps A in shared memory; ``block_m_for`` does
+# not pick it (64 won at 49152 pairs).
 SWAP_TUNE: dict[int, tuple[int, int, int, int, int]] = {16: (64, 128, 4, 3, 2), 32: (64, 128, 4, 3, 2),
                                                         64: (64, 128, 4, 3, 2), 128: (64, 128, 4, 2, 0)}
 # Pair counts [SWAP_MIN_PAIRS, SWAP_MAX_PAIRS] for which ``moe.experts_mxfp4`` (provider triton) takes this path
-# on SM90; 0 disables it. ``DEEPINFER_NV_SWAP_PAIRS=min,max`` overrides both (benchmarks, A/B runs).
-SWAP_MIN_PAIRS = 0
-SWAP_MAX_PAIRS = 0
+# on SM90; SWAP_MAX_PAIRS 0 disables it. ``DEEPINFER_NV_SWAP_PAIRS=min,max`` overrides both (benchmarks, A/B runs).
+# H200, V4.1 widths (docs/performance.md, eleventh pass): it beat the previous default (split-K GEMV up to 512
+# pairs, ``tl.dot_scaled`` above) at every measured size, 6 to 49152 pairs (1.2x at 6, 2.1-2.3x at 384-1536,
+# 1.5x at 49152); up to 98304 by extrapolation, and dequant-once (``DEQUANT_PAIRS``) keeps the largest sizes.
+SWAP_MIN_PAIRS = 1
+SWAP_MAX_PAIRS = 98304
 if os.environ.get("DEEPINFER_NV_SWAP_PAIRS"):
     SWAP_MIN_PAIRS, SWAP_MAX_PAIRS = (int(v) for v in os.environ["DEEPINFER_NV_SWAP_PAIRS"].split(","))
 
@@ -350,9 +355,11 @@ def supports_swap(x: torch.Tensor) -> bool:
 
 
 def block_m_for(pairs: int, experts: int) -> int:
-    """Pairs per block: 16 up to a mean of 12 pairs per routed expert, 32 up to 24, 64 up to 96, else 128."""
+    """Pairs per block: 16 up to a mean of 12 pairs per routed expert, 32 up to 24, else 64 (H200, V4.1 widths:
+    32 won at a mean of 16 (6144 pairs: 3408 us, 16 rows 4072, 64 rows 4487), 64 at 128 (49152 pairs: 11649 us,
+    128 rows through shared memory 12579))."""
     mean = pairs / max(1, min(experts, pairs))
-    return 16 if mean <= 12 else 32 if mean <= 24 else 64 if mean <= 96 else 128
+    return 16 if mean <= 12 else 32 if mean <= 24 else 64
 
 
 def permute_k(x: torch.Tensor, fragment: bool) -> torch.Tensor:
