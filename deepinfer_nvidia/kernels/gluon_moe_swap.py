@@ -3,23 +3,30 @@
 Why (docs/performance.md, eleventh pass). At decode batch sizes each routed expert holds 1-16 pairs. The
 split-K GEMV kernels decode every weight element once per *pair* (~6.2 instructions per element per pair), and
 ``tl.dot_scaled`` on SM90 upcasts with ~9.6 instructions per element; at ~8.6 T e2m1 elements/s of copy
-bandwidth against ~30 T thread instructions/s, the bandwidth allows about 3.5. Here, per (expert block,
-output tile):
+bandwidth against ~30 T thread instructions/s, the bandwidth allows about 3.5. Here, per (expert block of
+16/32/64 pairs, 64 weight rows):
 
-1. the packed weight tile ``[BLOCK_N rows, BLOCK_K]`` is loaded as 16-byte vectors, one MXFP4 group of 32
-   elements per thread (``L3`` layout), and decoded by inline PTX to exact bf16: 8 elements per 32-bit word
-   with 2 shifts, 1 ``and`` and 1 ``lop3`` per pair (the e2m1 bits placed at the bf16 exponent/mantissa
-   boundary give ``E2M1 * 2^-126``), then ``mul.bf16x2`` by ``2^126`` and by the group's UE8M0 scale (with
-   ``SAFE=0`` a single multiply by ``scale * 2^126``, exact only when every scale byte is <= 128, which the
-   wrapper checks once per weight stack);
-2. the decoded tile goes to shared memory (``NVMMASharedLayout``) as the *A* operand of ``wgmma`` (M = the
-   weight rows) and the block's activation rows ``[BLOCK_M pairs, BLOCK_K]`` as *B*: swap-AB, so a block of
-   16 pairs needs no 64-row padding;
-3. the K order inside each 8-element chunk is the decoder's register order (elements 0,4,2,6 | 1,5,3,7 ...
-   see ``_decode``); the activation tile is permuted the same way in registers, so no repacking is needed.
+1. the packed weight tile arrives by 16-byte ``cp.async`` into a ``STAGES``-deep shared ring (the activation
+   tile ``[BLOCK_M pairs, 128]`` beside it, already in the kernels' K order);
+2. with ``AREG=2`` (the default tiles) each thread reads back exactly the bytes of its own ``wgmma`` A
+   fragment (``_fragment_bytes_layout``: rows 16w+r and 16w+r+8, bytes 16c..16c+15 of a 128-column tile) and
+   decodes them by inline PTX to exact bf16: 8 elements per 32-bit word with 2 shifts, 1 ``and`` and 1 ``lop3``
+   per pair (the e2m1 bits placed at the bf16 exponent/mantissa boundary give ``E2M1 * 2^-126``), then
+   ``mul.bf16x2`` by ``2^126`` and by the group's UE8M0 scale (``SAFE=0``: one multiply by ``scale * 2^126``,
+   exact only when every scale byte is <= 128, which ``scales_allow_fast`` checks once per weight stack). The
+   decoded registers *are* the A fragment, so ``wgmma`` (M = weight rows, N = pairs: swap-AB, no 64-row
+   padding of 16 pairs) reads A from registers and B (activations) from shared memory;
+3. the K order inside each 128 columns follows the fragment (``_decode_fragment``); ``permute_k`` puts the
+   activations in that order and the up kernel writes ``h`` in it for the down kernel.
 
-Numerics are the grouped path's: exact bf16 weights, fp32 accumulation (K order differs), the reference's
-roundings in the SwiGLU and the down product, fp32 weighting and the slot-order sum (``sum_slices``).
+``AREG=1`` (A through the compiler's layout conversion) and ``AREG=0`` (A stored to shared memory, the first
+version; the 128-pair blocks keep it because the fragment decode spills there) remain, as does ``PROBE``, a
+diagnostic knob that drops the fence, the MMA or the decode to locate time (wrong results by design; only
+``bench_swap --probes`` sets it).
+
+Numerics are the grouped path's: exact bf16 weights, fp32 accumulation, the reference's roundings in the
+SwiGLU and the down product, fp32 weighting and the slot-order sum (``sum_slices``). The K permutations only
+reorder elements inside each 16-wide MMA k-step, so on the H200 the results equal the ``aten`` provider's.
 Layout and flow follow ``triton_moe_scaled`` (``align`` blocks, ``h [blocks * BLOCK_M, F]``, ``y [P, D]``).
 
 Gluon (``triton.experimental.gluon``) ships with Triton >= 3.5; where it is missing, ``available()`` is False and

@@ -29,6 +29,10 @@ bit pattern ``(c & 7) << 9 | (c & 8) << 12`` (exponent and mantissa land in plac
 is the fp16 subnormal 2^-15), i.e. ``E2M1[c] * 2^-14`` exactly; the 2^14 is folded into the
 group scale.
 
+On SM90 with Gluon, bf16 activations and ``SWAP_MIN_PAIRS <= T*k <= SWAP_MAX_PAIRS`` (default 1..98304) go first
+to the weight-stationary swap-AB ``wgmma`` kernels of ``gluon_moe_swap`` (H200, eleventh pass: 1.2-2.3x the
+paths below at every measured size). The rest of this list is what other GPUs (and other dtypes) run.
+
 Small batches (decode, ``T*k <= triton_moe_splitk.SPLITK_PAIRS``): split-K GEMV kernels, one program per
 (routed pair, row tile, K split), same roundings (``triton_moe_splitk``'s docstring); the blocks above keep
 one valid row in 16 at decode and each program streams a whole K panel (latency-bound). From
