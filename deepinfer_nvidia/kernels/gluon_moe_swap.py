@@ -50,6 +50,9 @@ try:  # Gluon is experimental: absent in older Triton, so the path is optional
         warpgroup_mma_init,
         warpgroup_mma_wait,
     )
+    # Triton 3.6 (the H200's) names the cp.async copy async_copy_global_to_shared; later versions async_load
+    _cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+    _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # renamed after 3.6 as well
     _GLUON = True
 except ImportError:  # pragma: no cover - depends on the installed triton
     _GLUON = False
@@ -178,7 +181,7 @@ if _GLUON:
     def _issue(ring, w_ptr, woff3, nm3, rg3, g0, KG, stage):
         """cp.async of one packed tile (groups g0..g0+G of the rows in ``woff3``) into ring slot ``stage``."""
         gm = gl.expand_dims(gl.expand_dims(g0 + rg3 < KG, 0), 2)
-        async_copy.async_copy_global_to_shared(ring.index(stage), w_ptr + woff3 + g0 * 16, mask=nm3 & gm)
+        _cp_async(ring.index(stage), w_ptr + woff3 + g0 * 16, mask=nm3 & gm)
 
     @gluon.jit
     def _scales(s_ptr, soff, nm, rg3, g0, KG):
@@ -246,7 +249,7 @@ if _GLUON:
             _issue(ring_a, wa_ptr, woff3, nm3, rg3, jp * G, KG, jp)
             if UP:
                 _issue(ring_b, wb_ptr, woff3, nm3, rg3, jp * G, KG, jp)
-            async_copy.async_copy_global_to_shared(ring_x.index(jp), x_ptr + xrow + jp * BLOCK_K + ck,
+            _cp_async(ring_x.index(jp), x_ptr + xrow + jp * BLOCK_K + ck,
                                                    mask=vx & (jp * BLOCK_K + ck < K))
             async_copy.commit_group()
         ca = _scales(sa_ptr, soff, nm, rg3, 0, KG)
@@ -258,20 +261,20 @@ if _GLUON:
                 acc_a, acc_b = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a, acc_b))
             else:
                 acc_a = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a,))
-            gl.thread_barrier()
+            _cta_barrier()
             j = i + STAGES - 1
             sj = j % STAGES
             _issue(ring_a, wa_ptr, woff3, nm3, rg3, j * G, KG, sj)
             if UP:
                 _issue(ring_b, wb_ptr, woff3, nm3, rg3, j * G, KG, sj)
-            async_copy.async_copy_global_to_shared(ring_x.index(sj), x_ptr + xrow + j * BLOCK_K + ck,
+            _cp_async(ring_x.index(sj), x_ptr + xrow + j * BLOCK_K + ck,
                                                    mask=vx & (j * BLOCK_K + ck < K))
             async_copy.commit_group()
             nca = _scales(sa_ptr, soff, nm, rg3, (i + 1) * G, KG)
             if UP:
                 ncb = _scales(sb_ptr, soff, nm, rg3, (i + 1) * G, KG)
             async_copy.wait_group(STAGES - 1)
-            gl.thread_barrier()
+            _cta_barrier()
             si = i % STAGES
             xs = ring_x.index(si).permute((1, 0))
             if AREG == 2:  # A from registers, decoded straight into the fragment order (see _decode_fragment)
@@ -280,7 +283,7 @@ if _GLUON:
                     db = gl.convert_layout(_decode_fragment(ring_b.index(si).load(L3), cb, BLOCK_N, SAFE), AOP)
                 if (PROBE & 1) == 0:
                     fence_async_shared()
-                gl.thread_barrier()
+                _cta_barrier()
                 acc_a = warpgroup_mma(da, xs, acc_a, is_async=True)
                 if UP:
                     acc_b = warpgroup_mma(db, xs, acc_b, is_async=True)
@@ -290,7 +293,7 @@ if _GLUON:
                     db = gl.convert_layout(_decode(ring_b.index(si).load(L3), cb, BLOCK_N, BLOCK_K, SAFE), AOP)
                 if (PROBE & 1) == 0:
                     fence_async_shared()
-                gl.thread_barrier()
+                _cta_barrier()
                 acc_a = warpgroup_mma(da, xs, acc_a, is_async=True)
                 if UP:
                     acc_b = warpgroup_mma(db, xs, acc_b, is_async=True)
@@ -301,7 +304,7 @@ if _GLUON:
                         dec_b.store(_decode(ring_b.index(si).load(L3), cb, BLOCK_N, BLOCK_K, SAFE))
                 if (PROBE & 1) == 0:
                     fence_async_shared()
-                gl.thread_barrier()
+                _cta_barrier()
                 if (PROBE & 2) == 0:
                     acc_a = warpgroup_mma(dec_a, xs, acc_a, is_async=True)
                     if UP:

@@ -1,0 +1,58 @@
+"""Static checks of the Gluon swap-AB expert kernels' machine code (``gluon_moe_swap``), no GPU needed.
+
+The installed Triton compiles them for sm_90a (its wheel ships ``ptxas`` and ``nvdisasm``) and
+``deepinfer_nvidia.tests.sass_count`` finds the main loop. What the H200 runs well depends on properties that a
+refactor could silently lose (docs/performance.md, eleventh pass), so they are asserted here:
+- the packed weight rows move as 16-byte ``cp.async`` (``LDGSTS...128``), never 8-byte ones (the first version's
+  2x loss);
+- the loop issues ``wgmma`` (``HGMMA``) with 16 pairs as N;
+- with the fragment decode (``AREG=2``) the decoded tile never goes through shared memory (no ``STS`` in the
+  loop) and the loop stays under 4 instructions per weight element (up kernel) / 4.5 (down kernel);
+- every mode compiles (both decodes, A through shared memory, through a conversion, in the fragment).
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+triton = pytest.importorskip("triton")
+gms = pytest.importorskip("deepinfer_nvidia.kernels.gluon_moe_swap")
+if not gms.available():
+    pytest.skip("triton.experimental.gluon missing", allow_module_level=True)
+if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")):
+    pytest.skip("this triton wheel has no nvdisasm", allow_module_level=True)
+
+from deepinfer_nvidia.tests.sass_count import count  # noqa: E402
+
+SIG = {"x_ptr": "*bf16", "pair_ptr": "*i32", "bexp_ptr": "*i32", "wa_ptr": "*u8", "sa_ptr": "*u8", "wb_ptr": "*u8",
+       "sb_ptr": "*u8", "wt_ptr": "*fp32", "out_ptr": "*bf16", "P": "i32", "E": "i32", "N": "i32", "K": "i32",
+       "row_bytes": "i32", "stride_x": "i32", "limit": "fp32", "NT": "i32"}
+
+
+def _compile(up: int, areg: int, safe: int, block_m: int = 16, stages: int = 3):
+    sig = dict(SIG, out_ptr="*bf16" if up else "*fp32")
+    consts = {"TOPK": 6, "UP": up, "BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": 128, "STAGES": stages, "SAFE": safe,
+              "AREG": areg, "PROBE": 0, "num_warps": 4}
+    return count(gms._swap_kernel, sig, consts, warps=4, div16=frozenset({"N", "K", "row_bytes", "stride_x"}))
+
+
+def _has(ops, prefix):
+    return sum(v for k, v in ops.items() if k.startswith(prefix))
+
+
+@pytest.mark.parametrize("up", [1, 0])
+def test_fragment_decode_loop(up):
+    r = _compile(up, areg=2, safe=0)
+    ops, n = r["ops"], len(r["loop"])
+    elems = 64 * 128 * (2 if up else 1) / 128  # weight elements per thread per iteration
+    assert _has(ops, "HGMMA.64x16x16") == 8 * (2 if up else 1), ops
+    assert _has(ops, "LDGSTS") and all(".128" in k for k in ops if k.startswith("LDGSTS")), ops
+    assert _has(ops, "STS") == 0, ("the decoded tile went through shared memory", ops)
+    assert n / elems < (4.0 if up else 4.5), (n / elems, ops)
+
+
+@pytest.mark.parametrize("areg,safe,block_m", [(0, 1, 16), (1, 0, 32), (2, 1, 64), (0, 0, 128)])
+def test_every_mode_compiles(areg, safe, block_m):
+    r = _compile(1, areg=areg, safe=safe, block_m=block_m, stages=2 if block_m == 128 else 3)
+    assert _has(r["ops"], "HGMMA") and _has(r["ops"], "HMUL2") == 64 * (2 if safe else 1), r["ops"]
