@@ -34,6 +34,7 @@ Gluon (``triton.experimental.gluon``) ships with Triton >= 3.5; where it is miss
 """
 from __future__ import annotations
 
+import logging
 import os
 import weakref
 
@@ -356,6 +357,23 @@ def scales_allow_fast(*scales: torch.Tensor) -> bool:
             hit = _SAFE_CACHE[key] = (weakref.ref(s), bool((s.view(torch.uint8) <= 128).all()))
         ok = ok and hit[1]
     return ok
+
+
+def swap_or_none(*args, **kwargs) -> torch.Tensor | None:
+    """``swap_mxfp4(*args, **kwargs)``, or None when the installed Triton cannot compile the Gluon kernels (its
+    experimental API moves between releases): then the path is switched off for the process, with one logged
+    warning, and the caller takes its other kernels. Any other error propagates."""
+    global SWAP_MAX_PAIRS
+    from triton.compiler.errors import CompilationError
+
+    try:
+        return swap_mxfp4(*args, **kwargs)
+    except CompilationError as exc:
+        SWAP_MAX_PAIRS = 0
+        logging.getLogger("deepinfer_nvidia.kernels").warning(
+            "moe.experts_mxfp4[triton]: the Gluon swap-AB kernels do not compile with triton %s (%s); using the "
+            "split-K / dot_scaled kernels from now on", triton.__version__, str(exc).splitlines()[-1][:200])
+        return None
 
 
 def supports_swap(x: torch.Tensor) -> bool:

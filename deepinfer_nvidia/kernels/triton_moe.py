@@ -391,7 +391,9 @@ def moe_experts_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit):
             _sw.SWAP_MIN_PAIRS <= ids.numel() <= _sw.SWAP_MAX_PAIRS and _sw.supports_swap(x) and \
             x.shape[1] % 32 == 0 and w1.shape[1] % 32 == 0:  # SM90: weight-stationary wgmma (Gluon)
         _check_stacks(x, w1, s1, w3, s3, w2, s2)
-        return _sw.swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit)
+        out = _sw.swap_or_none(x, weights, ids, w1, s1, w3, s3, w2, s2, limit)
+        if out is not None:
+            return out
     if x.dim() == 2 and ids.dim() == 2 and 0 < ids.numel() <= _splitk.SPLITK_PAIRS:
         _check_stacks(x, w1, s1, w3, s3, w2, s2)
         xc = x if x.stride(1) == 1 else x.contiguous()

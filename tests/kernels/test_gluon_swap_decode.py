@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
 from deepinfer_core.kernels.ops.quant import E2M1_VALUES
@@ -126,3 +127,25 @@ def test_fragment_k_order_contract():
     for k in range(128):
         c = logical[k].item() // 32
         assert (k // 2) % 4 == c
+
+
+def test_a_triton_that_cannot_compile_the_kernels_switches_the_path_off(monkeypatch, caplog):
+    from triton.compiler.errors import CompilationError
+
+    from deepinfer_nvidia.kernels import gluon_moe_swap as sw
+
+    def broken(*args, **kwargs):
+        raise CompilationError("k.py", None, "AttributeError: no attribute 'thread_barrier'")
+
+    monkeypatch.setattr(sw, "swap_mxfp4", broken)
+    monkeypatch.setattr(sw, "SWAP_MAX_PAIRS", 98304)
+    with caplog.at_level("WARNING"):
+        assert sw.swap_or_none(1, 2, limit=3) is None
+    assert sw.SWAP_MAX_PAIRS == 0 and "do not compile" in caplog.text
+
+    def other(*args, **kwargs):
+        raise ValueError("a real bug")
+
+    monkeypatch.setattr(sw, "swap_mxfp4", other)
+    with pytest.raises(ValueError, match="a real bug"):  # other errors propagate
+        sw.swap_or_none()
