@@ -183,10 +183,17 @@ if _GLUON:
         return (n - m) + 32 * ((m // 8) % 4) + 16 * ((m // 2) % 2) + 8 * (m % 2) + 2 * (m // 32) + (m // 4) % 2
 
     @gluon.jit
-    def _issue(ring, w_ptr, woff3, nm3, rg3, g0, KG, stage):
-        """cp.async of one packed tile (groups g0..g0+G of the rows in ``woff3``) into ring slot ``stage``."""
-        gm = gl.expand_dims(gl.expand_dims(g0 + rg3 < KG, 0), 2)
-        _cp_async(ring.index(stage), w_ptr + woff3 + g0 * 16, mask=nm3 & gm)
+    def _issue_tile(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, rg3, xrow, vx, ck, KG, K, j, stage,
+                    UP: gl.constexpr, BLOCK_K: gl.constexpr):
+        """cp.async of K tile ``j`` into ring slot ``stage``: the packed weight rows of ``woff3`` (both matrices when
+        UP) and the activation rows, then one commit group. Tiles past K are masked (zero-filled)."""
+        G: gl.constexpr = BLOCK_K // 32
+        gm = gl.expand_dims(gl.expand_dims(j * G + rg3 < KG, 0), 2)
+        _cp_async(ring_a.index(stage), wa_ptr + woff3 + j * G * 16, mask=nm3 & gm)
+        if UP:
+            _cp_async(ring_b.index(stage), wb_ptr + woff3 + j * G * 16, mask=nm3 & gm)
+        _cp_async(ring_x.index(stage), x_ptr + xrow + j * BLOCK_K + ck, mask=vx & (j * BLOCK_K + ck < K))
+        async_copy.commit_group()
 
     @gluon.jit
     def _scales(s_ptr, soff, nm, rg3, g0, KG):
@@ -249,14 +256,12 @@ if _GLUON:
             ring_b = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, G, 16], RING)
             dec_b = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, BLOCK_K], SM)
             acc_b = warpgroup_mma_init(gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ACC))
+        else:
+            ring_b = ring_a  # unused: only the up kernel has a second matrix
         n_k = gl.cdiv(K, BLOCK_K)
         for jp in gl.static_range(STAGES - 1):  # prologue: the first STAGES-1 tiles in flight
-            _issue(ring_a, wa_ptr, woff3, nm3, rg3, jp * G, KG, jp)
-            if UP:
-                _issue(ring_b, wb_ptr, woff3, nm3, rg3, jp * G, KG, jp)
-            _cp_async(ring_x.index(jp), x_ptr + xrow + jp * BLOCK_K + ck,
-                                                   mask=vx & (jp * BLOCK_K + ck < K))
-            async_copy.commit_group()
+            _issue_tile(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, rg3, xrow, vx, ck, KG, K, jp, jp,
+                        UP, BLOCK_K)
         ca = _scales(sa_ptr, soff, nm, rg3, 0, KG)
         if UP:
             cb = _scales(sb_ptr, soff, nm, rg3, 0, KG)
@@ -268,13 +273,8 @@ if _GLUON:
                 acc_a = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a,))
             _cta_barrier()
             j = i + STAGES - 1
-            sj = j % STAGES
-            _issue(ring_a, wa_ptr, woff3, nm3, rg3, j * G, KG, sj)
-            if UP:
-                _issue(ring_b, wb_ptr, woff3, nm3, rg3, j * G, KG, sj)
-            _cp_async(ring_x.index(sj), x_ptr + xrow + j * BLOCK_K + ck,
-                                                   mask=vx & (j * BLOCK_K + ck < K))
-            async_copy.commit_group()
+            _issue_tile(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, rg3, xrow, vx, ck, KG, K, j,
+                        j % STAGES, UP, BLOCK_K)
             nca = _scales(sa_ptr, soff, nm, rg3, (i + 1) * G, KG)
             if UP:
                 ncb = _scales(sb_ptr, soff, nm, rg3, (i + 1) * G, KG)
