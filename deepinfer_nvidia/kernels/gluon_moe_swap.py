@@ -412,13 +412,11 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
     stack (CUDA-graph safe). D and F must be multiples of 32; the stacks must already be checked."""
     from deepinfer_nvidia.kernels.triton_gemm import sum_slices
     from deepinfer_nvidia.kernels.triton_moe import align  # lazy: triton_moe imports this module
+    from deepinfer_nvidia.kernels.triton_moe_scaled import expert_shapes
 
-    t, d = x.shape
-    k = ids.shape[1]
-    ne, f = w1.shape[0], w1.shape[1]
+    x, t, d, k, ne, f = expert_shapes(x, ids, w1)
     if t == 0 or k == 0:
         return torch.zeros(t, d, dtype=x.dtype, device=x.device)
-    x = x if x.stride(1) == 1 else x.contiguous()
     p = t * k
     bm = block_m or block_m_for(p, ne)
     tbn, tbk, tw, ts, ta = SWAP_TUNE.get(bm, SWAP_TUNE[16])

@@ -126,6 +126,12 @@ def supports_scaled(x: torch.Tensor) -> bool:
     return x.dtype == torch.bfloat16 and x.dim() == 2
 
 
+def expert_shapes(x: torch.Tensor, ids: torch.Tensor, w1: torch.Tensor) -> tuple:
+    """The block-layout expert wrappers' common start: (x with unit-stride rows, T, D, k, experts, F)."""
+    return (x if x.stride(1) == 1 else x.contiguous(), x.shape[0], x.shape[1], ids.shape[1], w1.shape[0],
+            w1.shape[1])
+
+
 def scaled_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | None = None,
                  block_n: int | None = None, block_k: int | None = None, warps: int | None = None,
                  stages: int | None = None) -> torch.Tensor:
@@ -134,12 +140,9 @@ def scaled_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | 
     must already be checked (``triton_moe._check_stacks``); the tile knobs default to ``SCALED_TUNE``."""
     from deepinfer_nvidia.kernels.triton_moe import align  # lazy: triton_moe imports this module
 
-    t, d = x.shape
-    k = ids.shape[1]
-    ne, f = w1.shape[0], w1.shape[1]
+    x, t, d, k, ne, f = expert_shapes(x, ids, w1)
     if t == 0 or k == 0:
         return torch.zeros(t, d, dtype=x.dtype, device=x.device)
-    x = x if x.stride(1) == 1 else x.contiguous()
     p = t * k
     bm = block_m or block_m_for(p, ne)
     tbm, tbn, tbk, tw, ts = SCALED_TUNE.get(bm, SCALED_TUNE[16])
