@@ -369,6 +369,19 @@ def _routing(t: int, k: int, e: int, route: str, g: torch.Generator):
     return ids, torch.rand(t, k, generator=g)
 
 
+def _mxfp4_case(seed: int, t: int, k: int, route: str, dtype: torch.dtype):
+    """One routed-expert case at D=640, F=288 (K tiles with tails), 16 experts: the CPU reference output (limit
+    1.0: the clamps are active) and the operands on the GPU (x, weights, ids, the six stacks)."""
+    from deepinfer_core.kernels.ops.moe import experts_mxfp4
+
+    e, d, f = 16, 640, 288
+    ws = _mxfp4_stacks(e, d, f, 600)
+    g = _gen(seed)
+    x = torch.randn(t, d, generator=g).to(dtype)
+    ids, w = _routing(t, k, e, route, g)
+    return experts_mxfp4(x, w, ids, *ws, 1.0), [a.cuda() for a in [x, w, ids] + ws]
+
+
 @pytest.mark.parametrize("t,k,route", [(1, 6, "rand"), (8, 6, "one"), (17, 3, "skew"), (64, 6, "rand"),
                                        (100, 6, "rand"), (5, 8, "one")])
 @pytest.mark.parametrize("r", [2, 4])
@@ -377,16 +390,9 @@ def test_moe_experts_mxfp4_segments(t, k, route, r, programs):
     """The segment path (one weight decode for up to R pairs of one expert) against the reference: runs longer
     than R on one expert (``one``: every pair on the last expert, 40 pairs; ``skew``: 17 pairs on each of 3),
     random routing, the deepest K split (partials + reductions) and one split. bf16, D=640, F=288."""
-    from deepinfer_core.kernels.ops.moe import experts_mxfp4
     from deepinfer_nvidia.kernels import triton_moe_segments as sg
 
-    e, d, f = 16, 640, 288
-    ws = _mxfp4_stacks(e, d, f, 600)
-    g = _gen(900 + t * 10 + k)
-    x = torch.randn(t, d, generator=g).bfloat16()
-    ids, w = _routing(t, k, e, route, g)
-    ref = experts_mxfp4(x, w, ids, *ws, 1.0)
-    cu = [a.cuda() for a in [x, w, ids] + ws]
+    ref, cu = _mxfp4_case(900 + t * 10 + k, t, k, route, torch.bfloat16)
     poison()
     out = sg.segments_mxfp4(*cu, 1.0, pairs_per_program=r, programs=programs or 2048)
     close(out, ref, 3e-2, 3e-2)
@@ -402,16 +408,9 @@ def test_moe_experts_mxfp4_splitk(reg, t, k, route, dtype, programs, asm):
     (the path it picks at these pair counts), 1<<20: forced to the deepest K split (partials + reductions),
     with the inline-PTX and the plain-Triton nibble decode.
     D=640, F=288: K tiles with tails (20 and 9 groups of 32)."""
-    from deepinfer_core.kernels.ops.moe import experts_mxfp4
     from deepinfer_nvidia.kernels import triton_moe_splitk as sk
 
-    e, d, f = 16, 640, 288
-    ws = _mxfp4_stacks(e, d, f, 600)
-    g = _gen(700 + t * 10 + k)
-    x = torch.randn(t, d, generator=g).to(dtype)
-    ids, w = _routing(t, k, e, route, g)
-    ref = experts_mxfp4(x, w, ids, *ws, 1.0)  # limit 1.0: the clamps are active
-    cu = [a.cuda() for a in [x, w, ids] + ws]
+    ref, cu = _mxfp4_case(700 + t * 10 + k, t, k, route, dtype)
     poison()
     if programs or t * k > sk.SPLITK_PAIRS:
         out = sk.splitk_mxfp4(*cu, 1.0, programs=programs or None, asm=asm)
@@ -429,16 +428,9 @@ def test_moe_experts_mxfp4_scaled(reg, t, k, route, bm, bk):
     """The ``tl.dot_scaled`` grouped path against the reference, bf16: one row to prefill-sized blocks, routing
     that puts every pair on one expert (one expert then fills several blocks) or one fixed set; BLOCK_M 16-128,
     K tiles 64-256 with tails (D=640, F=288); ``bm`` 0: the module's own tile choice."""
-    from deepinfer_core.kernels.ops.moe import experts_mxfp4
     from deepinfer_nvidia.kernels import triton_moe_scaled as sc
 
-    e, d, f = 16, 640, 288
-    ws = _mxfp4_stacks(e, d, f, 600)
-    g = _gen(1100 + t * 10 + k)
-    x = torch.randn(t, d, generator=g).bfloat16()
-    ids, w = _routing(t, k, e, route, g)
-    ref = experts_mxfp4(x, w, ids, *ws, 1.0)  # limit 1.0: the clamps are active
-    cu = [a.cuda() for a in [x, w, ids] + ws]
+    ref, cu = _mxfp4_case(1100 + t * 10 + k, t, k, route, torch.bfloat16)
     poison()
     out = sc.scaled_mxfp4(*cu, 1.0, block_m=bm or None, block_k=bk or None)
     close(out, ref, 3e-2, 3e-2)
@@ -453,18 +445,11 @@ def test_moe_experts_mxfp4_swap(reg, t, k, route, bm, bk, stages, safe):
     """The Gluon swap-AB path (SM90 only) against the reference, bf16: one token to several blocks of one expert,
     K tiles 64-256 with tails (D=640, F=288), 2-4 cp.async stages; ``safe`` None: the wrapper picks the decode
     from the scale bytes, True: the exact two-multiply decode; ``bm`` 0: the module's own tiles."""
-    from deepinfer_core.kernels.ops.moe import experts_mxfp4
     from deepinfer_nvidia.kernels import gluon_moe_swap as sw
 
     if not (sw.available() and torch.cuda.get_device_capability()[0] == 9):
         pytest.skip("Gluon wgmma path: SM90 with triton.experimental.gluon only")
-    e, d, f = 16, 640, 288
-    ws = _mxfp4_stacks(e, d, f, 600)
-    g = _gen(1300 + t * 10 + k)
-    x = torch.randn(t, d, generator=g).bfloat16()
-    ids, w = _routing(t, k, e, route, g)
-    ref = experts_mxfp4(x, w, ids, *ws, 1.0)  # limit 1.0: the clamps are active
-    cu = [a.cuda() for a in [x, w, ids] + ws]
+    ref, cu = _mxfp4_case(1300 + t * 10 + k, t, k, route, torch.bfloat16)
     poison()
     out = sw.swap_mxfp4(*cu, 1.0, block_m=bm or None, block_k=bk or None, stages=stages or None, safe=safe)
     close(out, ref, 3e-2, 3e-2)
