@@ -99,11 +99,11 @@ def num_blocks(pairs: int, experts: int, block_m: int) -> int:
 def align(ids: torch.Tensor, experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``ids [T, k]`` -> (``pair [NB*block_m]`` int32: pair index ``t*k + j`` or the sentinel ``T*k``,
     ``block_expert [NB]`` int32: owning expert, ``experts`` for unused blocks). Device ops only, no sync."""
-    flat = ids.reshape(-1).long()
-    p = flat.numel()
+    p = ids.numel()
     nb = num_blocks(p, experts, block_m)
-    if flat.is_cuda and 0 < p <= _align.ALIGN_MAX_PAIRS:  # one launch instead of ~20
+    if ids.is_cuda and 0 < p <= _align.ALIGN_MAX_PAIRS:  # one launch instead of ~20 (reads ids as they are)
         return _align.align_small(ids, experts, block_m, nb)
+    flat = ids.reshape(-1).long()
     dev = flat.device
     order = torch.argsort(flat, stable=True)
     counts = torch.zeros(experts, dtype=torch.long, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
