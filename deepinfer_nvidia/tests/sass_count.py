@@ -57,7 +57,7 @@ def _loop_body(sass: str) -> list[str]:
 
 
 def count(fn, signature: dict[str, str], constexprs: dict[str, int], warps: int = 4, stages: int = 3,
-          div16: frozenset[str] = frozenset()) -> dict:
+          div16: frozenset[str] = frozenset(), maxnreg: int | None = None) -> dict:
     """Compile ``fn`` (``@triton.jit`` or ``@gluon.jit``) for sm_90a and count its main loop: returns
     ``{"loop": [instruction lines], "ops": Counter of opcodes, "registers": int | None, "shared": bytes}``."""
     import triton
@@ -72,7 +72,8 @@ def count(fn, signature: dict[str, str], constexprs: dict[str, int], warps: int 
     if type(fn).__module__.startswith("triton.experimental.gluon"):
         from triton.experimental.gluon._runtime import GluonASTSource as source
     compiled = triton.compile(source(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
-                              target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages,
+                                                                          **({"maxnreg": maxnreg} if maxnreg else {})})
     tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
         fh.write(compiled.asm["cubin"])
@@ -97,6 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--stages", type=int, default=3)
     ap.add_argument("--elems", type=float, default=0.0, help="weight elements per thread per loop iteration")
     ap.add_argument("--div16", default="", help="integer arguments to mark divisible by 16")
+    ap.add_argument("--maxnreg", type=int, default=0, help="register cap per thread (0: the compiler's choice)")
     args = ap.parse_args(argv)
     if "torch" not in sys.modules:  # the kernel modules import torch at the top; compiling needs none of it
         try:
@@ -110,7 +112,8 @@ def main(argv: list[str] | None = None) -> None:
     fn = getattr(importlib.import_module(mod), attr)
     sig = dict(kv.split("=") for kv in args.signature.split(",") if kv)
     consts = {k: int(v) for k, v in (kv.split("=") for kv in args.constexprs.split(",") if kv)}
-    r = count(fn, sig, consts, args.warps, args.stages, frozenset(args.div16.split(",")) if args.div16 else frozenset())
+    r = count(fn, sig, consts, args.warps, args.stages, frozenset(args.div16.split(",")) if args.div16 else frozenset(),
+              args.maxnreg or None)
     per = f", {len(r['loop']) / args.elems:.2f} per element" if args.elems else ""
     print(f"{attr}: triton {triton.__version__}, registers {r['registers']}, shared {r['shared']} B, main loop "
           f"{len(r['loop'])} instructions{per}")
