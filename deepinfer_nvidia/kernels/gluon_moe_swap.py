@@ -72,10 +72,6 @@ SWAP_TUNE: dict[int, tuple[int, int, int, int, int]] = {16: (64, 128, 4, 3, 2), 
 # 1.5x at 49152); up to 98304 by extrapolation, and dequant-once (``DEQUANT_PAIRS``) keeps the largest sizes.
 SWAP_MIN_PAIRS = 1
 SWAP_MAX_PAIRS = 98304
-# The deeper-pipelined K loop (``_overlap_loop``) and a register cap for both kernels (0: the compiler's choice);
-# ``DEEPINFER_NV_SWAP_OVERLAP`` / ``DEEPINFER_NV_SWAP_MAXNREG`` override them (A/B runs).
-SWAP_OVERLAP = int(os.environ.get("DEEPINFER_NV_SWAP_OVERLAP", "0"))
-SWAP_MAXNREG = int(os.environ.get("DEEPINFER_NV_SWAP_MAXNREG", "0"))
 if os.environ.get("DEEPINFER_NV_SWAP_PAIRS"):
     SWAP_MIN_PAIRS, SWAP_MAX_PAIRS = (int(v) for v in os.environ["DEEPINFER_NV_SWAP_PAIRS"].split(","))
 
@@ -204,51 +200,10 @@ if _GLUON:
         return gl.expand_dims(gl.load(s_ptr + soff + g0, mask=nm & gl.expand_dims(g0 + rg3 < KG, 0), other=127), 2)
 
     @gluon.jit
-    def _overlap_loop(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, sa_ptr, sb_ptr, woff3, nm3, rg3, xrow, vx, ck,
-                      soff, nm, KG, K, n_k, ca, cb, acc_a, acc_b, L3: gl.constexpr, AOP: gl.constexpr,
-                      UP: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
-                      SAFE: gl.constexpr):
-        """The K loop with the fragment decode, software-pipelined one step deeper than ``_swap_kernel``'s own:
-        tile i is read and decoded into registers while tile i-1's ``wgmma`` is still in flight; only then does
-        the loop wait for that ``wgmma`` (which frees tile i-1's ring slot and fragment registers), issue the
-        copy of tile i + STAGES - 1 into that slot and start tile i's ``wgmma``. The previous fragments stay
-        live until the wait (``deps``), so this costs one more A fragment of registers per matrix."""
-        G: gl.constexpr = BLOCK_K // 32
-        pa = gl.zeros([BLOCK_N, BLOCK_K], gl.bfloat16, AOP)  # tile i-1's fragments (loop-carried, kept alive)
-        pb = pa
-        for i in range(n_k):
-            si = i % STAGES
-            nca = _scales(sa_ptr, soff, nm, rg3, (i + 1) * G, KG)  # the next tile's scales, in flight meanwhile
-            if UP:
-                ncb = _scales(sb_ptr, soff, nm, rg3, (i + 1) * G, KG)
-            async_copy.wait_group(STAGES - 2)  # tile i has landed (tiles up to i + STAGES - 2 were issued)
-            fence_async_shared()  # this thread's copies of x, visible to wgmma's async proxy
-            _cta_barrier()
-            da = gl.convert_layout(_decode_fragment(ring_a.index(si).load(L3), ca, BLOCK_N, SAFE), AOP)
-            if UP:
-                db = gl.convert_layout(_decode_fragment(ring_b.index(si).load(L3), cb, BLOCK_N, SAFE), AOP)
-                acc_a, acc_b, pa, pb = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a, acc_b, pa, pb))
-            else:
-                acc_a, pa = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a, pa))
-            _cta_barrier()  # every warp's part of tile i-1's wgmma is done: its ring slot may be refilled
-            j = i + STAGES - 1
-            _issue_tile(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, rg3, xrow, vx, ck, KG, K, j,
-                        j % STAGES, UP, BLOCK_K)
-            xs = ring_x.index(si).permute((1, 0))
-            acc_a = warpgroup_mma(da, xs, acc_a, is_async=True)
-            pa = da
-            ca = nca
-            if UP:
-                acc_b = warpgroup_mma(db, xs, acc_b, is_async=True)
-                pb = db
-                cb = ncb
-        return acc_a, acc_b
-
-    @gluon.jit
     def _swap_kernel(x_ptr, pair_ptr, bexp_ptr, wa_ptr, sa_ptr, wb_ptr, sb_ptr, wt_ptr, out_ptr, P, E, N, K,
                      row_bytes, stride_x, limit, NT, TOPK: gl.constexpr, UP: gl.constexpr, BLOCK_M: gl.constexpr,
                      BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, SAFE: gl.constexpr,
-                     AREG: gl.constexpr, PROBE: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr):
+                     AREG: gl.constexpr, PROBE: gl.constexpr, num_warps: gl.constexpr):
         """One (expert block, N tile) of ``out = act(x_rows) @ W^T``, W [E, N, K/2] packed e2m1.
         UP: x rows are the pairs' tokens of ``x_ptr`` (K order already bit-reversed), W = w1 (``wa``) and w3
         (``wb``), out = h [blocks*BLOCK_M, N] = clamped SwiGLU, written in the bit-reversed K order of the down
@@ -310,15 +265,7 @@ if _GLUON:
         ca = _scales(sa_ptr, soff, nm, rg3, 0, KG)
         if UP:
             cb = _scales(sb_ptr, soff, nm, rg3, 0, KG)
-        else:
-            cb = ca  # unused: only the up kernel has a second matrix
-            acc_b = acc_a
-        if OVERLAP:  # AREG 2 only: tile i is decoded while tile i-1's wgmma still runs (see _overlap_loop)
-            gl.static_assert(AREG == 2)
-            acc_a, acc_b = _overlap_loop(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, sa_ptr, sb_ptr, woff3, nm3,
-                                         rg3, xrow, vx, ck, soff, nm, KG, K, n_k, ca, cb, acc_a, acc_b, L3, AOP, UP,
-                                         BLOCK_N, BLOCK_K, STAGES, SAFE)
-        for i in range(0 if OVERLAP else n_k):
+        for i in range(n_k):
             # the previous tiles' wgmma are done: their ring slot and the decode buffers may be reused
             if UP:
                 acc_a, acc_b = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a, acc_b))
@@ -459,12 +406,10 @@ def permute_k(x: torch.Tensor, fragment: bool) -> torch.Tensor:
 def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | None = None,
                block_n: int | None = None, block_k: int | None = None, warps: int | None = None,
                stages: int | None = None, safe: bool | None = None, areg: int | None = None,
-               probe: int = 0, overlap: int | None = None, maxnreg: int | None = None) -> torch.Tensor:
+               probe: int = 0) -> torch.Tensor:
     """x [T, D] bf16; weights [T, k] float; ids [T, k] int; w1, w3 [E, F, D/2] uint8 + UE8M0 [E, F, D/32];
     w2 [E, D, F/2] + [E, D, F/32] -> [T, D] bf16. No host synchronisation after the first call per weight
-    stack (CUDA-graph safe). D and F must be multiples of 32; the stacks must already be checked. Keyword
-    arguments: tuning knobs (defaults ``SWAP_TUNE``); ``overlap``: the deeper-pipelined loop (``_overlap_loop``,
-    fragment decode only); ``maxnreg``: a register cap per thread for both kernels (more programs per SM)."""
+    stack (CUDA-graph safe). D and F must be multiples of 32; the stacks must already be checked."""
     from deepinfer_nvidia.kernels.triton_gemm import sum_slices
     from deepinfer_nvidia.kernels.triton_moe import align  # lazy: triton_moe imports this module
     from deepinfer_nvidia.kernels.triton_moe_scaled import expert_shapes
@@ -475,15 +420,10 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
     p = t * k
     bm = block_m or block_m_for(p, ne)
     tbn, tbk, tw, ts, ta = SWAP_TUNE.get(bm, SWAP_TUNE[16])
-    bn, bk, warps = block_n or tbn, block_k or tbk, warps or tw
+    bn, bk, warps, stages = block_n or tbn, block_k or tbk, warps or tw, stages or ts
     areg = ta if areg is None else areg
     if areg == 2 and (d % 128 or f % 128 or bn != 64 or bk != 128 or warps != 4):
         areg = 1  # the fragment layout covers 64 x 128 tiles of 4 warps over whole 128-column tiles only
-    overlap = int(bool(SWAP_OVERLAP if overlap is None else overlap) and areg == 2 and not probe)
-    # the overlapped loop refills a slot one step later, so one more stage keeps the same copies in flight
-    stages = max(stages or ts + overlap, 2 + overlap)
-    maxnreg = SWAP_MAXNREG if maxnreg is None else maxnreg
-    extra = {"maxnreg": maxnreg} if maxnreg else {}
     if safe is None:
         safe = not scales_allow_fast(s1, s3, s2)
     pair, bexp = align(ids, ne, bm)
@@ -495,10 +435,10 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
     wt = weights.reshape(-1).float().contiguous()
     _swap_kernel[(nb * nt1,)](xp, pair, bexp, u8[0], u8[1], u8[2], u8[3], wt, h, p, ne, f, d, d // 2, xp.stride(0),
                               float(limit), nt1, TOPK=k, UP=1, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages,
-                              SAFE=int(safe), AREG=areg, PROBE=probe, OVERLAP=overlap, num_warps=warps, **extra)
+                              SAFE=int(safe), AREG=areg, PROBE=probe, num_warps=warps)
     y = torch.empty(p, d, dtype=torch.float32, device=x.device)
     nt2 = triton.cdiv(d, bn)
     _swap_kernel[(nb * nt2,)](h, pair, bexp, u8[4], u8[5], u8[4], u8[5], wt, y, p, ne, d, f, f // 2, f, float(limit), nt2,
                               TOPK=k, UP=0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages, SAFE=int(safe),
-                              AREG=areg, PROBE=probe, OVERLAP=overlap, num_warps=warps, **extra)
+                              AREG=areg, PROBE=probe, num_warps=warps)
     return sum_slices(y, t, d, k, d, k * d, x.dtype)

@@ -1,8 +1,7 @@
 """Gluon swap-AB MXFP4 experts (``gluon_moe_swap``) on the GPU: parity, then timings (not a pytest file).
 
     python -m deepinfer_nvidia.tests.bench_swap [--out DIR] [--arch v41] [--tokens 1,8,64,256,1024]
-        [--variants 16x64x128x4x3x2,...]   (block_m x block_n x block_k x warps x stages x areg
-                                             [x overlap [x maxnreg]])
+        [--variants 16x64x128x4x3,...]   (block_m x block_n x block_k x warps x stages)
 
 1. Parity against the ``aten`` provider (bf16 dequant + grouped GEMM) at full width, with realistic scale bytes
    (the one-multiply decode) and, at small widths, with random scale bytes over 0..200 (the exact two-multiply
@@ -54,11 +53,10 @@ def main() -> None:
     ap.add_argument("--arch", default="v41", choices=("v4", "v41"))
     ap.add_argument("--tokens", default="1,8,64,256,1024,8192")
     ap.add_argument("--variants", default="16x64x128x4x3x2,16x64x128x4x4x2,16x64x128x4x3x1,32x64x128x4x3x2,"
-                    "64x64x128x4x3x2,128x64x128x4x2x0", help="block_m x block_n x block_k x warps x stages x areg [x overlap [x maxnreg]]")
+                    "64x64x128x4x3x2,128x64x128x4x2x0", help="block_m x block_n x block_k x warps x stages x areg")
     ap.add_argument("--probes", default="", help="diagnostics only: areg:probe:block_k:stages,... timed at "
                     "T=1 and 64 (probe bits: 1 no async-proxy fence, 2 no wgmma, 4 no decode; results wrong)")
     ap.add_argument("--skip-parity", action="store_true")
-    ap.add_argument("--parity-variants", type=int, default=5, help="how many of --variants the parity check tries")
     args = ap.parse_args()
     from triton.testing import do_bench
 
@@ -68,7 +66,7 @@ def main() -> None:
 
     g = torch.Generator(device="cuda").manual_seed(0)
     E, K, D, F = (384, 6, 5120, 2304) if args.arch == "v41" else (256, 6, 4096, 2048)
-    variants = [(tuple(int(v) for v in s.split("x")) + (0, 0))[:8] for s in args.variants.split(",") if s]
+    variants = [tuple(int(v) for v in s.split("x")) for s in args.variants.split(",") if s]
     failures = []
 
     def inputs(t, e, d):
@@ -98,16 +96,16 @@ def main() -> None:
         for t in (1, 5, 64, 300):
             x, w, ids = inputs(t, e, d)
             ref = aten_ops.moe_experts_mxfp4(x, w, ids, *ws, 10.0)
-            for bm, bn, bk, nw, st, ar, ov, mr in variants[:args.parity_variants]:
+            for bm, bn, bk, nw, st, ar in variants[:5]:
                 for safe in (True, False) if lo is None else (True,):
                     out = sw.swap_mxfp4(x, w, ids, *ws, 10.0, block_m=bm, block_n=bn, block_k=bk, warps=nw,
-                                        stages=st, safe=safe, areg=ar, overlap=ov, maxnreg=mr)
+                                        stages=st, safe=safe, areg=ar)
                     r = _rel(out, ref)
                     ok = r == r and r <= 2e-2
                     if not ok:
-                        failures.append((tag, t, bm, bn, bk, nw, st, ar, ov, mr, safe, r))
-                    print(f"  T={t:4d} bm{bm} bn{bn} bk{bk} w{nw} s{st} areg{ar} ov{ov} maxnreg{mr} safe={int(safe)}: "
-                          f"rel {r:.2e}" + ("" if ok else "  FAIL"))
+                        failures.append((tag, t, bm, bn, bk, nw, st, ar, safe, r))
+                    print(f"  T={t:4d} bm{bm} bn{bn} bk{bk} w{nw} s{st} areg{ar} safe={int(safe)}: rel {r:.2e}"
+                          + ("" if ok else "  FAIL"))
     if failures:
         print("PARITY FAILURES:", failures)
 
@@ -125,19 +123,17 @@ def main() -> None:
                "swap_own_us": round(own, 1), "swap": {}}
         line = (f"T={t:5d} pairs={t * K:6d} experts={distinct:3d} {mb:8.1f} MB  default {base:8.1f} us"
                 f" ({mb / base:4.2f} TB/s) | swap own tiles {own:8.1f} ({mb / own:4.2f} TB/s)")
-        for bm, bn, bk, nw, st, ar, ov, mr in variants:
-            if bm and (t * K >= 16384 and bm < 64 or t * K <= 64 and bm > 16):  # hopeless tiles at these sizes
+        for bm, bn, bk, nw, st, ar in variants:
+            if t * K >= 16384 and bm < 64 or t * K <= 64 and bm > 16:  # hopeless tiles at these sizes
                 continue
-            name = f"{bm}x{bn}x{bk}x{nw}x{st}x{ar}x{ov}x{mr}"
-            try:  # block_m 0: the module's choice for this size (block_m_for), with these other knobs
-                us = _graph_us(lambda: sw.swap_mxfp4(x, w, ids, *ws, 10.0, block_m=bm or None, block_n=bn,
-                                                     block_k=bk, warps=nw, stages=st, areg=ar, overlap=ov,
-                                                     maxnreg=mr), do_bench)
+            try:
+                us = _graph_us(lambda: sw.swap_mxfp4(x, w, ids, *ws, 10.0, block_m=bm, block_n=bn, block_k=bk,
+                                                     warps=nw, stages=st, areg=ar), do_bench)
             except Exception as exc:  # a tile that does not fit: report and go on
-                print(f"  {name}: {type(exc).__name__}: {str(exc)[:200]}")
+                print(f"  {bm}x{bn}x{bk}x{nw}x{st}x{ar}: {type(exc).__name__}: {str(exc)[:200]}")
                 continue
-            row["swap"][name] = round(us, 1)
-            line += f" | {name} {us:8.1f}"
+            row["swap"][f"{bm}x{bn}x{bk}x{nw}x{st}x{ar}"] = round(us, 1)
+            line += f" | {bm}x{bn}x{bk}x{nw}x{st}x{ar} {us:8.1f}"
         rows.append(row)
         print(line, flush=True)
     # the pair range where the module's own swap tiles beat the default path (for DEEPINFER_NV_SWAP_PAIRS)
@@ -146,18 +142,6 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "swap_pairs.txt"), "w") as fh:
         fh.write(f"{min(wins)},{max(wins)}\n" if wins else "0,0\n")
-    # the overlap / register-cap knobs of the best module-tile variant (block_m 0) by geometric mean over the
-    # sizes where every such variant ran, for later stages of the device script (swap_env.txt)
-    own = [n for n in rows[0]["swap"] if n.startswith("0x")] if rows else []
-    common = [r for r in rows if all(n in r["swap"] for n in own)]
-    if own and common:
-        score = {n: math.exp(sum(math.log(r["swap"][n]) for r in common) / len(common)) for n in own}
-        best = min(score, key=score.get)
-        ov, mr = best.split("x")[6:8]
-        print("geometric means over T=" + ",".join(str(r["T"]) for r in common) + ": "
-              + ", ".join(f"{n} {v:.1f}" for n, v in score.items()) + f" -> {best}")
-        with open(os.path.join(args.out, "swap_env.txt"), "w") as fh:
-            fh.write(f"DEEPINFER_NV_SWAP_OVERLAP={ov} DEEPINFER_NV_SWAP_MAXNREG={mr}\n")
     with open(os.path.join(args.out, "swap_bench.json"), "w") as fh:
         json.dump({"arch": args.arch, "rows": rows, "parity_failures": [list(map(str, f)) for f in failures]},
                   fh, indent=1)

@@ -14,8 +14,7 @@
 # v41   the 8-layer V4.1 sweep with graphs (no HF peer: transformers has V4 only). Each stage has its own limit.
 # swap  bench_swap: the Gluon swap-AB expert kernels (eleventh pass): parity, then timings against the default
 #       path; writes swap_pairs.txt, the pair range where they won, which later stages export as
-#       DEEPINFER_NV_SWAP_PAIRS unless it is already set, and swap_env.txt, the overlap / register-cap knobs of
-#       the best variant (DEEPINFER_NV_SWAP_OVERLAP, _MAXNREG), exported the same way (twelfth pass);
+#       DEEPINFER_NV_SWAP_PAIRS unless it is already set;
 # new   conformance of the eleventh pass's kernels (swap experts, folded GEMV, one-launch align);
 # parity parity_tiny (fp32 tokens and logits, bf16 against the fp32 truth).
 set -u
@@ -27,9 +26,6 @@ for s in $STAGES; do
   echo "[$(( $(date +%s) - t0 )) s] stage $s"
   if [ -z "${DEEPINFER_NV_SWAP_PAIRS:-}" ] && [ -s "$OUT/swap_pairs.txt" ]; then
     export DEEPINFER_NV_SWAP_PAIRS=$(cat "$OUT/swap_pairs.txt"); echo "DEEPINFER_NV_SWAP_PAIRS=$DEEPINFER_NV_SWAP_PAIRS"
-  fi
-  if [ -z "${DEEPINFER_NV_SWAP_OVERLAP:-}" ] && [ -s "$OUT/swap_env.txt" ]; then
-    export $(cat "$OUT/swap_env.txt"); echo "$(cat "$OUT/swap_env.txt")"
   fi
   case $s in
     swap) timeout "${SWAP_S:-240}" python3 -m deepinfer_nvidia.tests.bench_swap --out "$OUT" ${SWAP_ARGS:-} 2>&1 \
