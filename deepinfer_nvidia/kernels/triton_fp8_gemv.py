@@ -26,8 +26,9 @@ from deepinfer_nvidia.kernels.triton_scales import ue8m0
 # block_n x block_k weight tile per iteration, programs per SM to aim for with split-K, warps, stages, and the
 # largest row count served here (the tensor-core kernels above it). H200: docs/performance.md (ninth pass).
 # fold: the split-K partials are summed by the last program of each column tile (one launch instead of two).
+# min_iters: K tiles per split-K program at least (the split stops doubling below it).
 GEMV_TUNE: dict[str, int] = {"block_n": 32, "block_k": 256, "programs": 4, "warps": 4, "stages": 3, "rows": 2,
-                             "fold": 1}
+                             "fold": 1, "min_iters": 2}
 
 # Arrival counters of the folded split-K sum, per device: zero between launches (each launch's last programs reset
 # theirs). Launches on one stream run one after another, which is all the engine does.
@@ -110,7 +111,7 @@ def gemv_block_n(block_n: int | None = None) -> int:
 def gemm_fp8_gemv(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, bn_blk: int, bk_blk: int,
                   e8: bool, sms: int, block_n: int | None = None, block_k: int | None = None,
                   programs: int | None = None, warps: int | None = None, stages: int | None = None,
-                  ng: int | None = None, fold: int | None = None) -> torch.Tensor:
+                  ng: int | None = None, fold: int | None = None, min_iters: int | None = None) -> torch.Tensor:
     """y [M, N] (x.dtype) = x [M, K] @ dequant(q [N, K], s)^T for a few rows; operands prepared by
     ``triton_gemm._prep_fp8`` (x row-contiguous, q e4m3 contiguous, s fp32 or UE8M0 bytes [ceil(N/bn), s_cols]).
     ``ng``: rows per weight group (grouped op; a multiple of the column tile). Keyword arguments: tuning knobs
@@ -127,7 +128,8 @@ def gemm_fp8_gemv(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int
     tiles = m * triton.cdiv(n, bn)
     k_iters = triton.cdiv(k, bk)
     split = 1
-    while tiles * split < (programs or tune["programs"]) * sms and k_iters // (split * 2) >= 2 and split < 32:
+    min_iters = min_iters or tune["min_iters"]
+    while tiles * split < (programs or tune["programs"]) * sms and k_iters // (split * 2) >= min_iters and split < 32:
         split *= 2
     k_per = triton.cdiv(triton.cdiv(k, split), bk) * bk
     split = triton.cdiv(k, k_per)

@@ -35,8 +35,11 @@ def main() -> None:
     ap.add_argument("--variants", default="128x64x2x4x4,256x32x4x4x3",
                     help="block_k x block_n x programs-per-SM x warps x stages")
     ap.add_argument("--gemv-variants", default="32x256x4x4,64x256x4x4,16x256x4x4,32x128x4x4,32x512x4x4,32x256x8x8",
-                    help="block_n x block_k x programs-per-SM x warps, for rows <= --gemv-rows")
+                    help="block_n x block_k x programs-per-SM x warps [x min K tiles per split], for rows <= "
+                         "--gemv-rows")
     ap.add_argument("--gemv-rows", type=int, default=8)
+    ap.add_argument("--wgmma-programs", default="4,16", help="programs per SM of the wgmma GEMV candidates "
+                    "(rows <= its max_rows; twelfth pass)")
     ap.add_argument("--ring-mb", type=int, default=256,
                     help="also time each candidate over weight copies totalling this many MB in one graph (0: off)")
     args = ap.parse_args()
@@ -45,6 +48,7 @@ def main() -> None:
     from deepinfer_core.kernels.ops.gemm import fp8_block
     from deepinfer_core.kernels.ops.quant import quant_fp8_block
     from deepinfer_nvidia.graphs import CudaGraphRunner
+    from deepinfer_nvidia.kernels import gluon_fp8_gemv as gg
     from deepinfer_nvidia.kernels import triton_fp8_fine as ff
     from deepinfer_nvidia.kernels import triton_fp8_gemv as gv
     from deepinfer_nvidia.kernels import triton_gemm as tg
@@ -85,10 +89,15 @@ def main() -> None:
                         a, qq, ss, sb, 32, 32, True, sms, block_k=bk, block_n=bn, programs=pg, warps=nw, stages=ns))
             if m <= args.gemv_rows:
                 for v in [tuple(int(a) for a in gs.split("x")) for gs in args.gemv_variants.split(",") if gs]:
-                    bn, bk, pg, nw = v
+                    bn, bk, pg, nw, mi = (v + (0,))[:5]
                     cands["gemv " + "x".join(map(str, v))] = (
-                        lambda a, qq, ss, bn=bn, bk=bk, pg=pg, nw=nw: gv.gemm_fp8_gemv(
-                            a, qq, ss, sb, 32, 32, True, sms, block_n=bn, block_k=bk, programs=pg, warps=nw))
+                        lambda a, qq, ss, bn=bn, bk=bk, pg=pg, nw=nw, mi=mi: gv.gemm_fp8_gemv(
+                            a, qq, ss, sb, 32, 32, True, sms, block_n=bn, block_k=bk, programs=pg, warps=nw,
+                            min_iters=mi or None))
+            if m <= gg.WGMMA_GEMV_TUNE["max_rows"] and gg.takes(x, qc, 32, 32, True):
+                for pg in [int(v) for v in args.wgmma_programs.split(",") if v]:
+                    cands[f"wgmma p{pg}"] = (lambda a, qq, ss, pg=pg: gg.gemv_wgmma(a, qq, ss, sb, 32, 32, sms,
+                                                                                     programs=pg))
             cands["provider"] = lambda a, qq, ss: tg.gemm_fp8_block(a, qq, ss.view(torch.float8_e8m0fnu),  # noqa: E731
                                                                     (32, 32))
             # ring: enough weight copies that they do not stay in L2 (50 MB on the H200), all in one graph, so
@@ -128,10 +137,11 @@ def main() -> None:
     layer_bytes = sum(n * k * t for _, n, k, t in V41_SHAPES)
     for m, tot in layer.items():
         best = min((u, lab) for lab, u in tot.items() if lab.startswith("fine"))
-        gbest = min(((u, lab) for lab, u in tot.items() if lab.startswith("gemv")), default=(float("nan"), "-"))
+        gbest = min(((u, lab) for lab, u in tot.items() if lab.startswith(("gemv", "wgmma"))),
+                    default=(float("nan"), "-"))
         nan = float("nan")
         print(f"M={m}: general {tot.get('general', nan):.0f}, provider {tot.get('provider', nan):.0f}, "
-              f"best fine {best[0]:.0f} ({best[1]}), best gemv {gbest[0]:.0f} ({gbest[1]}), "
+              f"best fine {best[0]:.0f} ({best[1]}), best gemv / wgmma {gbest[0]:.0f} ({gbest[1]}), "
               f"roofline {layer_bytes / copy_bw * 1e6:.0f}", flush=True)
         rtot = ring_layer.get(m, {})
         if rtot:

@@ -47,7 +47,7 @@ for s in $STAGES; do
             2>&1 | tee "$OUT/bench_moe_scaled.txt" | grep -E "parity|dot_scaled|  T=|error|Error" | tail -40 ;;
     small) timeout "${SMALL_S:-120}" python3 -m deepinfer_nvidia.tests.bench_small_ops --out "$OUT" 2>&1 \
             | tee "$OUT/bench_small_ops.txt" | tail -40 ;;
-    fp8) timeout "${FP8_S:-170}" python3 -m deepinfer_nvidia.tests.bench_fp8 --out "$OUT" 2>&1 \
+    fp8) timeout "${FP8_S:-170}" python3 -m deepinfer_nvidia.tests.bench_fp8 --out "$OUT" ${FP8_ARGS:-} 2>&1 \
             | tee "$OUT/bench_fp8.txt" | grep -E "bandwidth|one V4.1|^M=|error" | tail -30 ;;
     v4) timeout "${V4_S:-200}" python3 benchmarks/sweep.py --out "$OUT/v4" --providers triton --layers 2 \
             --decode 1,8,64,256 --prefill 1024,8192 --hf-batch 32 --graphs --reps 10 --budget-s 180 --profile-decode 1 \

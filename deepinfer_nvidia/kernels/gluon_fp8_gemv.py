@@ -1,0 +1,261 @@
+"""``gemm.fp8_block`` for 1-16 rows on Hopper: a swap-AB ``wgmma`` GEMV written in Gluon.
+
+Why (docs/performance.md, twelfth pass). The CUDA-core GEMV (``triton_fp8_gemv``) spends ~6 instructions per
+weight byte at V4.1's [32, 32] scale blocks (byte shuffles, e4m3 -> f16 -> f32, one FMA per element), and at
+batch 1 its 70 calls per 8-layer step take 28% of the GPU time at ~1.4 TB/s. Here the weight rows are the MMA's
+M (64 per program) and the 1-16 activation rows its N, so the tensor core does the multiply-adds and each
+thread only turns its bytes into its own ``wgmma`` A fragment:
+
+1. the e4m3 tile ``[64 rows, 128]`` arrives by 16-byte ``cp.async`` into a ``STAGES``-deep ring (the
+   activation tile ``[BLOCK_M, 128]`` beside it);
+2. each thread reads back the 32 bytes per row of its fragment (rows 16w+r and 16w+r+8, bytes 32c..32c+31:
+   one [32]-wide scale group) and decodes each 4-byte word by inline PTX into two bf16x2 registers: a byte
+   permute, then the e4m3 bits placed on the bf16 exponent/mantissa boundary give ``E4M3 * 2^-120`` exactly
+   (subnormals included), and one ``mul.bf16x2`` by ``scale * 2^120`` (exact while the UE8M0 byte is <= 134;
+   ``SAFE`` multiplies twice, by ``2^120`` then by the scale);
+3. word j of thread c's 32 bytes (physical bytes 32c + 4j .. +3) is the fragment's k-step j: logical K
+   16j + 2c + {0, 1} and 16j + 8 + 2c + {0, 1}. ``permute_x`` puts the activations in that order.
+
+Numerics: every weight becomes ``bf16(q * scale)`` exactly (the reference's rounding; UE8M0 scales make it
+exact), the products are exact in fp32 and the tensor core sums them in fp32. Split-K partials are summed in
+split order by the last program of each row tile to arrive (``cnt``), so the result does not depend on
+timing. Not batch-invariant (the row count picks the path): the ``triton_bi`` provider keeps its own tiling.
+
+SM90 only; where Gluon or the shapes do not fit (``takes``), ``triton_gemm`` keeps its other kernels.
+e4m3's NaN code (0x7F / 0xFF) decodes to 480 * scale here; checkpoints hold no NaN weights.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+
+from deepinfer_nvidia.kernels import gluon_moe_swap as _swap
+
+_GLUON = _swap.available()
+if _GLUON:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        warpgroup_mma,
+        warpgroup_mma_init,
+        warpgroup_mma_wait,
+    )
+
+    _cp_async = _swap._cp_async
+    _cta_barrier = _swap._cta_barrier
+
+# rows served (1..max_rows), stages of the cp.async ring, programs per SM to aim for with split-K, and whether
+# the path is on (``DEEPINFER_NV_WGMMA_GEMV=0`` turns it off, for A/B runs)
+WGMMA_GEMV_TUNE: dict[str, int] = {"max_rows": 16, "stages": 3, "programs": 4,
+                                   "enabled": int(os.environ.get("DEEPINFER_NV_WGMMA_GEMV", "1"))}
+_SM90: dict[int, bool] = {}  # device index -> capability 9.x (asked once per device)
+
+
+def _sm90(device: torch.device) -> bool:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM90:
+        _SM90[idx] = torch.cuda.get_device_capability(idx)[0] == 9
+    return _SM90[idx]
+
+
+def _word_asm(safe: bool) -> str:
+    """4 e4m3 bytes (b0..b3 of word $2) -> $0 = bf16x2 (b0, b1), $1 = (b2, b3), times the scale pair $3.
+    prmt puts b1 at byte 2 and b2 at byte 1, then each half-word's low byte lands on bf16 bits 4-10 (magnitude)
+    and 15 (sign): E4M3 * 2^-120 exactly."""
+    scale0 = "mul.rn.bf16x2 a, a, c; mul.rn.bf16x2 $0, a, $3; " if safe else "mul.rn.bf16x2 $0, a, $3; "
+    scale1 = "mul.rn.bf16x2 a, a, c; mul.rn.bf16x2 $1, a, $3; " if safe else "mul.rn.bf16x2 $1, a, $3; "
+    return ("{ .reg .b32 w, a, b, c; mov.b32 c, 0x7B807B80; prmt.b32 w, $2, 0, 0x3120; "
+            "shl.b32 a, w, 4; shl.b32 b, w, 8; and.b32 b, b, 0x80008000; lop3.b32 a, a, 0x07F007F0, b, 0xEA; "
+            + scale0 +
+            "shr.b32 a, w, 4; and.b32 b, w, 0x80008000; lop3.b32 a, a, 0x07F007F0, b, 0xEA; "
+            + scale1 + "}")
+
+
+def decode_word_reference(word: int, scale_bits: int, safe: bool = True) -> list[int]:
+    """Pure-Python model of ``_word_asm`` on one 32-bit word (CPU tests): its 2 output registers.
+    ``scale_bits``: the bf16x2 scale operand (2^(s-127), or 2^(s-7) when not ``safe``)."""
+    b = [(word >> (8 * i)) & 0xFF for i in range(4)]
+    w = b[0] | (b[2] << 8) | (b[1] << 16) | (b[3] << 24)  # prmt 0x3120
+    a0 = ((w << 4) & 0x07F007F0) | ((w << 8) & 0x80008000)
+    a1 = ((w >> 4) & 0x07F007F0) | (w & 0x80008000)
+    mul = _swap._bf16x2_mul
+    return [mul(mul(a, 0x7B807B80), scale_bits) if safe else mul(a, scale_bits) for a in (a0, a1)]
+
+
+def available() -> bool:
+    return _GLUON
+
+
+def permute_x(x: torch.Tensor) -> torch.Tensor:
+    """Activations ``[M, K]`` (K a multiple of 128) in the kernel's K order (a copy): per 128 columns, logical
+    16j + 8h + 2c + e holds physical 32c + 4j + 2h + e."""
+    m, k = x.shape
+    return x.reshape(m, k // 128, 4, 8, 2, 2).permute(0, 1, 3, 4, 2, 5).reshape(m, k)
+
+
+if _GLUON:
+    def _fragment_bytes_layout():
+        """[64, 4, 32] bytes of a 128-column e4m3 tile: warp w, lane (r = lane // 4, c = lane % 4) holds rows
+        16w + r and 16w + r + 8, bytes 32c..32c+31 (its wgmma A fragment's rows and K columns)."""
+        return gl.DistributedLinearLayout(
+            reg_bases=[[0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 0, 8], [0, 0, 16], [8, 0, 0]],
+            lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+            warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[64, 4, 32])
+
+    _FRAG = gl.constexpr(_fragment_bytes_layout())
+    _ASM_SAFE = gl.constexpr(_word_asm(True))
+    _ASM_FAST = gl.constexpr(_word_asm(False))
+
+    @gluon.jit
+    def _decode(b, sc, SAFE: gl.constexpr):
+        """``b [64, 4, 32]`` e4m3 bytes, ``sc [64, 4, 1]`` UE8M0 -> ``[64, 128]`` bf16 in the fragment's K order
+        (logical 16j + 8h + 2c + e = the byte 32c + 4j + 2h + e)."""
+        s16 = sc.to(gl.int16)
+        if SAFE:  # 2^(s-127) as bf16 bits (s = 0: the subnormal 2^-127)
+            bits = gl.where(s16 == 0, 64, s16 << 7)
+            asm: gl.constexpr = _ASM_SAFE
+        else:  # 2^(s-7) = scale * 2^120, a normal bf16 for s <= 134 (checked by the wrapper)
+            bits = (s16 + 120) << 7
+            asm: gl.constexpr = _ASM_FAST
+        scale = gl.broadcast(bits.to(gl.bfloat16, bitcast=True), b)[0]
+        d = gl.inline_asm_elementwise(asm, "=r,=r,r,r,r", [b, scale], dtype=gl.bfloat16, is_pure=True, pack=4)
+        # d[row, c, 4j + 2h + e] -> logical 16j + 8h + 2c + e
+        return d.reshape([64, 4, 8, 2, 2]).permute(0, 2, 3, 1, 4).reshape([64, 128])
+
+    @gluon.jit
+    def _issue(ring_w, ring_x, w_ptrs, x_ptrs, wmask, xmask, j, stage, n_k):
+        """cp.async of K tile ``j`` (masked to zero past this program's range) into ring slot ``stage``."""
+        live = j < n_k
+        _cp_async(ring_w.index(stage), w_ptrs + j * 128, mask=wmask & live)
+        _cp_async(ring_x.index(stage), x_ptrs + j * 128, mask=xmask & live)
+        async_copy.commit_group()
+
+    @gluon.jit
+    def _wgmma_gemv_kernel(x_ptr, q_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, stride_x, s_cols, NG, k_per_split,
+                           BN_BLK: gl.constexpr, BK_BLK: gl.constexpr, SPLIT: gl.constexpr, BLOCK_M: gl.constexpr,
+                           STAGES: gl.constexpr, SAFE: gl.constexpr, num_warps: gl.constexpr):
+        """Program (row tile of 64 weight rows, K split): ``y[m, n] = sum_k x[m, k] * bf16(q[n, k] * s)``.
+        x [M, K] bf16 already in ``permute_x``'s order; q [N, K] e4m3 bytes; s UE8M0 bytes
+        [ceil(N / BN_BLK), s_cols]; y [M, N] bf16; part [SPLIT, M, N] fp32 and cnt (zeroed int32 per row tile)
+        when SPLIT > 1. NG: rows per weight group (grouped op: group g reads x columns g*K..(g+1)*K)."""
+        gl.static_assert(num_warps == 4)
+        LW: gl.constexpr = gl.BlockedLayout([1, 1, 16], [4, 4, 2], [num_warps, 1, 1], [2, 1, 0])
+        LX: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0])
+        LS: gl.constexpr = gl.SliceLayout(2, _FRAG)
+        ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])
+        AOP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
+        SX: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        RING: gl.constexpr = gl.SwizzledSharedLayout(16, 1, 1, [2, 1, 0])
+        pid_n = gl.program_id(0)
+        pid_k = gl.program_id(1)
+        n0 = pid_n * 64
+        k_lo = pid_k * k_per_split
+        n_k = gl.cdiv(gl.minimum(k_per_split, K - k_lo), 128)
+        # weight tile pointers [64, 4, 32] (16 contiguous bytes per thread and copy)
+        rw = n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, gl.SliceLayout(2, LW)))
+        cw = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, LW)))
+        bw = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, LW)))
+        w_ptrs = (q_ptr + gl.expand_dims(gl.expand_dims(rw.to(gl.int64) * K + k_lo, 1), 2)
+                  + gl.expand_dims(gl.expand_dims(cw * 32, 0), 2) + gl.expand_dims(gl.expand_dims(bw, 0), 1))
+        wmask = gl.expand_dims(gl.expand_dims(rw < N, 1), 2)
+        # activation tile pointers [BLOCK_M, 128] (grouped weights: this row tile's group of x columns)
+        xm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LX))
+        xk = gl.arange(0, 128, layout=gl.SliceLayout(0, LX))
+        x_ptrs = (x_ptr + gl.expand_dims(xm.to(gl.int64) * stride_x, 1) + (n0 // NG).to(gl.int64) * K + k_lo
+                  + gl.expand_dims(xk, 0))
+        xmask = gl.expand_dims(xm < M, 1)
+        # scale rows of this thread's fragment rows, [64, 4] (c: its 32-byte group of the tile)
+        rs = n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, LS))
+        cs = gl.arange(0, 4, layout=gl.SliceLayout(0, LS))
+        s_row = gl.expand_dims((rs // BN_BLK) * s_cols, 1)  # constexpr blocks: shifts, not divisions
+        s_col = k_lo + gl.expand_dims(cs * 32, 0)
+        smask = gl.expand_dims(rs < N, 1)
+
+        ring_w = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, 4, 32], RING)
+        ring_x = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, 128], SX)
+        acc = warpgroup_mma_init(gl.zeros([64, BLOCK_M], gl.float32, layout=ACC))
+        for jp in gl.static_range(STAGES - 1):
+            _issue(ring_w, ring_x, w_ptrs, x_ptrs, wmask, xmask, jp, jp, n_k)
+        sc = gl.expand_dims(gl.load(s_ptr + s_row + s_col // BK_BLK, mask=smask, other=127), 2)
+        for i in range(n_k):
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            _cta_barrier()  # every warp's wgmma of tile i-1 is done: its ring slot may be refilled
+            j = i + STAGES - 1
+            _issue(ring_w, ring_x, w_ptrs, x_ptrs, wmask, xmask, j, j % STAGES, n_k)
+            nsc = gl.expand_dims(gl.load(s_ptr + s_row + (s_col + (i + 1) * 128) // BK_BLK,
+                                         mask=smask & (i + 1 < n_k), other=127), 2)
+            async_copy.wait_group(STAGES - 1)
+            fence_async_shared()
+            _cta_barrier()
+            si = i % STAGES
+            a = gl.convert_layout(_decode(ring_w.index(si).load(_FRAG), sc, SAFE), AOP)
+            acc = warpgroup_mma(a, ring_x.index(si).permute((1, 0)), acc, is_async=True)
+            sc = nsc
+        async_copy.wait_group(0)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        rn = n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, ACC))
+        rm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ACC))
+        offs = gl.expand_dims(rm.to(gl.int64) * N, 0) + gl.expand_dims(rn, 1)
+        omask = gl.expand_dims(rm < M, 0) & gl.expand_dims(rn < N, 1)
+        if SPLIT == 1:
+            gl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=omask)
+        else:
+            # partial, then the last program of this row tile to arrive sums all partials in split order and
+            # resets the counter (the next launch, or graph replay, starts at zero)
+            gl.store(part_ptr + pid_k.to(gl.int64) * M * N + offs, acc, mask=omask)
+            _cta_barrier()
+            if gl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel") == SPLIT - 1:
+                total = gl.zeros([64, BLOCK_M], gl.float32, layout=ACC)
+                for sk in range(SPLIT):
+                    total += gl.load(part_ptr + sk * M * N + offs, mask=omask, other=0.0, cache_modifier=".cg")
+                gl.store(y_ptr + offs, total.to(y_ptr.dtype.element_ty), mask=omask)
+                gl.atomic_xchg(cnt_ptr + pid_n, 0)
+
+
+def takes(x: torch.Tensor, q: torch.Tensor, bn_blk: int, bk_blk: int, e8: bool, ng: int | None = None) -> bool:
+    """Whether ``gemm.fp8_block`` of these operands goes here: Gluon on an SM90 device, 1..max_rows bf16 rows,
+    UE8M0 scales whose K blocks are multiples of 32, K a multiple of 128, N (and the group) of 64."""
+    m, (n, k) = x.shape[0], q.shape
+    return (_GLUON and bool(WGMMA_GEMV_TUNE["enabled"]) and x.is_cuda and x.dtype == torch.bfloat16 and e8
+            and 0 < m <= WGMMA_GEMV_TUNE["max_rows"] and k % 128 == 0 and n % 64 == 0 and bk_blk % 32 == 0
+            and (ng is None or ng % 64 == 0) and _sm90(x.device))
+
+
+def scales_allow_fast(s: torch.Tensor) -> bool:
+    """True when every UE8M0 byte is <= 134 (``scale * 2^120`` is then a normal bf16); cached per stack as
+    ``gluon_moe_swap.scales_allow_fast`` does (graph capture of an unseen stack answers False)."""
+    return _swap.scales_allow_fast(s, limit=134)
+
+
+def gemv_wgmma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, bn_blk: int, bk_blk: int, sms: int,
+               ng: int | None = None, stages: int | None = None, programs: int | None = None,
+               safe: bool | None = None) -> torch.Tensor:
+    """y [M, N] bf16 = x [M, K] @ dequant(q [N, K] e4m3, s)^T for M <= max_rows (``takes`` must hold); s the
+    UE8M0 bytes [ceil(N / bn_blk), s_cols]. Keyword arguments: tuning knobs (defaults ``WGMMA_GEMV_TUNE``)."""
+    from deepinfer_nvidia.kernels.triton_fp8_gemv import _counters
+
+    m, (n, k) = x.shape[0], q.shape
+    tune = WGMMA_GEMV_TUNE
+    xp = permute_x(x.contiguous())
+    tiles = triton.cdiv(n, 64)
+    k_tiles = k // 128
+    split = 1
+    while tiles * split < (programs or tune["programs"]) * sms and split * 2 <= min(k_tiles, 64):
+        split *= 2
+    k_per = triton.cdiv(k_tiles, split) * 128
+    split = triton.cdiv(k, k_per)
+    if safe is None:
+        safe = not scales_allow_fast(s)
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    part = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else y
+    cnt = _counters(x.device, tiles) if split > 1 else part
+    _wgmma_gemv_kernel[(tiles, split)](xp, q.view(torch.uint8), s.view(torch.uint8), y, part, cnt, m, n, k,
+                                       xp.stride(0), s_cols, ng or n, k_per, BN_BLK=bn_blk, BK_BLK=bk_blk, SPLIT=split,
+                                       BLOCK_M=8 if m <= 8 else 16, STAGES=stages or tune["stages"],
+                                       SAFE=int(safe), num_warps=4)
+    return y

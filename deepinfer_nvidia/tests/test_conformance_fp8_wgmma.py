@@ -1,0 +1,111 @@
+"""The swap-AB ``wgmma`` FP8 GEMV (``gluon_fp8_gemv``, 1-16 rows on SM90) against the reference on the GPU
+(skipped without an SM90 device): V4.1 widths and tails of the row tile, [32, 32] and [128, 128] UE8M0 blocks,
+both decodes (one multiply, and the exact two-multiply form with scale bytes over 0..200), deep and no
+split-K, the grouped op at the ``wo_a`` width through the registry, and graph replay of the split-K fold
+(its arrival counters must be back at zero after each launch). Outputs are poisoned with NaN first."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepinfer_nvidia.tests.test_conformance import _gen, close, poison
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                                reason="needs an SM90 GPU")
+
+
+def _operands(t, n, k, block, seed, extreme=False):
+    from deepinfer_core.kernels.ops.quant import quant_fp8_block
+
+    g = _gen(seed)
+    x = torch.randn(t, k, generator=g).bfloat16()
+    if not extreme:
+        q, s = quant_fp8_block(torch.randn(n, k, generator=g) / k ** 0.5, block, "ue8m0")
+    else:  # every finite e4m3 code, scale bytes 0..200 (subnormal and huge scales: the two-multiply decode)
+        q = torch.randint(0, 256, (n, k), generator=g, dtype=torch.uint8)
+        q[(q & 0x7F) == 0x7F] = 0x3C  # no NaN codes
+        q = q.view(torch.float8_e4m3fn)
+        s = torch.randint(0, 200, (-(-n // block[0]), -(-k // block[1])), generator=g, dtype=torch.uint8)
+        s = s.view(torch.float8_e8m0fnu)
+        x = x / 64
+    return x, q, s
+
+
+def _ref(x, q, s, block):
+    from deepinfer_core.kernels.ops.gemm import fp8_block
+
+    return fp8_block(x, q, s, block).float()  # bf16 x: the reference rounds q * scale to bf16
+
+
+@pytest.mark.parametrize("t", [1, 2, 5, 8, 9, 16])
+@pytest.mark.parametrize("n,k", [(1280, 5120), (32768, 1280), (512, 5120), (5120, 8192), (64, 128), (2304, 5120)])
+@pytest.mark.parametrize("block", [(32, 32), (128, 128)])
+@pytest.mark.parametrize("knobs", [{}, {"programs": 64, "stages": 2}, {"programs": 1, "safe": True}])
+def test_wgmma_gemv(t, n, k, block, knobs):
+    from deepinfer_nvidia.kernels import gluon_fp8_gemv as gg
+
+    if n > 5000 and t not in (1, 16) or knobs and n == 32768 and t != 1:  # keep the file's run short
+        pytest.skip("covered by the other sizes")
+    x, q, s = _operands(t, n, k, block, 7 * t + n + k)
+    ref = _ref(x, q, s, block)
+    poison()
+    xc, qc, sc = x.cuda(), q.cuda(), s.view(torch.uint8).contiguous().cuda()
+    assert gg.takes(xc, qc, block[0], block[1], True)
+    out = gg.gemv_wgmma(xc, qc, sc, sc.shape[1], block[0], block[1], 132, **knobs)
+    close(out, ref.bfloat16(), 2e-2, 2e-2)
+
+
+@pytest.mark.parametrize("t", [1, 3, 16])
+@pytest.mark.parametrize("block", [(32, 32), (128, 128)])
+def test_wgmma_gemv_extreme_scales_exact_decode(t, block):
+    """Every finite e4m3 code with scale bytes 0..200: the weights must decode to exactly bf16(q * scale), so
+    the error is the fp32 summation order (bounded by |x| @ |W|^T) plus the bf16 output rounding."""
+    from deepinfer_nvidia.kernels import gluon_fp8_gemv as gg
+
+    n, k = 256, 1024
+    x, q, s = _operands(t, n, k, block, 99 + t, extreme=True)
+    scale = s.float().repeat_interleave(block[0], 0)[:n].repeat_interleave(block[1], 1)[:, :k]
+    w = (q.float() * scale).bfloat16().double()  # the reference's rounding, exact for UE8M0 scales
+    ref = x.double() @ w.t()
+    bound = x.double().abs() @ w.abs().t()
+    poison()
+    xc, qc, sc = x.cuda(), q.cuda(), s.view(torch.uint8).contiguous().cuda()
+    assert not gg.scales_allow_fast(sc)
+    out = gg.gemv_wgmma(xc, qc, sc, sc.shape[1], block[0], block[1], 132).double().cpu()
+    assert torch.isfinite(out).all()
+    err = (out - ref).abs()
+    assert (err <= ref.abs() * 2 ** -8 + bound * 1e-5).all(), float((err / (bound + 1e-300)).max())
+
+
+@pytest.mark.parametrize("t", [1, 8])
+def test_wgmma_gemv_grouped_through_registry_and_graph_replay(t):
+    """``gemm.fp8_block_grouped`` (provider triton) at the V4.1 ``wo_a`` width takes the wgmma GEMV; a CUDA
+    graph of two launches replays to the same bits (the split-K arrival counters reset themselves)."""
+    from deepinfer_core.kernels.ops.gemm import fp8_block_grouped
+    from deepinfer_core.kernels.ops.quant import quant_fp8_block
+    from deepinfer_core.kernels.registry import get_registry
+    from deepinfer_core.kernels.resolve import ensure_platform_kernels
+    from deepinfer_nvidia.platform import NvidiaPlatform
+
+    reg = get_registry()
+    ensure_platform_kernels(reg, NvidiaPlatform())
+    fn = reg.impl("gemm.fp8_block_grouped", "triton")
+    g = _gen(500 + t)
+    groups, ng, kg = 8, 1024, 4096
+    x = torch.randn(t, groups * kg, generator=g).bfloat16()
+    q, s = quant_fp8_block(torch.randn(groups * ng, kg, generator=g) / kg ** 0.5, (32, 32), "ue8m0")
+    ref = fp8_block_grouped(x, q, s, (32, 32), groups).float()
+    xc, qc, sc = x.cuda(), q.cuda(), s.cuda()
+    poison()
+    out = fn(xc, qc, sc, (32, 32), groups)
+    close(out, ref.bfloat16(), 2e-2, 2e-2)
+    fn(xc, qc, sc, (32, 32), groups)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        a = fn(xc, qc, sc, (32, 32), groups)
+        b = fn(xc, qc, sc, (32, 32), groups)
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(a, out) and torch.equal(b, out)

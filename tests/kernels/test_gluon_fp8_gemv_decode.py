@@ -1,0 +1,76 @@
+"""CPU checks of the swap-AB wgmma FP8 GEMV's bit tricks (``deepinfer_nvidia.kernels.gluon_fp8_gemv``).
+
+The kernel needs an SM90 GPU (``deepinfer_nvidia/tests/test_conformance_fp8_wgmma.py`` runs it there). Here:
+the Python model of the inline PTX decoder against the e4m3 definition (``bf16(code * 2^(s - 127))``, the
+reference's rounding) for every finite code in every byte slot, with the exact two-multiply form over the whole
+scale range and the one-multiply form up to scale byte 134; and the K-order contract between the decoder's
+register order, ``_decode``'s relabelling and ``permute_x``.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+gg = pytest.importorskip("deepinfer_nvidia.kernels.gluon_fp8_gemv")
+
+
+def _bf16_bits(v: float) -> int:
+    return torch.tensor([v], dtype=torch.float64).to(torch.bfloat16).view(torch.int16).item() & 0xFFFF
+
+
+def _e4m3(code: int) -> float:
+    return torch.tensor([code], dtype=torch.uint8).view(torch.float8_e4m3fn).double().item()
+
+
+def _expected(word: int, s: int) -> list[int]:
+    vals = [_e4m3((word >> (8 * i)) & 0xFF) * 2.0 ** (s - 127) for i in range(4)]
+    return [_bf16_bits(vals[0]) | (_bf16_bits(vals[1]) << 16), _bf16_bits(vals[2]) | (_bf16_bits(vals[3]) << 16)]
+
+
+def _scale_operand(s: int, safe: bool) -> int:
+    bits = (64 if s == 0 else s << 7) if safe else (s + 120) << 7  # as the kernel builds them
+    return bits | (bits << 16)
+
+
+FINITE = [c for c in range(256) if c & 0x7F != 0x7F]
+
+
+def _words(rng: random.Random, n: int) -> list[int]:
+    return [sum(rng.choice(FINITE) << (8 * i) for i in range(4)) for _ in range(n)]
+
+
+def test_every_code_exact_with_two_multiplies():
+    rng = random.Random(0)
+    # every finite code once in every byte slot, then random words
+    words = [sum(FINITE[(i + 61 * j) % len(FINITE)] << (8 * j) for j in range(4)) for i in range(len(FINITE))]
+    for s in [0, 1, 2, 3, 60, 119, 120, 127, 134, 135, 200, 240]:
+        for w in words[::7] + _words(rng, 8):
+            assert gg.decode_word_reference(w, _scale_operand(s, True), safe=True) == _expected(w, s), (hex(w), s)
+
+
+def test_one_multiply_form_exact_up_to_scale_134():
+    rng = random.Random(1)
+    words = [sum(FINITE[(i + 61 * j) % len(FINITE)] << (8 * j) for j in range(4)) for i in range(len(FINITE))]
+    for s in range(0, 135):
+        for w in (words if s in (0, 7, 119, 134) else _words(rng, 6)):
+            assert gg.decode_word_reference(w, _scale_operand(s, False), safe=False) == _expected(w, s), (hex(w), s)
+
+
+def test_k_order_contract():
+    """Thread c's word j decodes to (b0, b1), (b2, b3) = the fragment's K 16j + 2c + {0, 1} and 16j + 8 + 2c +
+    {0, 1}; ``_decode``'s reshape/permute labels them so, and ``permute_x`` puts x's columns in that order."""
+    phys = torch.arange(128).reshape(4, 32)  # [c, 4j + t]: the byte each decoded element came from (natural)
+    logical = phys.reshape(4, 8, 2, 2).permute(1, 2, 0, 3).reshape(128)  # _decode: [c, j, h, e] -> (j, h, c, e)
+    for c in range(4):
+        for j in range(8):
+            for t in range(4):
+                assert logical[16 * j + 8 * (t // 2) + 2 * c + t % 2] == 32 * c + 4 * j + t
+    x = torch.arange(256.0).reshape(1, 256)
+    xp = gg.permute_x(x)
+    assert torch.equal(xp[0, :128], logical.double().float()) and torch.equal(xp[0, 128:], logical.float() + 128)
+    w = torch.randn(3, 256, dtype=torch.float64)
+    wl = torch.cat([w[:, :128][:, logical], w[:, 128:][:, logical]], 1)  # the weights as the MMA sees them
+    xr = torch.randn(2, 256, dtype=torch.float64)
+    assert torch.allclose(gg.permute_x(xr) @ wl.t(), xr @ w.t())
