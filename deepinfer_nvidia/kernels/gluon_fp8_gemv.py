@@ -14,7 +14,9 @@ thread only turns its bytes into its own ``wgmma`` A fragment:
    (subnormals included), and one ``mul.bf16x2`` by ``scale * 2^120`` (exact while the UE8M0 byte is <= 134;
    ``SAFE`` multiplies twice, by ``2^120`` then by the scale);
 3. word j of thread c's 32 bytes (physical bytes 32c + 4j .. +3) is the fragment's k-step j: logical K
-   16j + 2c + {0, 1} and 16j + 8 + 2c + {0, 1}. ``permute_x`` puts the activations in that order.
+   16j + 2c + {0, 1} and 16j + 8 + 2c + {0, 1}. The activation tile is gathered in that order by 4-byte
+   ``cp.async`` copies (``permute_x`` is the host-side model of that order, for the CPU tests), so no extra
+   launch permutes x.
 
 Numerics: every weight becomes ``bf16(q * scale)`` exactly (the reference's rounding; UE8M0 scales make it
 exact), the products are exact in fp32 and the tensor core sums them in fp32. Split-K partials are summed in
@@ -91,8 +93,8 @@ def available() -> bool:
 
 
 def permute_x(x: torch.Tensor) -> torch.Tensor:
-    """Activations ``[M, K]`` (K a multiple of 128) in the kernel's K order (a copy): per 128 columns, logical
-    16j + 8h + 2c + e holds physical 32c + 4j + 2h + e."""
+    """Activations ``[M, K]`` (K a multiple of 128) in the kernel's K order (a copy; the kernel gathers the same
+    order itself): per 128 columns, logical 16j + 8h + 2c + e holds physical 32c + 4j + 2h + e."""
     m, k = x.shape
     return x.reshape(m, k // 128, 4, 8, 2, 2).permute(0, 1, 3, 4, 2, 5).reshape(m, k)
 
@@ -139,12 +141,12 @@ if _GLUON:
                            BN_BLK: gl.constexpr, BK_BLK: gl.constexpr, SPLIT: gl.constexpr, BLOCK_M: gl.constexpr,
                            STAGES: gl.constexpr, SAFE: gl.constexpr, num_warps: gl.constexpr):
         """Program (row tile of 64 weight rows, K split): ``y[m, n] = sum_k x[m, k] * bf16(q[n, k] * s)``.
-        x [M, K] bf16 already in ``permute_x``'s order; q [N, K] e4m3 bytes; s UE8M0 bytes
+        x [M, K] bf16 (natural order: the tile loads gather ``permute_x``'s order); q [N, K] e4m3 bytes; s UE8M0 bytes
         [ceil(N / BN_BLK), s_cols]; y [M, N] bf16; part [SPLIT, M, N] fp32 and cnt (zeroed int32 per row tile)
         when SPLIT > 1. NG: rows per weight group (grouped op: group g reads x columns g*K..(g+1)*K)."""
         gl.static_assert(num_warps == 4)
         LW: gl.constexpr = gl.BlockedLayout([1, 1, 16], [4, 4, 2], [num_warps, 1, 1], [2, 1, 0])
-        LX: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0])
+        LX: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [num_warps, 1], [1, 0])  # 4-byte gathers of x
         LS: gl.constexpr = gl.SliceLayout(2, _FRAG)
         ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
@@ -163,9 +165,12 @@ if _GLUON:
         w_ptrs = (q_ptr + gl.expand_dims(gl.expand_dims(rw.to(gl.int64) * K + k_lo, 1), 2)
                   + gl.expand_dims(gl.expand_dims(cw * 32, 0), 2) + gl.expand_dims(gl.expand_dims(bw, 0), 1))
         wmask = gl.expand_dims(gl.expand_dims(rw < N, 1), 2)
-        # activation tile pointers [BLOCK_M, 128] (grouped weights: this row tile's group of x columns)
+        # activation tile pointers [BLOCK_M, 128] in the fragment's K order (``permute_x``): logical column
+        # 16j + 8h + 2c + e reads x column 32c + 4j + 2h + e, so each pair (e) is 4 contiguous bytes (grouped
+        # weights: this row tile's group of x columns)
         xm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LX))
-        xk = gl.arange(0, 128, layout=gl.SliceLayout(0, LX))
+        lk = gl.arange(0, 128, layout=gl.SliceLayout(0, LX))
+        xk = 32 * ((lk // 2) % 4) + 4 * (lk // 16) + 2 * ((lk // 8) % 2) + lk % 2
         x_ptrs = (x_ptr + gl.expand_dims(xm.to(gl.int64) * stride_x, 1) + (n0 // NG).to(gl.int64) * K + k_lo
                   + gl.expand_dims(xk, 0))
         xmask = gl.expand_dims(xm < M, 1)
@@ -241,7 +246,7 @@ def gemv_wgmma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, b
 
     m, (n, k) = x.shape[0], q.shape
     tune = WGMMA_GEMV_TUNE
-    xp = permute_x(x.contiguous())
+    xp = x if x.stride(1) == 1 and x.stride(0) % 2 == 0 else x.contiguous()  # the kernel gathers permute_x's order
     tiles = triton.cdiv(n, 64)
     k_tiles = k // 128
     split = 1
