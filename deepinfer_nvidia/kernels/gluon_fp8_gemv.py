@@ -129,6 +129,12 @@ if _GLUON:
         return d.reshape([64, 4, 8, 2, 2]).permute(0, 2, 3, 1, 4).reshape([64, 128])
 
     @gluon.jit
+    def _x_column(lk):
+        """Logical K column lk = 16j + 8h + 2c + e of a 128-column tile -> the x column it reads,
+        32c + 4j + 2h + e (``permute_x``'s order; plain arithmetic, so the CPU tests call it on a tensor)."""
+        return 32 * ((lk // 2) % 4) + 4 * (lk // 16) + 2 * ((lk // 8) % 2) + lk % 2
+
+    @gluon.jit
     def _issue(ring_w, ring_x, w_ptrs, x_ptrs, wmask, xmask, j, stage, n_k):
         """cp.async of K tile ``j`` (masked to zero past this program's range) into ring slot ``stage``."""
         live = j < n_k
@@ -170,7 +176,7 @@ if _GLUON:
         # weights: this row tile's group of x columns)
         xm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LX))
         lk = gl.arange(0, 128, layout=gl.SliceLayout(0, LX))
-        xk = 32 * ((lk // 2) % 4) + 4 * (lk // 16) + 2 * ((lk // 8) % 2) + lk % 2
+        xk = _x_column(lk)
         x_ptrs = (x_ptr + gl.expand_dims(xm.to(gl.int64) * stride_x, 1) + (n0 // NG).to(gl.int64) * K + k_lo
                   + gl.expand_dims(xk, 0))
         xmask = gl.expand_dims(xm < M, 1)
