@@ -346,6 +346,12 @@ if _GLUON:
 _SAFE_CACHE: dict[tuple[int, int, int, int], tuple[weakref.ref, bool]] = {}
 
 
+def _version(t: torch.Tensor) -> int:
+    """The tensor's in-place version counter; inference-mode tensors (weights loaded under
+    ``torch.inference_mode``) keep none, and -1 stands for it (they are not modified after loading)."""
+    return -1 if t.is_inference() else t._version
+
+
 def scales_allow_fast(*scales: torch.Tensor, limit: int = 128) -> bool:
     """True when every UE8M0 byte of the given scale stacks is <= ``limit`` (128 here: then ``scale * 2^126``
     is a finite bf16 and one multiply per pair suffices; ``gluon_fp8_gemv`` asks for 134). One host read per stack, cached by storage and version; during CUDA
@@ -353,7 +359,7 @@ def scales_allow_fast(*scales: torch.Tensor, limit: int = 128) -> bool:
     entry holds a weak reference, so a new tensor that reuses a freed stack's memory is checked again."""
     ok = True
     for s in scales:
-        key = (s.data_ptr(), s.numel(), s._version, limit)
+        key = (s.data_ptr(), s.numel(), _version(s), limit)
         hit = _SAFE_CACHE.get(key)
         if hit is None or hit[0]() is not s:
             if s.is_cuda and torch.cuda.is_current_stream_capturing():

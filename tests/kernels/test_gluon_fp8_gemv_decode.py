@@ -76,3 +76,14 @@ def test_k_order_contract():
     wl = torch.cat([w[:, :128][:, logical], w[:, 128:][:, logical]], 1)  # the weights as the MMA sees them
     xr = torch.randn(2, 256, dtype=torch.float64)
     assert torch.allclose(gg.permute_x(xr) @ wl.t(), xr @ w.t())
+
+
+def test_scale_check_on_inference_tensors():
+    """Weights loaded under ``torch.inference_mode`` have no version counter: the cached scale check must still
+    answer (the first V4.1 sweep on the H200 stopped here), and see a byte above the limit."""
+    with torch.inference_mode():
+        ok = torch.full((4, 8), 134, dtype=torch.uint8)
+        bad = ok.clone()
+        bad[2, 3] = 135
+    assert gg.scales_allow_fast(ok) and not gg.scales_allow_fast(bad)
+    assert gg.scales_allow_fast(ok)  # the cached answer
