@@ -177,6 +177,14 @@ if _GLUON:
         return j.permute(0, 2, 5, 3, 1, 4).reshape([BN, 128])  # (q, S, p, c, e)
 
     @gluon.jit
+    def _decode_regs(b, sc, BN: gl.constexpr, BK: gl.constexpr, SAFE: gl.constexpr, AREG: gl.constexpr):
+        """The A tile for a register-operand wgmma: ``_decode_fragment`` (AREG 2) or ``_decode`` (AREG 1)."""
+        if AREG == 2:
+            return _decode_fragment(b, sc, BN, SAFE)
+        else:
+            return _decode(b, sc, BN, BK, SAFE)
+
+    @gluon.jit
     def _frag128(n):
         """Natural column n -> its logical position in ``_decode_fragment``'s order (per 128 columns)."""
         m = n % 128
@@ -282,20 +290,11 @@ if _GLUON:
             _cta_barrier()
             si = i % STAGES
             xs = ring_x.index(si).permute((1, 0))
-            if AREG == 2:  # A from registers, decoded straight into the fragment order (see _decode_fragment)
-                da = gl.convert_layout(_decode_fragment(ring_a.index(si).load(L3), ca, BLOCK_N, SAFE), AOP)
+            if AREG:  # A from registers (2: decoded straight into the fragment order, 1: the compiler converts)
+                da = gl.convert_layout(_decode_regs(ring_a.index(si).load(L3), ca, BLOCK_N, BLOCK_K, SAFE, AREG), AOP)
                 if UP:
-                    db = gl.convert_layout(_decode_fragment(ring_b.index(si).load(L3), cb, BLOCK_N, SAFE), AOP)
-                if (PROBE & 1) == 0:
-                    fence_async_shared()
-                _cta_barrier()
-                acc_a = warpgroup_mma(da, xs, acc_a, is_async=True)
-                if UP:
-                    acc_b = warpgroup_mma(db, xs, acc_b, is_async=True)
-            elif AREG:  # A from registers (the layout conversion is the compiler's, no async-proxy write of A)
-                da = gl.convert_layout(_decode(ring_a.index(si).load(L3), ca, BLOCK_N, BLOCK_K, SAFE), AOP)
-                if UP:
-                    db = gl.convert_layout(_decode(ring_b.index(si).load(L3), cb, BLOCK_N, BLOCK_K, SAFE), AOP)
+                    db = gl.convert_layout(_decode_regs(ring_b.index(si).load(L3), cb, BLOCK_N, BLOCK_K, SAFE, AREG),
+                                           AOP)
                 if (PROBE & 1) == 0:
                     fence_async_shared()
                 _cta_barrier()

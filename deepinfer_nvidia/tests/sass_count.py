@@ -56,6 +56,18 @@ def _loop_body(sass: str) -> list[str]:
     return [x for x in ins if best[0] <= int(is_ins.match(x).group(1), 16) <= best[1]]
 
 
+def missing_tools(kernel_module) -> str | None:
+    """Why this machine cannot count ``kernel_module``'s Gluon kernels (None when it can): Gluon absent from the
+    installed Triton, or a Triton wheel without ``nvdisasm``. The SASS tests skip on it."""
+    import triton
+
+    if not kernel_module.available():
+        return "triton.experimental.gluon missing"
+    if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")):
+        return "this triton wheel has no nvdisasm"
+    return None
+
+
 def count(fn, signature: dict[str, str], constexprs: dict[str, int], warps: int = 4, stages: int = 3,
           div16: frozenset[str] = frozenset(), maxnreg: int | None = None) -> dict:
     """Compile ``fn`` (``@triton.jit`` or ``@gluon.jit``) for sm_90a and count its main loop: returns

@@ -6,18 +6,15 @@ fewer than 5 instructions per weight byte (the CUDA-core GEMV: 6.0 at [32, 32] b
 so no integer division in the loop."""
 from __future__ import annotations
 
-import os
-
 import pytest
 
 triton = pytest.importorskip("triton")
 gg = pytest.importorskip("deepinfer_nvidia.kernels.gluon_fp8_gemv")
-if not gg.available():
-    pytest.skip("triton.experimental.gluon missing", allow_module_level=True)
-if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")):
-    pytest.skip("this triton wheel has no nvdisasm", allow_module_level=True)
 
-from deepinfer_nvidia.tests.sass_count import count  # noqa: E402
+from deepinfer_nvidia.tests.sass_count import count, missing_tools  # noqa: E402
+
+if missing_tools(gg):
+    pytest.skip(missing_tools(gg), allow_module_level=True)
 
 SIG = {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*u8", "y_ptr": "*bf16", "part_ptr": "*fp32", "cnt_ptr": "*i32",
        "M": "i32", "N": "i32", "K": "i32", "stride_x": "i32", "s_cols": "i32", "NG": "i32", "k_per_split": "i32"}

@@ -12,18 +12,15 @@ refactor could silently lose (docs/performance.md, eleventh pass), so they are a
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 
 triton = pytest.importorskip("triton")
 gms = pytest.importorskip("deepinfer_nvidia.kernels.gluon_moe_swap")
-if not gms.available():
-    pytest.skip("triton.experimental.gluon missing", allow_module_level=True)
-if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")):
-    pytest.skip("this triton wheel has no nvdisasm", allow_module_level=True)
 
-from deepinfer_nvidia.tests.sass_count import count  # noqa: E402
+from deepinfer_nvidia.tests.sass_count import count, missing_tools  # noqa: E402
+
+if missing_tools(gms):
+    pytest.skip(missing_tools(gms), allow_module_level=True)
 
 SIG = {"x_ptr": "*bf16", "pair_ptr": "*i32", "bexp_ptr": "*i32", "wa_ptr": "*u8", "sa_ptr": "*u8", "wb_ptr": "*u8",
        "sb_ptr": "*u8", "wt_ptr": "*fp32", "out_ptr": "*bf16", "P": "i32", "E": "i32", "N": "i32", "K": "i32",
