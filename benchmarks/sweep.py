@@ -195,7 +195,7 @@ def profile_step(model, ex, slices, ids, last_only: bool, title: str, fh) -> dic
 
     step()
     sync()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
         t0 = time.perf_counter()
         step()
         sync()
@@ -207,6 +207,8 @@ def profile_step(model, ex, slices, ids, last_only: bool, title: str, fh) -> dic
              f"launches {launches} ===\n")
     fh.write(ka.table(sort_by="self_device_time_total", row_limit=30) + "\n")
     fh.write(ka.table(sort_by="self_cpu_time_total", row_limit=15) + "\n")
+    # the torch ops again by input shape: which copy_ / mm / elementwise call costs what
+    fh.write(prof.key_averages(group_by_input_shape=True).table(sort_by="device_time_total", row_limit=30) + "\n")
     fh.flush()
     log(f"profile {title}: wall {wall * 1e3:.1f} ms, GPU busy {dev_us / 1e3:.1f} ms, launches {launches}")
     return {"profiled_wall_ms": wall * 1e3, "gpu_busy_ms": dev_us / 1e3, "launches": launches}

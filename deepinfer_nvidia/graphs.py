@@ -17,9 +17,12 @@ Why this shape:
 """
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 
 def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
@@ -67,6 +70,7 @@ class CudaGraphRunner:
         self.warmup = warmup
         self._graphs: dict[tuple[Any, ...], _Captured] = {}
         self._pool: Any = None
+        self.failed_captures = 0  # captures that failed and were repeated (a diagnostic)
 
     @property
     def num_graphs(self) -> int:
@@ -89,9 +93,22 @@ class CudaGraphRunner:
         return captured.out
 
     def _capture(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Captured:
+        """Warm up and capture once more when a capture fails: on the H200 a capture of the same step
+        failed now and then ("operation failed due to a previous error during capture", thirteenth pass)
+        and succeeded when repeated; a second failure propagates (the caller then runs eagerly)."""
         for a in list(args) + list(kwargs.values()):
             if isinstance(a, torch.Tensor) and a.device.type != "cuda":
                 raise ValueError(f"CudaGraphRunner needs device tensors, got one on {a.device}")
+        try:
+            return self._capture_once(args, kwargs)
+        except Exception as exc:  # noqa: BLE001 - retried once, then re-raised
+            self.failed_captures += 1
+            logger.warning("CUDA graph capture failed (%s); synchronising and capturing again",
+                           str(exc).splitlines()[0][:300])
+            torch.cuda.synchronize()
+            return self._capture_once(args, kwargs)
+
+    def _capture_once(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Captured:
         # Private copies: the caller's tensors may be freed or reused between steps.
         static_args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
         static_kwargs = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}

@@ -143,26 +143,61 @@ class StepLayout:
     read_widths: tuple[tuple[int, int], ...]
 
 
+class TableRowCache:
+    """The packed bytes of block-table rows, reused while a row is unchanged (host time of a step).
+
+    A decode step's tables barely change from one step to the next (a new block every ``block_size``
+    tokens, a freed one behind the window), yet converting the ~20-30k Python ints of a 64-request
+    step to int64 costs ~0.6 ms on its own (thirteenth pass, docs/performance.md). Each entry is
+    keyed by (group, state slot) and holds the width and a copy of the row it was made from; a
+    lookup compares the row with that copy (a C-level list comparison), so a changed row is always
+    re-packed: the cache can never return stale bytes. One entry per (group, slot): the size is
+    bounded by groups x (max_num_seqs + 1)."""
+
+    def __init__(self) -> None:
+        self._rows: dict[tuple[int, int], tuple[int, list[int], bytes]] = {}
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def row_bytes(self, gid: int, slot: int, row: list[int], width: int) -> bytes:
+        """``row`` cut or padded with the null block 0 to ``width`` ints, as native int64 bytes."""
+        hit = self._rows.get((gid, slot))
+        if hit is not None and hit[0] == width and hit[1] == row:
+            return hit[2]
+        cut = row[:width]
+        packed = array.array("q", cut).tobytes() + bytes(8 * (width - len(cut)))
+        self._rows[(gid, slot)] = (width, list(row), packed)
+        return packed
+
+
 def pack_step(slices: list[SeqSlice], group_specs: dict[int, KVCacheSpec], input_ids: list[int] | None = None,
-              table_widths: dict[int, int] | None = None, read_widths: dict[int, int] | None = None
-              ) -> tuple[torch.Tensor, StepLayout]:
+              table_widths: dict[int, int] | None = None, read_widths: dict[int, int] | None = None,
+              row_cache: TableRowCache | None = None) -> tuple[torch.Tensor, StepLayout]:
     """Everything the device needs to build a step's metadata, as one flat int64 host tensor:
     [input ids (optional)] + per-request rows (start, no_write_before, state_slot, num_tokens, window_floor,
     keep_all_rows) + every
     group's block tables, row-major. ``table_widths`` / ``read_widths`` fix the widths (a captured graph
     needs them static; longer tables are cut, shorter ones padded with the null block 0); by default they
-    are the step's own maxima."""
+    are the step's own maxima. ``row_cache``: reuse the packed bytes of unchanged table rows (the result
+    is the same with or without it)."""
     flat: list[int] = list(input_ids) if input_ids is not None else []
     flat += [v for s in slices for v in (s.start_pos, s.no_write_before, s.state_slot, s.num_tokens, s.window_floor,
                                          int(s.keep_all_rows))] or [0] * _ROW
+    parts: list[bytes] = []
     tw: list[tuple[int, int]] = []
     rw: list[tuple[int, int]] = []
     for gid, spec in group_specs.items():
         width = (table_widths or {}).get(gid) or max((len(s.block_tables[gid]) for s in slices), default=0) or 1
-        for s in slices:
-            row = s.block_tables[gid][:width]
-            flat += row
-            flat += [0] * (width - len(row))
+        if row_cache is not None:
+            parts += [row_cache.row_bytes(gid, s.state_slot, s.block_tables[gid], width) for s in slices]
+        else:
+            tables: list[int] = []
+            for s in slices:
+                row = s.block_tables[gid][:width]
+                tables += row
+                tables += [0] * (width - len(row))
+            parts.append(array.array("q", tables).tobytes())
         tw.append((gid, width))
         if isinstance(spec, CompressedSpec):
             n = (read_widths or {}).get(gid)
@@ -170,9 +205,10 @@ def pack_step(slices: list[SeqSlice], group_specs: dict[int, KVCacheSpec], input
                                                         default=0)))
     total = sum(s.num_tokens for s in slices)
     layout = StepLayout(len(slices), total, input_ids is not None, tuple(tw), tuple(rw))
-    # array('q') + frombuffer: ~3x faster than torch.tensor(list) on the ~21k ints of a 64-request step
-    # (1.6 -> 0.5 ms here), host time that a graphed decode step spends before its replay (twelfth pass)
-    return torch.frombuffer(array.array("q", flat), dtype=torch.long), layout
+    # array('q') bytes + frombuffer: ~3x faster than torch.tensor(list) (twelfth pass); the table rows come
+    # from row_cache when it is given (thirteenth pass)
+    buf = bytearray().join([array.array("q", flat).tobytes(), *parts])
+    return torch.frombuffer(buf, dtype=torch.long), layout
 
 
 def context_from_packed(dev: torch.Tensor, layout: StepLayout, group_specs: dict[int, KVCacheSpec],
@@ -221,12 +257,12 @@ def context_from_packed(dev: torch.Tensor, layout: StepLayout, group_specs: dict
 
 
 def build_step_context(slices: list[SeqSlice], group_specs: dict[int, KVCacheSpec], cache_group: dict[str, int],
-                       caches: dict[str, torch.Tensor], device: torch.device, kernels: dict | None = None
-                       ) -> StepContext:
+                       caches: dict[str, torch.Tensor], device: torch.device, kernels: dict | None = None,
+                       row_cache: TableRowCache | None = None) -> StepContext:
     """Build the step's metadata: one small host-to-device copy (asynchronous, from pinned memory, on an
     accelerator), then index math on ``device`` for all requests at once (no per-token or per-request
     Python loops, and no host synchronisation)."""
-    host, layout = pack_step(slices, group_specs)
+    host, layout = pack_step(slices, group_specs, row_cache=row_cache)
     return context_from_packed(upload(host, device), layout, group_specs, cache_group, caches, slices, kernels)[1]
 
 

@@ -33,7 +33,8 @@ import logging
 import torch
 
 from deepinfer_core.kv.spec import CompressedSpec, KVCacheSpec
-from deepinfer_core.runner.context import SeqSlice, StepLayout, context_from_packed, pack_step, upload
+from deepinfer_core.runner.context import (SeqSlice, StepLayout, TableRowCache, context_from_packed, pack_step,
+                                           upload)
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ class DecodeGraphs:
         self._graphed_draft: Callable[..., Any] | None = None  # the proposer's block step, wrapped on first use
         self.proposer: Any = None  # set by the speculative DraftRunner: its greedy draft blocks are graphed too
         self.draft_steps = 0
+        self.row_cache = TableRowCache()  # packed block-table rows reused while unchanged (host time per step)
 
     def supports(self, slices: list[SeqSlice]) -> bool:
         """A uniform decode step (every request feeds the same number of tokens, at most
@@ -118,14 +120,7 @@ class DecodeGraphs:
 
         Padding requests: position 0.., null-block tables, ``no_write_before`` = their length (no KV
         entry written) and the scratch state row."""
-        q = slices[0].num_tokens
-        specs: dict[int, KVCacheSpec] = self.ex.group_specs
-        pad = SeqSlice(0, q, {gid: [] for gid in specs}, state_slot=self.ex.scratch_state_slot, no_write_before=q)
-        padded = list(slices) + [pad] * (b_pad - len(slices))
-        ids = ids + [0] * (q * (b_pad - len(slices)))
-        widths = {gid: -(-ctx_len // spec.block_size) for gid, spec in specs.items()}
-        reads = {gid: ctx_len // spec.ratio for gid, spec in specs.items() if isinstance(spec, CompressedSpec)}
-        host, layout = pack_step(padded, specs, ids, widths, reads)
+        host, layout = self.pack(slices, ids, b_pad, ctx_len)
         try:
             return graphed(upload(host, self.ex.device), layout=layout, **kw)
         except Exception as exc:  # noqa: BLE001 - a kernel that cannot be captured must not stop serving
@@ -135,8 +130,20 @@ class DecodeGraphs:
             # writes already; they are the same values the eager step writes again.
             self.disabled_reason = f"{type(exc).__name__}: {exc}"
             logger.warning("decode graphs disabled, running eager steps: capture of batch %d x %d tokens / "
-                           "context %d failed (%s)", b_pad, q, ctx_len, self.disabled_reason.splitlines()[0][:300])
+                           "context %d failed (%s)", b_pad, slices[0].num_tokens, ctx_len, self.disabled_reason.splitlines()[0][:300])
             return None
+
+    def pack(self, slices: list[SeqSlice], ids: list[int], b_pad: int, ctx_len: int) -> tuple[torch.Tensor, StepLayout]:
+        """The host side of a graphed step: ``slices`` and ``ids`` padded to ``b_pad`` requests and packed
+        at context bucket ``ctx_len`` -> (packed int64 host tensor, its layout)."""
+        q = slices[0].num_tokens
+        specs: dict[int, KVCacheSpec] = self.ex.group_specs
+        pad = SeqSlice(0, q, {gid: [] for gid in specs}, state_slot=self.ex.scratch_state_slot, no_write_before=q)
+        padded = list(slices) + [pad] * (b_pad - len(slices))
+        ids = ids + [0] * (q * (b_pad - len(slices)))
+        widths = {gid: -(-ctx_len // spec.block_size) for gid, spec in specs.items()}
+        reads = {gid: ctx_len // spec.ratio for gid, spec in specs.items() if isinstance(spec, CompressedSpec)}
+        return pack_step(padded, specs, ids, widths, reads, self.row_cache)
 
     def _step(self, packed: torch.Tensor, layout: StepLayout, taps: tuple[int, ...] = ()) -> Any:
         """The captured function: packed metadata [L] int64 (device) -> hidden [B_pad*q, D], or with

@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 import torch
 
 from deepinfer_core.kv.spec import KVCacheSpec, StateSpec
-from deepinfer_core.runner.context import SeqSlice, StepContext, build_step_context
+from deepinfer_core.runner.context import SeqSlice, StepContext, TableRowCache, build_step_context
 from deepinfer_core.runner.decode_graphs import DEFAULT_BATCH_SIZES, DecodeGraphs
 
 # Ops the executor itself runs every step (the per-group slot metadata of runner/context.py); the engine
@@ -59,13 +59,15 @@ class PagedExecutor:
                 shape = (num_blocks * spec.entries_per_block, *spec.entry_shape)
             self.caches[name] = torch.zeros(shape, dtype=spec.dtype, device=self.device)
         self.scratch_state_slot = max_num_seqs
+        self.row_cache = TableRowCache()  # packed block-table rows of eager steps, reused while unchanged
         self.graphs: DecodeGraphs | None = None
         if graph_runner is not None:
             graphs = DecodeGraphs(self, graph_runner, graph_batch_sizes, max_context, max_query_len=max_query_len)
             self.graphs = graphs if graphs.graphed is not None else None  # the platform declined
 
     def context(self, slices: list[SeqSlice]) -> StepContext:
-        return build_step_context(slices, self.group_specs, self.cache_group, self.caches, self.device, self.kernels)
+        return build_step_context(slices, self.group_specs, self.cache_group, self.caches, self.device, self.kernels,
+                                  self.row_cache)
 
     @torch.inference_mode()
     def run(self, input_ids: torch.Tensor, slices: list[SeqSlice]) -> torch.Tensor:

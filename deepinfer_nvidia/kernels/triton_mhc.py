@@ -6,6 +6,10 @@ Two launches instead of the reference's ~70 small ops:
    few tokens, so the 24 x n*D fp32 ``fn`` matrix is streamed by many SMs). It
    reads the flattened residual once, accumulates ``sum(x^2)`` and the
    projection ``x . fn^T`` (full-fp32 dot) into fp32 partials.
+   Prefill-sized launches (``TF32X3_MIN_T`` tokens or more) take the dot as three TF32 tensor-core
+   products (``tf32x3``: hi*hi + hi*lo + lo*hi, ~21 mantissa bits per product, fp32 accumulation):
+   the full-fp32 dot runs on the CUDA cores at ~8% of their FMA rate, 2.07 ms per call at 8192
+   tokens on the H200 (thirteenth pass, docs/performance.md).
 2. ``_gate_kernel``: one program per token sums the partials in fixed order,
    applies the RMS factor (``fn . (x * r) == (fn . x) * r``), the sigmoid gates,
    the row softmax of the n x n block and ``sinkhorn_iters`` Sinkhorn
@@ -32,7 +36,7 @@ from deepinfer_nvidia.kernels._common import FLOATS, hand_off, next_pow2, on_cud
 
 @triton.jit
 def _proj_kernel(x_ptr, fn_ptr, part_ptr, ss_ptr, T, K, R, k_per_split,
-                 NR: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
+                 NR: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr = "ieee"):
     pid_t = tl.program_id(0)
     sp = tl.program_id(1)
     rt = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -51,7 +55,7 @@ def _proj_kernel(x_ptr, fn_ptr, part_ptr, ss_ptr, T, K, R, k_per_split,
         f = tl.load(fn_ptr + rr[:, None].to(tl.int64) * K + rk[None, :], mask=rmask[:, None] & kmask[None, :],
                     other=0.0)
         ss += tl.sum(x * x, axis=1)
-        acc += tl.dot(x, tl.trans(f), input_precision="ieee")
+        acc += tl.dot(x, tl.trans(f), input_precision=PRECISION)
     off = (sp * T + rt[:, None]).to(tl.int64) * NR + rr[None, :]
     tl.store(part_ptr + off, acc, mask=tmask[:, None])
     tl.store(ss_ptr + sp * T + rt, ss, mask=tmask)
@@ -107,6 +111,7 @@ def supports(residual, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters) -> boo
 
 
 BI_BLOCK_T = 16  # tokens per projection program in the batch-invariant launch
+TF32X3_MIN_T = 1024  # tokens from which the default launch's projection runs as tf32x3 (decode sizes keep ieee)
 
 
 def mix(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_eps: float,
@@ -153,8 +158,9 @@ def mix(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: tor
     k_per = triton.cdiv(triton.cdiv(kdim, splits), bk) * bk
     part = torch.empty(splits, t, nr, dtype=torch.float32, device=dev)
     ss = torch.empty(splits, t, dtype=torch.float32, device=dev)
+    precision = "tf32x3" if t >= TF32X3_MIN_T and not batch_invariant else "ieee"
     _proj_kernel[(tiles, splits)](x, fn.contiguous(), part, ss, t, kdim, rows, k_per, NR=nr, BLOCK_T=bt,
-                                  BLOCK_K=bk, num_warps=4)
+                                  BLOCK_K=bk, PRECISION=precision, num_warps=4)
     _gate_kernel[(t,)](part, ss, base.contiguous(), scale.contiguous(), pre, post, comb, t, kdim, n,
                        float(norm_eps), float(hc_eps), int(sinkhorn_iters), NR=nr, NP=max(2, n), SPLITS=splits,
                        num_warps=1)

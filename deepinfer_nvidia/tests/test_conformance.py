@@ -205,11 +205,12 @@ def test_mxfp4_gemm_model_width(reg, t, provider):
     close(fn(x.cuda(), packed.cuda(), s.cuda()), ref.bfloat16(), 3e-2, 3e-2)
 
 
-@pytest.mark.parametrize("t", [1, 8, 64, 513])
+@pytest.mark.parametrize("t", [1, 8, 64, 513, 2048])
 @pytest.mark.parametrize("d", [4096, 5120])
 @pytest.mark.parametrize("provider", ["triton", "triton_bi"])
 def test_mhc_mix_model_width(reg, t, d, provider):
-    """V4 and V4.1 widths (n*D = 16384 / 20480: up to 64 K splits at decode sizes)."""
+    """V4 and V4.1 widths (n*D = 16384 / 20480: up to 64 K splits at decode sizes; 2048 tokens take the
+    default launch's tf32x3 projection)."""
     from deepinfer_core.kernels.ops.mhc import mhc_mix
 
     fn = reg.impl("mhc.mix", provider)

@@ -1,0 +1,82 @@
+"""``pack_step`` with and without ``TableRowCache``: the packed tensor is identical in every case,
+including rows changed in place, requests that take over a freed slot, width changes and cut rows."""
+import random
+
+import torch
+
+from deepinfer_core.kv.spec import CompressedSpec, SlidingWindowSpec
+from deepinfer_core.runner.context import SeqSlice, TableRowCache, pack_step
+
+SPECS = {
+    0: SlidingWindowSpec(block_size=4, entry_shape=(8,), dtype=torch.bfloat16, window=8),
+    1: CompressedSpec(block_size=4, entry_shape=(8,), dtype=torch.bfloat16, ratio=2),
+}
+
+
+def _slices(rng: random.Random, n: int, length: int) -> list[SeqSlice]:
+    return [SeqSlice(rng.randrange(0, 40), 1, {g: [rng.randrange(1, 500) for _ in range(length)] for g in SPECS},
+                     state_slot=i, no_write_before=rng.randrange(0, 3)) for i in range(n)]
+
+
+def _both(cache: TableRowCache, slices, widths=None, reads=None, ids=None):
+    plain = pack_step(slices, SPECS, ids, widths, reads)
+    cached = pack_step(slices, SPECS, ids, widths, reads, cache)
+    assert plain[1] == cached[1]
+    assert torch.equal(plain[0], cached[0])
+    return cached[0]
+
+
+def test_cache_matches_plain_packing_step_after_step():
+    rng = random.Random(0)
+    cache = TableRowCache()
+    slices = _slices(rng, 6, 5)
+    widths, reads = {0: 8, 1: 8}, {1: 16}
+    first = _both(cache, slices, widths, reads, ids=list(range(6)))
+    assert len(cache) == 2 * 6
+    # unchanged rows: served from the cache, same bytes
+    assert torch.equal(_both(cache, slices, widths, reads, ids=list(range(6))), first)
+    # a row changed in place (same length: a block freed behind the window becomes the null block)
+    slices[2].block_tables[0][1] = 0
+    # a row that grew (a new block), one that another request's tables replaced on the same slot
+    slices[4].block_tables[1].append(777)
+    slices[5] = SeqSlice(3, 1, {g: [rng.randrange(1, 500) for _ in range(3)] for g in SPECS}, state_slot=5)
+    after = _both(cache, slices, widths, reads, ids=list(range(6)))
+    assert not torch.equal(after, first)
+    assert len(cache) == 2 * 6  # one entry per (group, slot)
+
+
+def test_cache_follows_width_changes_and_cuts_long_rows():
+    rng = random.Random(1)
+    cache = TableRowCache()
+    slices = _slices(rng, 3, 6)
+    for widths in ({0: 8, 1: 8}, {0: 4, 1: 4}, {0: 6, 1: 10}, None, {0: 8, 1: 8}):
+        packed = _both(cache, slices, widths, {1: 8})
+        if widths == {0: 4, 1: 4}:  # rows cut to the width: only their first 4 entries travel
+            tables = packed[3 * 6:].view(2, 3, 4)
+            assert tables[0].tolist() == [s.block_tables[0][:4] for s in slices]
+
+
+def test_padding_rows_share_one_slot_and_empty_tables():
+    cache = TableRowCache()
+    real = _slices(random.Random(2), 2, 3)
+    pad = SeqSlice(0, 1, {g: [] for g in SPECS}, state_slot=99, no_write_before=1)
+    packed = _both(cache, real + [pad] * 3, {0: 4, 1: 4}, {1: 8}, ids=[1, 2, 0, 0, 0])
+    tables = packed[5 + 5 * 6:].view(2, 5, 4)
+    assert tables[:, 2:].eq(0).all()
+
+
+def test_random_steps_against_plain_packing():
+    rng = random.Random(3)
+    cache = TableRowCache()
+    slices = _slices(rng, 8, 4)
+    for _ in range(50):
+        i = rng.randrange(len(slices))
+        g = rng.choice(list(SPECS))
+        op = rng.randrange(3)
+        if op == 0:
+            slices[i].block_tables[g].append(rng.randrange(1, 500))
+        elif op == 1 and slices[i].block_tables[g]:
+            slices[i].block_tables[g][rng.randrange(len(slices[i].block_tables[g]))] = rng.randrange(0, 500)
+        else:
+            rng.shuffle(slices)  # the batch order changes: rows are keyed by slot, not by position
+        _both(cache, slices, {0: 8, 1: 8}, {1: 16}, ids=[rng.randrange(100) for _ in slices])
