@@ -36,10 +36,10 @@ from __future__ import annotations
 
 import logging
 import os
-import weakref
 
 import torch
 import triton
+from torch.multiprocessing.reductions import StorageWeakRef
 
 try:  # Gluon is experimental: absent in older Triton, so the path is optional
     from triton.experimental import gluon
@@ -342,7 +342,7 @@ if _GLUON:
                      mask=gl.expand_dims(valid, 0) & gl.expand_dims(rn < N, 1))
 
 
-_SAFE_CACHE: dict[tuple[int, int, int, int], tuple[weakref.ref, bool]] = {}
+_SAFE_CACHE: dict[tuple[int, int, int, int], tuple[StorageWeakRef, bool]] = {}
 
 
 def _version(t: torch.Tensor) -> int:
@@ -355,15 +355,17 @@ def scales_allow_fast(*scales: torch.Tensor, limit: int = 128) -> bool:
     """True when every UE8M0 byte of the given scale stacks is <= ``limit`` (128 here: then ``scale * 2^126``
     is a finite bf16 and one multiply per pair suffices; ``gluon_fp8_gemv`` asks for 134). One host read per stack, cached by storage and version; during CUDA
     graph capture an unseen stack answers False (the exact two-multiply decode) instead of synchronising. The
-    entry holds a weak reference, so a new tensor that reuses a freed stack's memory is checked again."""
+    entry holds a weak reference to the *storage* (C++ level: callers pass fresh views such as
+    ``scale.view(torch.uint8)`` on every call, whose Python objects die at once), so a new tensor that reuses
+    a freed stack's memory is checked again while the same weights keep hitting the cache."""
     ok = True
     for s in scales:
         key = (s.data_ptr(), s.numel(), _version(s), limit)
         hit = _SAFE_CACHE.get(key)
-        if hit is None or hit[0]() is not s:
+        if hit is None or hit[0].expired():
             if s.is_cuda and torch.cuda.is_current_stream_capturing():
                 return False
-            hit = _SAFE_CACHE[key] = (weakref.ref(s), bool((s.view(torch.uint8) <= limit).all()))
+            hit = _SAFE_CACHE[key] = (StorageWeakRef(s.untyped_storage()), bool((s.view(torch.uint8) <= limit).all()))
         ok = ok and hit[1]
     return ok
 

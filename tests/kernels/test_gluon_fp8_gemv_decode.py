@@ -87,3 +87,44 @@ def test_scale_check_on_inference_tensors():
         bad[2, 3] = 135
     assert gg.scales_allow_fast(ok) and not gg.scales_allow_fast(bad)
     assert gg.scales_allow_fast(ok)  # the cached answer
+
+
+def test_scale_check_caches_fresh_views_of_one_stack():
+    """``gemm.fp8_block`` hands the check a new ``scale.view(torch.uint8)`` on every call. The cache must still
+    hit (keyed to the view's base): a miss costs a host read per call in eager steps, and inside a CUDA graph
+    capture it answered False, so graphs ran the slower exact decode and compiled it mid-capture, which failed
+    the capture now and then on the H200 (thirteenth pass)."""
+    from deepinfer_nvidia.kernels import gluon_moe_swap as sw
+
+    with torch.inference_mode():
+        stack = torch.full((4, 8), 130, dtype=torch.uint8).view(torch.float8_e8m0fnu)
+    sw._SAFE_CACHE.clear()
+    assert gg.scales_allow_fast(stack.view(torch.uint8))
+    reads = []
+    real_view = torch.Tensor.view
+
+    def counting_view(self, *args):
+        if args == (torch.uint8,) and self.data_ptr() == stack.data_ptr():
+            reads.append(1)
+        return real_view(self, *args)
+
+    torch.Tensor.view = counting_view
+    try:
+        for _ in range(3):  # fresh views, the weights unchanged: answered from the cache, no host read
+            assert gg.scales_allow_fast(real_view(stack, torch.uint8))
+    finally:
+        torch.Tensor.view = real_view
+    assert reads == [] and len(sw._SAFE_CACHE) == 1
+    other = torch.full((4, 8), 200, dtype=torch.uint8)  # another stack: its own check
+    assert not gg.scales_allow_fast(other.view(torch.uint8))
+
+
+def test_scale_check_sees_a_new_stack_in_freed_memory():
+    """A stack freed and another allocated (perhaps at the same address, same size): checked anew."""
+    for _ in range(5):
+        good = torch.full((64, 64), 120, dtype=torch.uint8)
+        assert gg.scales_allow_fast(good.view(torch.uint8))
+        del good
+        bad = torch.full((64, 64), 150, dtype=torch.uint8)
+        assert not gg.scales_allow_fast(bad.view(torch.uint8))
+        del bad
