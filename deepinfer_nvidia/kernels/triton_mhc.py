@@ -115,11 +115,12 @@ TF32X3_MIN_T = 1024  # tokens from which the default launch's projection runs as
 
 
 def mix(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_eps: float,
-        hc_eps: float, sinkhorn_iters: int, batch_invariant: bool = False):
+        hc_eps: float, sinkhorn_iters: int, batch_invariant: bool = False, force_kernel: bool = False):
     """``mhc.mix``: returns fp32 ``pre [T, n]``, ``post [T, n]``, ``comb [T, n, n]`` (see the reference).
 
-    ``batch_invariant``: tiles and split from (n, D) only (``mix_bi``)."""
-    if not supports(residual, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters):
+    ``batch_invariant``: tiles and split from (n, D) only (``mix_bi``). ``force_kernel`` runs on CPU tensors
+    (Triton's interpreter, tests only)."""
+    if not (supports(residual, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters) or force_kernel):
         return hand_off("mhc.mix", f"operands residual {residual.dtype} {tuple(residual.shape)} on "
                         f"{residual.device} not covered", mhc_mix, residual, fn, base, scale, norm_eps, hc_eps,
                         sinkhorn_iters)
@@ -152,8 +153,10 @@ def mix(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: tor
             splits *= 2
     else:
         # decode: the 24 x n*D fp32 matrix (2 MB at V4.1 widths) is the whole cost, so spread it over ~2 waves
-        # of programs with 1-3 K tiles each (the H200 B=1 profile had 32 splits of 5 tiles at 25 us per call)
-        while tiles_for_split * splits < 264 and kdim // (splits * 2) >= 2 * bk and splits < 128:
+        # of programs, down to one K tile each (H200, B=1: 32 splits of 5 tiles took 25 us per call, 64 of 3
+        # took 16 us; the thirteenth pass goes to 256 splits, 160 of them with one tile at V4.1 widths)
+        k_tiles = triton.cdiv(kdim, bk)
+        while tiles_for_split * splits < 264 and splits < min(256, next_pow2(k_tiles)):
             splits *= 2
     k_per = triton.cdiv(triton.cdiv(kdim, splits), bk) * bk
     part = torch.empty(splits, t, nr, dtype=torch.float32, device=dev)
