@@ -18,7 +18,7 @@ timeout "${PROBE_S:-90}" python3 -m deepinfer_nvidia.tests.capture_probe --round
 echo "[$(( $(date +%s) - t0 )) s] v41 sweep"
 timeout "${V41_S:-240}" python3 benchmarks/sweep.py --arch v41 --out "$OUT/v41" --providers triton \
   --decode 1,8,64,256 --prefill 1024,8192 --hf-batch 32 --skip-hf --graphs --reps 9 --budget-s "${V41_BUDGET:-200}" \
-  --profile-decode 1,64 2>  --profile-decode 64 2>&11 | tee "$OUT/sweep_v41.txt" | grep -vE "Warning|warn" | tail -14
+  --profile-decode 1,64 2>&1 | tee "$OUT/sweep_v41.txt" | grep -vE "Warning|warn" | tail -14
 echo "[$(( $(date +%s) - t0 )) s] v4 sweep"
 OUT=$OUT V4_S=${V4_S:-200} bash deepinfer_nvidia/tests/kernels_pass9.sh v4 | tail -14
 echo "[$(( $(date +%s) - t0 )) s] done"
