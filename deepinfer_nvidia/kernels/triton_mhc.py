@@ -153,11 +153,16 @@ def mix(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: tor
             splits *= 2
     else:
         # decode: the 24 x n*D fp32 matrix (2 MB at V4.1 widths) is the whole cost, so spread it over ~2 waves
-        # of programs, down to one K tile each (H200, B=1: 32 splits of 5 tiles took 25 us per call, 64 of 3
-        # took 16 us; the thirteenth pass goes to 256 splits, 160 of them with one tile at V4.1 widths)
-        k_tiles = triton.cdiv(kdim, bk)
-        while tiles_for_split * splits < 264 and splits < min(256, next_pow2(k_tiles)):
-            splits *= 2
+        # of programs. One token tile (T <= 16) goes down to one K tile per program (H200, T=1: 32 splits of 5
+        # tiles took 25 us per call, 64 of 3 16 us, 256 splits 11.4 us, the gate's sum of 256 partials +2 us:
+        # thirteenth pass); more token tiles keep >= 2 K tiles per program (at T=64, 256 splits lost ~30 us
+        # per step in the gate kernel against 64)
+        if tiles_for_split == 1:
+            while splits < min(256, next_pow2(triton.cdiv(kdim, bk))):
+                splits *= 2
+        else:
+            while tiles_for_split * splits < 264 and kdim // (splits * 2) >= 2 * bk and splits < 128:
+                splits *= 2
     k_per = triton.cdiv(triton.cdiv(kdim, splits), bk) * bk
     part = torch.empty(splits, t, nr, dtype=torch.float32, device=dev)
     ss = torch.empty(splits, t, dtype=torch.float32, device=dev)
