@@ -80,3 +80,19 @@ def test_random_steps_against_plain_packing():
         else:
             rng.shuffle(slices)  # the batch order changes: rows are keyed by slot, not by position
         _both(cache, slices, {0: 8, 1: 8}, {1: 16}, ids=[rng.randrange(100) for _ in slices])
+
+
+def test_group_bytes_reused_only_while_every_row_and_slot_matches():
+    """The group-level shortcut: the last step's joined bytes come back only for the same slots and rows."""
+    rng = random.Random(4)
+    cache = TableRowCache()
+    slices = _slices(rng, 5, 4)
+    rows = [s.block_tables[0] for s in slices]
+    slots = [s.state_slot for s in slices]
+    first = cache.group_bytes(0, slots, rows, 6)
+    assert cache.group_bytes(0, slots, rows, 6) is first  # unchanged: the very same bytes object
+    rows[3][0] = 999  # in place: the stored copies differ now
+    changed = cache.group_bytes(0, slots, rows, 6)
+    assert changed != first and changed == pack_step(slices, {0: SPECS[0]}, None, {0: 6})[0][5 * 6:].numpy().tobytes()
+    assert cache.group_bytes(0, slots[::-1], rows[::-1], 6) != changed  # another order
+    assert cache.group_bytes(0, slots, rows, 8) != changed  # another width
