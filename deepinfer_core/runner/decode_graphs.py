@@ -130,7 +130,8 @@ class DecodeGraphs:
             # writes already; they are the same values the eager step writes again.
             self.disabled_reason = f"{type(exc).__name__}: {exc}"
             logger.warning("decode graphs disabled, running eager steps: capture of batch %d x %d tokens / "
-                           "context %d failed (%s)", b_pad, slices[0].num_tokens, ctx_len, self.disabled_reason.splitlines()[0][:300])
+                           "context %d failed (%s)", b_pad, slices[0].num_tokens, ctx_len,
+                           self.disabled_reason.splitlines()[0][:300])
             return None
 
     def pack(self, slices: list[SeqSlice], ids: list[int], b_pad: int, ctx_len: int) -> tuple[torch.Tensor, StepLayout]:

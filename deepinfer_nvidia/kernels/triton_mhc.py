@@ -153,7 +153,7 @@ def mix(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: tor
             splits *= 2
     else:
         # decode: the 24 x n*D fp32 matrix (2 MB at V4.1 widths) is the whole cost, so spread it over ~2 waves
-        # of programs. One token tile (T <= 16) goes down to one K tile per program (H200, T=1: 32 splits of 5
+        # of programs. One token tile (T <= 32) goes down to one K tile per program (H200, T=1: 32 splits of 5
         # tiles took 25 us per call, 64 of 3 16 us, 256 splits 11.4 us, the gate's sum of 256 partials +2 us:
         # thirteenth pass); more token tiles keep >= 2 K tiles per program (at T=64, 256 splits lost ~30 us
         # per step in the gate kernel against 64)
