@@ -83,6 +83,10 @@ def main() -> None:
     for (name, frames), (n, dev_us, cpu_us) in sorted(groups.items(), key=lambda kv: -(kv[1][1] or kv[1][2])):
         lines.append(f"{name:14s} calls {n:4d}  device {dev_us / 1e3:8.3f} ms  cpu {cpu_us / 1e3:8.3f} ms")
         lines += [f"    {f}" for f in frames] or ["    (no frame in this repository)"]
+    # The whole step's ops by device time, for the groups above to be read against.
+    table = prof.key_averages().table(sort_by="device_time_total" if args.device == "cuda" else "cpu_time_total",
+                                      row_limit=40, max_name_column_width=70)
+    lines += ["", "all ops of the step by device time:", table]
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "prefill_stacks.txt").write_text("\n".join(lines) + "\n")
     print("\n".join(lines[:60]), flush=True)
