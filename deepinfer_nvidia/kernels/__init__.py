@@ -42,6 +42,9 @@ IMPLS: tuple[tuple, ...] = (
     ("mhc.collapse", "triton", f"{_K}.triton_mhc:collapse", f"{_K}.triton_mhc:supports_collapse", True),
     ("mhc.expand", "triton", f"{_K}.triton_mhc:expand", f"{_K}.triton_mhc:supports_expand", True),
     ("mhc.head_pre", "triton", f"{_K}.triton_mhc:head_pre", f"{_K}.triton_mhc:supports_head", True),
+    # Engram: one program per table row (gather) or per token (gate, fixed reduction order)
+    ("engram.gather", "triton", f"{_K}.triton_engram:gather", f"{_K}.triton_engram:supports_gather", True),
+    ("engram.gate", "triton", f"{_K}.triton_engram:gate", f"{_K}.triton_engram:supports_gate", True),
     # a masked row copy (every KV / state cache write): no reduction, each element stored on its own
     ("cache.write_rows", "triton", f"{_K}.triton_cache:write_rows", f"{_K}.triton_cache:supports", True),
     # exact integer index math, but not flagged (no row test): batch-invariant mode runs the references

@@ -61,6 +61,47 @@ def _align_kernel(ids_ptr, scratch_ptr, pair_ptr, bexp_ptr, P, E, NROWS, NB, BLO
     tl.store(bexp_ptr + dest // BLOCK_M, e, mask=m)
 
 
+@triton.jit
+def _align_sort_kernel(ids_ptr, scratch_ptr, pair_ptr, bexp_ptr, P, E, NROWS, NB, BLOCK_M: tl.constexpr,
+                       PB: tl.constexpr, EB: tl.constexpr):
+    """The same layout from one sort: keys ``e * PB + i`` sorted put the pairs in (expert, routing order),
+    so the k-th sorted pair's row is its expert's padded start + (k - its expert's unpadded start)."""
+    i = tl.arange(0, PB)
+    m = i < P
+    e = tl.load(ids_ptr + i, mask=m, other=E).to(tl.int32)  # padding keys sort after every real pair
+    srt = tl.sort(e * PB + i)
+    es = srt // PB
+    src = srt % PB
+    counts = tl.histogram(e, EB, mask=m)
+    padded = (counts + (BLOCK_M - 1)) // BLOCK_M * BLOCK_M
+    tl.store(scratch_ptr + tl.arange(0, EB), tl.cumsum(padded, 0) - padded)  # padded start of each expert
+    tl.store(scratch_ptr + EB + tl.arange(0, EB), tl.cumsum(counts, 0) - counts)  # unpadded start
+    for r in range(0, NROWS, PB):  # sentinel rows and unused blocks
+        tl.store(pair_ptr + r + i, P, mask=r + i < NROWS)
+    for b in range(0, NB, PB):
+        tl.store(bexp_ptr + b + i, E, mask=b + i < NB)
+    tl.debug_barrier()
+    ok = es < E
+    dest = tl.load(scratch_ptr + es, mask=ok, other=0) + i - tl.load(scratch_ptr + EB + es, mask=ok, other=0)
+    tl.store(pair_ptr + dest, src, mask=ok)
+    tl.store(bexp_ptr + dest // BLOCK_M, es, mask=ok)
+
+
+def align_sorted(ids: torch.Tensor, experts: int, block_m: int, nb: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``align_small`` by one in-register sort (``_align_sort_kernel``) instead of O(P^2) comparisons."""
+    flat = ids.reshape(-1)
+    flat = flat if flat.is_contiguous() else flat.contiguous()
+    p = flat.numel()
+    pair = torch.empty(nb * block_m, dtype=torch.int32, device=flat.device)
+    bexp = torch.empty(nb, dtype=torch.int32, device=flat.device)
+    pb = max(16, triton.next_power_of_2(max(p, 1)))
+    eb = max(16, triton.next_power_of_2(experts))
+    scratch = torch.empty(2 * eb, dtype=torch.int32, device=flat.device)
+    _align_sort_kernel[(1,)](flat, scratch, pair, bexp, p, experts, nb * block_m, nb, BLOCK_M=block_m, PB=pb, EB=eb,
+                             num_warps=8 if pb >= 512 else 4)
+    return pair, bexp
+
+
 def align_small(ids: torch.Tensor, experts: int, block_m: int, nb: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``triton_moe.align`` for ``ids.numel() <= ALIGN_MAX_PAIRS`` in one launch; ``nb`` = its block bound."""
     flat = ids.reshape(-1)

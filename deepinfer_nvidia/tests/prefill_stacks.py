@@ -25,15 +25,30 @@ sys.path.insert(0, str(ROOT))
 OWN = ("deepinfer_core/", "deepinfer_models/", "deepinfer_nvidia/", "benchmarks/")
 
 
+def own_name(frame: str) -> str | None:
+    """``.../deepinfer_models/x.py(12): f`` -> ``deepinfer_models/x.py(12): f``; None for frames elsewhere.
+    Matched by folder name, not by this file's resolved root: the device's checkout may sit behind a link."""
+    if ".py(" not in frame or "prefill_stacks.py" in frame:
+        return None
+    cut = min((i for i in (frame.find(o) for o in OWN) if i >= 0), default=-1)
+    return frame[cut:] if cut >= 0 else None
+
+
 def own_frames(event, depth: int) -> tuple[str, ...]:
     """The innermost ``depth`` Python frames of this repository above a profiler op event. With ``with_stack``
     the profiler records Python calls as events of their own (``path.py(line): function``), parents of the
     ops they launch; torch's frames and this script's are skipped."""
     mine = []
+    for frame in getattr(event, "stack", None) or ():  # torch builds that record stacks on the op itself
+        name = own_name(frame)
+        if name and len(mine) < depth:
+            mine.append(name)
+    if mine:
+        return tuple(mine)
     parent = event.cpu_parent
     while parent is not None and len(mine) < depth:
-        name = parent.name.replace(str(ROOT) + "/", "")
-        if name.startswith(OWN) and ".py(" in name and "prefill_stacks.py" not in name:
+        name = own_name(parent.name)
+        if name:
             mine.append(name)
         parent = parent.cpu_parent
     return tuple(mine)
@@ -69,6 +84,14 @@ def main() -> None:
     with profile(activities=acts, with_stack=True, record_shapes=True) as prof:
         step()
     wanted = set(args.ops.split(","))
+    chain = []  # the parent chain of the first wanted op, to show what the profiler recorded above it
+    for ev in prof.events():
+        if ev.name in wanted:
+            parent, chain = ev.cpu_parent, [f"first {ev.name}: stack {list(getattr(ev, 'stack', None) or [])[:6]}"]
+            while parent is not None and len(chain) < 14:
+                chain.append(f"  parent {parent.name[:160]}")
+                parent = parent.cpu_parent
+            break
     groups: dict[tuple[str, tuple[str, ...]], list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
     for ev in prof.events():
         if ev.name not in wanted:
@@ -86,7 +109,7 @@ def main() -> None:
     # The whole step's ops by device time, for the groups above to be read against.
     table = prof.key_averages().table(sort_by="device_time_total" if args.device == "cuda" else "cpu_time_total",
                                       row_limit=40, max_name_column_width=70)
-    lines += ["", "all ops of the step by device time:", table]
+    lines += ["", *chain, "", "all ops of the step by device time:", table]
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "prefill_stacks.txt").write_text("\n".join(lines) + "\n")
     print("\n".join(lines[:60]), flush=True)

@@ -558,11 +558,12 @@ def test_contract_violations_raise(reg):
                                                     torch.zeros(5, device="cuda"), 0.1)
 
 
-@pytest.mark.parametrize("t,k,e", [(1, 6, 384), (8, 6, 384), (64, 6, 384), (170, 6, 256), (40, 3, 3)])
+@pytest.mark.parametrize("t,k,e", [(1, 6, 384), (8, 6, 384), (64, 6, 384), (170, 6, 256), (40, 3, 3), (256, 6, 384)])
 @pytest.mark.parametrize("bm", [16, 64])
 def test_moe_align_one_launch(t, k, e, bm):
     """``align`` on the GPU (one launch up to ``ALIGN_MAX_PAIRS``) equals its torch form (run on the CPU), also
     when every pair sits on one expert; captured in a CUDA graph and replayed on new routing."""
+    from deepinfer_nvidia.kernels import triton_align as ta
     from deepinfer_nvidia.kernels import triton_moe as tm
 
     g = _gen(1500 + t + k + e + bm)
@@ -572,6 +573,8 @@ def test_moe_align_one_launch(t, k, e, bm):
         ref = tm.align(ids, e, bm)
         out = tm.align(ids.cuda(), e, bm)
         assert torch.equal(out[0].cpu(), ref[0]) and torch.equal(out[1].cpu(), ref[1])
+        srt = ta.align_sorted(ids.cuda(), e, bm, tm.num_blocks(t * k, e, bm))
+        assert torch.equal(srt[0].cpu(), ref[0]) and torch.equal(srt[1].cpu(), ref[1])
     ids = torch.rand(t, e, generator=g).topk(k, dim=1).indices.cuda()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
