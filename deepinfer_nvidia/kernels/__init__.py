@@ -26,14 +26,12 @@ from typing import Any
 # order of NvidiaPlatform.default_providers.
 _K = "deepinfer_nvidia.kernels"
 IMPLS: tuple[tuple, ...] = (
-    # batch-invariant as launched: one program per row (norm), per element (rope), per token and a
-    # fixed candidate lane (index.scores: BLOCK_N from (Hi, Di); CHUNKS only regroups whole chunks),
-    # per token and D tile (mhc.collapse / mhc.expand)
+    # batch-invariant as launched: one program per row (norm), per element (rope), per token and
+    # D tile (mhc.collapse / mhc.expand)
     ("norm.rms", "triton", f"{_K}.triton_norm:rms", f"{_K}.triton_norm:supports_rms", True),
     ("norm.rms_unweighted", "triton", f"{_K}.triton_norm:rms_unweighted", f"{_K}.triton_norm:supports_rms_unweighted",
      True),
     ("rope.interleaved", "triton", f"{_K}.triton_rope:rope", f"{_K}.triton_rope:supports", True),
-    ("index.scores", "triton", f"{_K}.triton_indexer:scores", f"{_K}.triton_indexer:supports", True),
     ("index.topk", "triton", f"{_K}.triton_topk:topk_positions_triton", f"{_K}.triton_topk:supports", True),
     ("moe.route_topk", "triton", f"{_K}.triton_route:route_topk", f"{_K}.triton_route:supports_route", True),
     ("moe.route_hash", "triton", f"{_K}.triton_route:route_hash", f"{_K}.triton_route:supports_hash", True),
@@ -56,6 +54,7 @@ IMPLS: tuple[tuple, ...] = (
     ("sample.topk_topp_minp", "triton", f"{_K}.triton_sampling:topk_topp_minp",
      f"{_K}.triton_sampling:supports_filters"),
     ("attention.sparse_sink", "triton", f"{_K}.triton_attention:sparse_sink", f"{_K}.triton_attention:supports"),
+    ("index.scores", "triton", f"{_K}.triton_indexer:scores", f"{_K}.triton_indexer:supports"),
     ("mhc.mix", "triton", f"{_K}.triton_mhc:mix", f"{_K}.triton_mhc:supports"),
     ("gemm.fp8_block", "triton", f"{_K}.triton_gemm:gemm_fp8_block", f"{_K}.triton_gemm:supports_fp8"),
     ("gemm.fp8_block_grouped", "triton", f"{_K}.triton_gemm:gemm_fp8_block_grouped",
@@ -70,6 +69,8 @@ IMPLS: tuple[tuple, ...] = (
     # their batch-invariant launches: fixed tiles, splits from the weight shape (docstrings of each module)
     ("attention.sparse_sink", "triton_bi", f"{_K}.triton_attention:sparse_sink_bi", f"{_K}.triton_attention:supports",
      True),
+    # index.scores: one program per token and a fixed candidate lane (BLOCK_N from (Hi, Di))
+    ("index.scores", "triton_bi", f"{_K}.triton_indexer:scores_per_token", f"{_K}.triton_indexer:supports", True),
     ("mhc.mix", "triton_bi", f"{_K}.triton_mhc:mix_bi", f"{_K}.triton_mhc:supports", True),
     ("gemm.fp8_block", "triton_bi", f"{_K}.triton_gemm:gemm_fp8_block_bi", f"{_K}.triton_gemm:supports_fp8", True),
     ("gemm.fp8_block_grouped", "triton_bi", f"{_K}.triton_gemm:gemm_fp8_block_grouped_bi",

@@ -6,6 +6,9 @@ gathered by index (``-1`` candidates are masked, never loaded), ``Q K^T`` runs o
 the tensor cores with fp32 accumulation, then ``relu``, the per-head weights and
 the head sum are applied in registers and one fp32 score per candidate is
 written (``-inf`` where the candidate is ``-1``).
+
+From ``TILED_MIN_T`` query tokens (prefill) ``scores`` runs ``triton_indexer_tiled`` instead, where tokens of
+one sequence share each gathered key tile. ``scores_bi`` (batch-invariant mode) always runs the per-token kernel.
 """
 from __future__ import annotations
 
@@ -14,7 +17,11 @@ import triton
 import triton.language as tl
 
 from deepinfer_core.kernels.ops.indexer import indexer_scores
+from deepinfer_nvidia.kernels import triton_indexer_tiled as _tiled
 from deepinfer_nvidia.kernels._common import FLOATS, dot_precision, hand_off, next_pow2, on_cuda
+
+# Query tokens from which the token-tiled kernel runs (a decode batch's tokens see different sequences).
+TILED_MIN_T = 256
 
 
 @triton.jit
@@ -49,9 +56,7 @@ def supports(q, weights, keys, cand, score_scale) -> bool:
             and cand.dim() == 2 and weights.dim() == 2)
 
 
-def scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, cand: torch.Tensor,
-           score_scale: float) -> torch.Tensor:
-    """``index.scores``: fp32 [T, N] = sum_h w[t,h] relu(q[t,h] . keys[cand[t,n]]) * scale, -inf at cand < 0."""
+def _checked(q, weights, keys, cand, score_scale, tiled: bool) -> torch.Tensor:
     if not supports(q, weights, keys, cand, score_scale):
         return hand_off("index.scores", f"operands q {q.dtype} {tuple(q.shape)} on {q.device} not covered",
                         indexer_scores, q, weights, keys, cand, score_scale)
@@ -63,12 +68,29 @@ def scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, cand: tor
     out = torch.empty(t, n, dtype=torch.float32, device=q.device)
     if t == 0 or n == 0:
         return out
+    q, w, keys, cand = q.contiguous(), weights.float().contiguous(), keys.contiguous(), cand.contiguous()
+    if tiled and t >= TILED_MIN_T:
+        _tiled.launch(q, w, keys, cand, out, score_scale, dot_precision(q.dtype))
+        return out
     bh = max(16, next_pow2(h))
     bd = max(16, next_pow2(d))
     bn = 64 if bh * bd <= 64 * 128 else 32
     chunks = 4 if n >= 4 * bn else 1
     grid = (t, triton.cdiv(n, bn * chunks))
-    _scores_kernel[grid](q.contiguous(), weights.float().contiguous(), keys.contiguous(), cand.contiguous(), out,
-                         h, d, n, float(score_scale), CHUNKS=chunks, BLOCK_H=bh, BLOCK_N=bn, BLOCK_D=bd,
-                         PREC=dot_precision(q.dtype), num_warps=4)
+    _scores_kernel[grid](q, w, keys, cand, out, h, d, n, float(score_scale), CHUNKS=chunks, BLOCK_H=bh, BLOCK_N=bn,
+                         BLOCK_D=bd, PREC=dot_precision(q.dtype), num_warps=4)
     return out
+
+
+def scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, cand: torch.Tensor,
+           score_scale: float) -> torch.Tensor:
+    """``index.scores``: fp32 [T, N] = sum_h w[t,h] relu(q[t,h] . keys[cand[t,n]]) * scale, -inf at cand < 0.
+    Token-tiled from ``TILED_MIN_T`` tokens."""
+    return _checked(q, weights, keys, cand, score_scale, tiled=True)
+
+
+def scores_per_token(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, cand: torch.Tensor,
+                     score_scale: float) -> torch.Tensor:
+    """``index.scores`` with one program per query token at any size: a token's bits do not depend on the
+    batch (registered as ``triton_bi``)."""
+    return _checked(q, weights, keys, cand, score_scale, tiled=False)

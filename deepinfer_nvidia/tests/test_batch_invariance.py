@@ -167,7 +167,7 @@ def test_attention_rows(reg, dtype):
 def test_index_scores_rows(reg, dtype):
     h, d, s = 64, 128, 4096
     keys = torch.randn(s, d, generator=torch.Generator().manual_seed(5)).to(dtype).cuda()
-    fn = reg.impl("index.scores", "triton")
+    fn = reg.impl("index.scores", "triton_bi")
 
     def make_row(g):
         return (torch.randn(h, d, generator=g), torch.randn(h, generator=g),
@@ -295,7 +295,7 @@ def test_moe_fp8_and_dense_rows(reg, dtype):
 def test_every_invariant_entry_has_a_row_test():
     """A new ``batch_invariant=True`` registration must come with a row check in this file."""
     covered = {("gemm.fp8_block", "triton_bi"), ("gemm.fp8_block_grouped", "triton_bi"), ("gemm.mxfp4", "triton_bi"), ("gemm.dense", "triton_bi"),
-               ("attention.sparse_sink", "triton_bi"), ("index.scores", "triton"), ("mhc.mix", "triton_bi"),
+               ("attention.sparse_sink", "triton_bi"), ("index.scores", "triton_bi"), ("mhc.mix", "triton_bi"),
                ("mhc.collapse", "triton"), ("mhc.expand", "triton"), ("norm.rms", "triton"),
                ("norm.rms_unweighted", "triton"), ("rope.interleaved", "triton"),
                ("moe.experts_mxfp4", "triton_bi"), ("moe.experts_fp8", "triton_bi"), ("moe.experts", "triton_bi"),

@@ -247,8 +247,10 @@ def test_mhc_collapse_expand_model_width(reg, t, dtype):
           mhc_expand(r, y, post, comb), tol, tol)
 
 
-@pytest.mark.parametrize("t,n", [(1, 2048), (64, 1024), (300, 96)])
-def test_index_scores_model_width(reg, t, n):
+@pytest.mark.parametrize("t,n,prefill", [(1, 2048, False), (64, 1024, False), (300, 96, False), (1030, 300, True)])
+def test_index_scores_model_width(reg, t, n, prefill):
+    """Random candidates (from 256 tokens: the tiled kernel's token-by-token chunks) and a prefill's (two
+    sequences, each token a prefix of its sequence's slot list: shared key tiles, skipped chunks)."""
     from deepinfer_core.kernels.ops.indexer import indexer_scores
 
     fn = reg.impl("index.scores", "triton")
@@ -258,6 +260,10 @@ def test_index_scores_model_width(reg, t, n):
     w = torch.randn(t, h, generator=g)
     keys = torch.randn(s, d, generator=g).bfloat16()
     cand = torch.randint(-1, s, (t, n), generator=g)
+    if prefill:
+        from deepinfer_nvidia.tests.bench_indexer import causal_cand
+
+        cand = causal_cand([t // 2 + 3, t - t // 2 - 3], 2, s, g)[:, :n]
     ref = indexer_scores(q, w, keys, cand, d ** -0.5)
     poison()
     out = fn(q.cuda(), w.cuda(), keys.cuda(), cand.cuda(), d ** -0.5)
