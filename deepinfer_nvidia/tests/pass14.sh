@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fourteenth pass, first call: OUT=dir bash deepinfer_nvidia/tests/pass14.sh
-#   conformance of the Engram kernels and both align forms; align timings; the 8k prefill's ops by
+#   conformance of the Engram kernels, both align forms and the tiled indexer; align and indexer timings; the 8k prefill's ops by
 #   the repository lines that launch them (with the Engram kernels in).
 set -u
 OUT=${OUT:-.}
@@ -9,8 +9,11 @@ t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 mkdir -p "$OUT"
 stamp conformance
-timeout 240 python3 -m pytest -q -x deepinfer_nvidia/tests/test_conformance.py -k "engram or align" \
-  deepinfer_nvidia/tests/test_conformance_engram.py 2>&1 | tail -4 | tee "$OUT/conformance.txt"
+timeout 240 python3 -m pytest -q deepinfer_nvidia/tests/test_conformance.py -k "engram or align or index" \
+  deepinfer_nvidia/tests/test_conformance_engram.py deepinfer_nvidia/tests/test_batch_invariance.py -k \
+  "engram or align or index or every_invariant" 2>&1 | tail -6 | tee "$OUT/conformance.txt"
+stamp indexer
+timeout 150 python3 -m deepinfer_nvidia.tests.bench_indexer --out "$OUT" 2>&1 | grep -vE "Warning|warn" | tail -4
 stamp align
 timeout 120 python3 -m deepinfer_nvidia.tests.bench_align --out "$OUT" 2>&1 | grep -vE "Warning|warn" | tail -6
 stamp stacks
