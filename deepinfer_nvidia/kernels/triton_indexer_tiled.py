@@ -70,14 +70,77 @@ def _scores_tiled_kernel(q_ptr, w_ptr, k_ptr, cand_ptr, out_ptr, T, H, D, N, sco
         tl.store(out_ptr + tt.to(tl.int64)[:, None] * N + n[None, :], score, mask=m2)
 
 
+@triton.jit
+def _scores_tiled2_kernel(q_ptr, w_ptr, k_ptr, cand_ptr, out_ptr, T, H, D, N, score_scale,
+                          BT: tl.constexpr, CHUNKS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_D: tl.constexpr, PREC: tl.constexpr):
+    """The same scores with the checks hoisted: a first pass over the program's slot ids finds whether all of
+    its chunks agree and the last chunk any token sees, so the main loop has no branch (pipelined loads)."""
+    t0 = tl.program_id(0) * BT
+    tt = t0 + tl.arange(0, BT)
+    tmask = tt < T
+    c0 = tl.program_id(1) * CHUNKS
+    agree = 1
+    last = c0 - 1
+    for c in range(c0, c0 + CHUNKS):
+        n = c * BLOCK_N + tl.arange(0, BLOCK_N)
+        idx = tl.load(cand_ptr + tt.to(tl.int64)[:, None] * N + n[None, :], mask=tmask[:, None] & (n < N)[None, :],
+                      other=-1)
+        common = tl.max(idx, axis=0)
+        agree = tl.minimum(agree, tl.min(tl.where((idx == common[None, :]) | (idx < 0), 1, 0)))
+        last = tl.where(tl.max(common) >= 0, c, last)
+    rows = tl.arange(0, BT * BLOCK_H)
+    rt = t0 + rows // BLOCK_H
+    rh = rows % BLOCK_H
+    rmask = (rt < T) & (rh < H)
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < D
+    q = tl.load(q_ptr + (rt.to(tl.int64) * H + rh)[:, None] * D + d[None, :], mask=rmask[:, None] & dmask[None, :],
+                other=0.0)
+    w = tl.load(w_ptr + rt.to(tl.int64) * H + rh, mask=rmask, other=0.0)
+    if agree == 1:
+        for c in range(c0, last + 1):
+            n = c * BLOCK_N + tl.arange(0, BLOCK_N)
+            m2 = tmask[:, None] & (n < N)[None, :]
+            idx = tl.load(cand_ptr + tt.to(tl.int64)[:, None] * N + n[None, :], mask=m2, other=-1)
+            common = tl.max(idx, axis=0)
+            k = tl.load(k_ptr + common[:, None] * D + d[None, :], mask=(common >= 0)[:, None] & dmask[None, :],
+                        other=0.0)
+            score = _head_sum(q, w, k, score_scale, BT, BLOCK_H, BLOCK_N, PREC)
+            tl.store(out_ptr + tt.to(tl.int64)[:, None] * N + n[None, :], tl.where(idx >= 0, score, float("-inf")),
+                     mask=m2)
+        for c in range(last + 1, c0 + CHUNKS):  # chunks no token of the tile sees
+            n = c * BLOCK_N + tl.arange(0, BLOCK_N)
+            tl.store(out_ptr + tt.to(tl.int64)[:, None] * N + n[None, :],
+                     tl.full([BT, BLOCK_N], float("-inf"), tl.float32), mask=tmask[:, None] & (n < N)[None, :])
+    else:  # tokens of different sequences: one gather per token and chunk, keep that token's row
+        for c in range(c0, c0 + CHUNKS):
+            n = c * BLOCK_N + tl.arange(0, BLOCK_N)
+            nmask = n < N
+            m2 = tmask[:, None] & nmask[None, :]
+            idx = tl.load(cand_ptr + tt.to(tl.int64)[:, None] * N + n[None, :], mask=m2, other=-1)
+            score = tl.full([BT, BLOCK_N], float("-inf"), tl.float32)
+            for j in tl.static_range(BT):
+                tj = tl.full([BLOCK_N], 0, tl.int32) + t0 + j
+                ij = tl.load(cand_ptr + tj.to(tl.int64) * N + n, mask=nmask & (tj < T), other=-1)
+                k = tl.load(k_ptr + ij[:, None] * D + d[None, :], mask=(ij >= 0)[:, None] & dmask[None, :],
+                            other=0.0)
+                sj = _head_sum(q, w, k, score_scale, BT, BLOCK_H, BLOCK_N, PREC)
+                score = tl.where(tl.arange(0, BT)[:, None] == j, sj, score)
+            tl.store(out_ptr + tt.to(tl.int64)[:, None] * N + n[None, :], tl.where(idx >= 0, score, float("-inf")),
+                     mask=m2)
+
+
 def launch(q, w, keys, cand, out, score_scale: float, prec: str, bt: int = 2, block_n: int = 64,
-           chunks: int = 4, warps: int = 4) -> None:
+           chunks: int = 4, warps: int = 4, hoisted: bool = False, stages: int | None = None) -> None:
     """q [T, H, D] contiguous, w [T, H] fp32, keys [S, D], cand [T, N] int64, out [T, N] fp32 (written)."""
     t, h, d = q.shape
     n = cand.shape[1]
     bh = max(16, 1 << (h - 1).bit_length())
     bd = max(16, 1 << (d - 1).bit_length())
-    chunks = chunks if n >= chunks * block_n else 1
+    chunks = max(1, min(chunks, triton.cdiv(n, block_n)))
     grid = (triton.cdiv(t, bt), triton.cdiv(n, block_n * chunks))
-    _scores_tiled_kernel[grid](q, w, keys, cand, out, t, h, d, n, float(score_scale), BT=bt, CHUNKS=chunks,
-                               BLOCK_H=bh, BLOCK_N=block_n, BLOCK_D=bd, PREC=prec, num_warps=warps)
+    kernel = _scores_tiled2_kernel if hoisted else _scores_tiled_kernel
+    extra = {} if stages is None else {"num_stages": stages}
+    kernel[grid](q, w, keys, cand, out, t, h, d, n, float(score_scale), BT=bt, CHUNKS=chunks, BLOCK_H=bh,
+                 BLOCK_N=block_n, BLOCK_D=bd, PREC=prec, num_warps=warps, **extra)

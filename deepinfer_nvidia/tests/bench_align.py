@@ -2,10 +2,10 @@
 
     python3 -m deepinfer_nvidia.tests.bench_align [--out DIR]
 
-For 1, 8, 64, 170 and 256 tokens x 6 slots over 384 experts (block 16): the O(P^2) comparison kernel
-(``align_small``, up to 1024 pairs), the sort kernel (``align_sorted``) and the torch form, each checked equal
-to the torch form on the CPU, then timed as 20 calls captured in one CUDA graph (launch overhead excluded):
-microseconds per call, median of ``do_bench``. Writes ``align.json``.
+For 1, 8, 64, 170 and 256 tokens x 6 slots over 384 experts (block 16): the one-launch sort kernel
+(``align_small``) and the torch form, each checked equal to the torch form on the CPU, then timed as 20 calls captured in one CUDA graph (launch overhead excluded):
+microseconds per call, median of ``do_bench``. Writes ``align.json``. (``docs/perf/pass14b/align.json`` also
+has the O(P^2) comparison kernel this replaced, timed the same way.)
 """
 from __future__ import annotations
 
@@ -33,10 +33,7 @@ def main() -> None:
         ids = ids_cpu.cuda()
         p, nb = t * k, tm.num_blocks(t * k, e, bm)
         ref = tm.align(ids_cpu, e, bm)
-        forms = {"sort": lambda: ta.align_sorted(ids, e, bm, nb),
-                 "torch": lambda: _torch_form(tm, ids, e, bm)}
-        if p <= ta.ALIGN_MAX_PAIRS:
-            forms["compare"] = lambda: ta.align_small(ids, e, bm, nb)
+        forms = {"sort": lambda: ta.align_small(ids, e, bm, nb), "torch": lambda: _torch_form(tm, ids, e, bm)}
         row = {"tokens": t, "pairs": p}
         for name, fn in forms.items():
             out = fn()

@@ -5,7 +5,8 @@ pytest file).
 
 V4.1 widths (64 heads of 128, bf16 keys in paged slots): one sequence of 8192 tokens and two of 4096 in one
 call (compression ratio 4: token i sees its sequence's first (i+1)//4 slots, N = the longest list). Each
-tiled variant (tokens per program, candidates per chunk, warps) is checked against the per-token kernel on
+tiled variant (first form, or the hoisted one: tokens per program, candidates per chunk, chunks per program,
+pipeline stages) is checked against the per-token kernel on
 every score and against the fp64 reference on 64 rows, then timed with ``do_bench`` (median, ms). Writes
 ``indexer.json``.
 """
@@ -56,17 +57,21 @@ def main() -> None:
         torch.testing.assert_close(base[pick], ref, atol=2e-2, rtol=2e-2)
         row = {"lengths": lengths, "N": n, "per_token_ms": do_bench(lambda: ti.scores_per_token(q, w, keys, cand, 1.0),
                                                                      warmup=5, rep=50, return_mode="median")}
-        for bt, bn, warps in ((2, 64, 4), (2, 64, 8), (4, 64, 8), (4, 32, 4), (4, 32, 8), (2, 128, 8), (8, 32, 8)):
+        variants = {"v1_bt2_bn64_w4_c4": dict(bt=2, block_n=64, warps=4, chunks=4)}
+        for bt, bn, chunks, stages in ((2, 64, 4, None), (2, 64, 8, None), (2, 64, 16, None), (2, 64, 8, 2),
+                                       (2, 64, 8, 4), (2, 32, 16, None), (4, 32, 8, None), (2, 128, 4, None)):
+            variants[f"hoisted_bt{bt}_bn{bn}_c{chunks}_s{stages}"] = dict(bt=bt, block_n=bn, warps=4, chunks=chunks,
+                                                                           hoisted=True, stages=stages)
+        for name, kw in variants.items():
             out = torch.full_like(base, float("nan"))
             try:
-                tt.launch(q, w, keys, cand, out, 1.0, "tf32", bt=bt, block_n=bn, warps=warps)
+                tt.launch(q, w, keys, cand, out, 1.0, "tf32", **kw)
                 torch.testing.assert_close(out, base, atol=2e-2, rtol=2e-2)
                 torch.testing.assert_close(out[pick], ref, atol=2e-2, rtol=2e-2)
-                ms = do_bench(lambda: tt.launch(q, w, keys, cand, out, 1.0, "tf32", bt=bt, block_n=bn, warps=warps),
-                              warmup=5, rep=50, return_mode="median")
-                row[f"tiled_bt{bt}_bn{bn}_w{warps}_ms"] = ms
+                row[name + "_ms"] = do_bench(lambda: tt.launch(q, w, keys, cand, out, 1.0, "tf32", **kw),
+                                             warmup=5, rep=50, return_mode="median")
             except Exception as exc:  # a variant that does not compile or disagrees: recorded, not fatal
-                row[f"tiled_bt{bt}_bn{bn}_w{warps}_ms"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                row[name + "_ms"] = f"{type(exc).__name__}: {str(exc)[:200]}"
         rows.append(row)
         print(json.dumps(row), flush=True)
     os.makedirs(args.out, exist_ok=True)

@@ -223,6 +223,25 @@ def test_norm_rope_rows(reg, dtype):
                lambda g: (torch.randn(8, 512, generator=g), torch.randint(0, 10 ** 6, (), generator=g)))
 
 
+# -- Engram -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_engram_rows(reg, dtype):
+    """engram.gather (one token's 24 FP8 rows) and engram.gate (4 streams of 4096 with their keys and value)."""
+    from deepinfer_core.kernels.ops.quant import quant_fp8_block
+
+    table, scale = quant_fp8_block(torch.randn(3000, 256, generator=torch.Generator().manual_seed(9)), (1, 32),
+                                   "ue8m0")
+    table, scale = table.cuda(), scale.cuda()
+    gather, gate = reg.impl("engram.gather", "triton"), reg.impl("engram.gate", "triton")
+    check_rows(lambda rows: gather(table, scale, torch.stack(rows).cuda(), dtype),
+               lambda g: torch.randint(0, 3000, (24,), generator=g))
+    qk = 1 + 0.1 * torch.randn(2, 4, 4096, generator=torch.Generator().manual_seed(10))
+    qw, kw = qk[0].cuda(), qk[1].cuda()
+    check_rows(lambda rows: gate(torch.stack([r[0] for r in rows]).to(dtype).cuda(),
+                                 torch.stack([r[1] for r in rows]).to(dtype).cuda(), qw, kw, 1e-6, 1e-6),
+               lambda g: (torch.randn(4, 4096, generator=g), torch.randn(5 * 4096, generator=g)))
+
+
 # -- cache writes -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_write_rows_rows(reg, dtype):
@@ -299,7 +318,7 @@ def test_every_invariant_entry_has_a_row_test():
                ("mhc.collapse", "triton"), ("mhc.expand", "triton"), ("norm.rms", "triton"),
                ("norm.rms_unweighted", "triton"), ("rope.interleaved", "triton"),
                ("moe.experts_mxfp4", "triton_bi"), ("moe.experts_fp8", "triton_bi"), ("moe.experts", "triton_bi"),
-               ("cache.write_rows", "triton")}
+               ("cache.write_rows", "triton"), ("engram.gather", "triton"), ("engram.gate", "triton")}
     assert set(INVARIANT) == covered
 
 

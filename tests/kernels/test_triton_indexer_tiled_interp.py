@@ -20,13 +20,14 @@ for t, h, d, slots, bt, bn, structured in ((37, 8, 32, 100, 2, 16, True), (37, 8
     w = torch.randn(t, h, generator=g)
     keys = torch.randn(slots, d, generator=g)
     cand = causal_cand([t // 3, t - t // 3], 1, slots, g) if structured else torch.randint(-1, slots, (t, 50), generator=g)
-    out = torch.full((t, cand.shape[1]), float("nan"))
-    tt.launch(q, w, keys, cand, out, 0.7, "ieee", bt=bt, block_n=bn, chunks=2)
-    torch.testing.assert_close(out, indexer_scores(q, w, keys, cand, 0.7), atol=1e-4, rtol=1e-4)
-    n_cases += 1
+    for hoisted in (False, True):
+        out = torch.full((t, cand.shape[1]), float("nan"))
+        tt.launch(q, w, keys, cand, out, 0.7, "ieee", bt=bt, block_n=bn, chunks=2, hoisted=hoisted)
+        torch.testing.assert_close(out, indexer_scores(q, w, keys, cand, 0.7), atol=1e-4, rtol=1e-4)
+        n_cases += 1
 print("TILED_OK", n_cases)
 """
 
 
 def test_tiled_index_scores_in_the_interpreter(run_interpreted):
-    run_interpreted(_INTERPRETED, "TILED_OK 5")
+    run_interpreted(_INTERPRETED, "TILED_OK 10")
