@@ -206,6 +206,11 @@ def test_mhc_rows(reg, dtype):
     check_rows(lambda rows: collapse(stack(rows, 0).to(dtype), stack(rows, 1)), row)
     check_rows(lambda rows: expand(stack(rows, 0).to(dtype), stack(rows, 2).to(dtype), stack(rows, 3),
                                    stack(rows, 4)), row)
+    head = reg.impl("mhc.head_pre", "triton")
+    hfn = (torch.randn(n, n * d, generator=g0) / (n * d) ** 0.5).cuda()
+    hbase, hscale = torch.randn(n, generator=g0).cuda(), (torch.rand(1, generator=g0) + 0.5).cuda()
+    check_rows(lambda rows: head(stack(rows, 0).to(dtype), hfn, hbase, hscale, 1e-6, 1e-6),
+               lambda g: (torch.randn(n, d, generator=g),))
 
 
 # -- norms and rope (registered invariant since the first GPU pass) ---------------------------------
@@ -312,13 +317,19 @@ def test_moe_fp8_and_dense_rows(reg, dtype):
 
 
 def test_every_invariant_entry_has_a_row_test():
-    """A new ``batch_invariant=True`` registration must come with a row check in this file."""
+    """A new ``batch_invariant=True`` registration must come with a row check: in this file, or in the
+    op family's own device test (named here)."""
     covered = {("gemm.fp8_block", "triton_bi"), ("gemm.fp8_block_grouped", "triton_bi"), ("gemm.mxfp4", "triton_bi"), ("gemm.dense", "triton_bi"),
                ("attention.sparse_sink", "triton_bi"), ("index.scores", "triton_bi"), ("mhc.mix", "triton_bi"),
                ("mhc.collapse", "triton"), ("mhc.expand", "triton"), ("norm.rms", "triton"),
                ("norm.rms_unweighted", "triton"), ("rope.interleaved", "triton"),
                ("moe.experts_mxfp4", "triton_bi"), ("moe.experts_fp8", "triton_bi"), ("moe.experts", "triton_bi"),
-               ("cache.write_rows", "triton"), ("engram.gather", "triton"), ("engram.gate", "triton")}
+               ("cache.write_rows", "triton"), ("engram.gather", "triton"), ("engram.gate", "triton"),
+               ("mhc.head_pre", "triton")}
+    # row checks in their own files: test_conformance_route_compress.py::test_rows_are_batch_invariant,
+    # test_conformance_topk.py::test_topk_graph_and_row_invariance
+    covered |= {("moe.route_topk", "triton"), ("moe.route_hash", "triton"), ("compress.softmax_pool", "triton"),
+                ("index.topk", "triton")}
     assert set(INVARIANT) == covered
 
 

@@ -20,9 +20,9 @@ for t, h, d, slots, bt, bn, structured in ((37, 8, 32, 100, 2, 16, True), (37, 8
     w = torch.randn(t, h, generator=g)
     keys = torch.randn(slots, d, generator=g)
     cand = causal_cand([t // 3, t - t // 3], 1, slots, g) if structured else torch.randint(-1, slots, (t, 50), generator=g)
-    for hoisted in (False, True):
+    for chunks in (1, 2):
         out = torch.full((t, cand.shape[1]), float("nan"))
-        tt.launch(q, w, keys, cand, out, 0.7, "ieee", bt=bt, block_n=bn, chunks=2, hoisted=hoisted)
+        tt.launch(q, w, keys, cand, out, 0.7, "ieee", bt=bt, block_n=bn, chunks=chunks)
         torch.testing.assert_close(out, indexer_scores(q, w, keys, cand, 0.7), atol=1e-4, rtol=1e-4)
         n_cases += 1
 print("TILED_OK", n_cases)
