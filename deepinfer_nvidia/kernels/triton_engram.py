@@ -38,7 +38,7 @@ def _e4m3_to_f32(b):
 
 
 @triton.jit
-def _gather_kernel(table_ptr, scale_ptr, ids_ptr, out_ptr, n_ids, HD, FP8: tl.constexpr, ROWS: tl.constexpr,
+def _engram_gather_kernel(table_ptr, scale_ptr, ids_ptr, out_ptr, n_ids, HD, FP8: tl.constexpr, ROWS: tl.constexpr,
                    BLOCK: tl.constexpr, GROUP: tl.constexpr):
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rm = r < n_ids
@@ -94,13 +94,13 @@ def gather(table: torch.Tensor, scale: torch.Tensor | None, ids: torch.Tensor, o
     fp8 = scale is not None
     tab = table.view(torch.uint8) if fp8 else table
     sc = scale.view(torch.uint8) if fp8 else tab
-    _gather_kernel[(triton.cdiv(flat.numel(), rows),)](tab, sc, flat, out, flat.numel(), hd, FP8=fp8, ROWS=rows,
+    _engram_gather_kernel[(triton.cdiv(flat.numel(), rows),)](tab, sc, flat, out, flat.numel(), hd, FP8=fp8, ROWS=rows,
                                                       BLOCK=block, GROUP=SCALE_GROUP, num_warps=4)
     return out.view(*ids.shape, hd)
 
 
 @triton.jit
-def _gate_kernel(r_ptr, kv_ptr, qw_ptr, kw_ptr, out_ptr, D, eps, clamp, inv_sqrt_d, N: tl.constexpr,
+def _engram_gate_kernel(r_ptr, kv_ptr, qw_ptr, kw_ptr, out_ptr, D, eps, clamp, inv_sqrt_d, N: tl.constexpr,
                  BLOCK: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -149,6 +149,6 @@ def gate(residual: torch.Tensor, kv: torch.Tensor, q_weight: torch.Tensor, k_wei
     if t == 0:
         return out
     block = next_pow2(d)
-    _gate_kernel[(t,)](r, kvc, q_weight.contiguous(), k_weight.contiguous(), out, d, float(eps), float(clamp),
+    _engram_gate_kernel[(t,)](r, kvc, q_weight.contiguous(), k_weight.contiguous(), out, d, float(eps), float(clamp),
                        float(d) ** -0.5, N=n, BLOCK=block, num_warps=8 if block >= 2048 else 4)
     return out
