@@ -94,8 +94,8 @@ def gather(table: torch.Tensor, scale: torch.Tensor | None, ids: torch.Tensor, o
     fp8 = scale is not None
     tab = table.view(torch.uint8) if fp8 else table
     sc = scale.view(torch.uint8) if fp8 else tab
-    _engram_gather_kernel[(triton.cdiv(flat.numel(), rows),)](tab, sc, flat, out, flat.numel(), hd, FP8=fp8, ROWS=rows,
-                                                      BLOCK=block, GROUP=SCALE_GROUP, num_warps=4)
+    _engram_gather_kernel[(triton.cdiv(flat.numel(), rows),)](tab, sc, flat, out, flat.numel(), hd, FP8=fp8,
+                                                              ROWS=rows, BLOCK=block, GROUP=SCALE_GROUP, num_warps=4)
     return out.view(*ids.shape, hd)
 
 
@@ -149,6 +149,6 @@ def gate(residual: torch.Tensor, kv: torch.Tensor, q_weight: torch.Tensor, k_wei
     if t == 0:
         return out
     block = next_pow2(d)
-    _engram_gate_kernel[(t,)](r, kvc, q_weight.contiguous(), k_weight.contiguous(), out, d, float(eps), float(clamp),
-                       float(d) ** -0.5, N=n, BLOCK=block, num_warps=8 if block >= 2048 else 4)
+    _engram_gate_kernel[(t,)](r, kvc, q_weight.contiguous(), k_weight.contiguous(), out, d, float(eps),
+                              float(clamp), float(d) ** -0.5, N=n, BLOCK=block, num_warps=8 if block >= 2048 else 4)
     return out
