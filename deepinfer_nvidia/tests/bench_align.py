@@ -4,8 +4,9 @@
 
 For 1, 8, 64, 170 and 256 tokens x 6 slots over 384 experts (block 16): the one-launch sort kernel
 (``align_small``) and the torch form, each checked equal to the torch form on the CPU, then timed as 20
-calls captured in one CUDA graph (launch overhead excluded): microseconds per call, median of ``do_bench``. Writes ``align.json``. (``docs/perf/pass14b/align.json`` also
-has the O(P^2) comparison kernel this replaced, timed the same way.)
+calls captured in one CUDA graph (launch overhead excluded): microseconds per call, median of ``do_bench``.
+Writes ``align.json``. (``docs/perf/pass14b/align.json`` also has the O(P^2) comparison kernel this
+replaced, timed the same way.)
 """
 from __future__ import annotations
 

@@ -26,12 +26,14 @@ codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).reshape(8
 scale = torch.arange(0, 256, 32, dtype=torch.uint8).reshape(8, 1) + torch.tensor([[7]], dtype=torch.uint8)
 scale[-1, 0] = 255
 ids = torch.randperm(8).reshape(2, 4)
-same(te.gather(codes, scale, ids, torch.float32, force_kernel=True), ref.gather_rows(codes, scale, ids, torch.float32), 0, 0)
+same(te.gather(codes, scale, ids, torch.float32, force_kernel=True), ref.gather_rows(codes, scale, ids, torch.float32),
+     0, 0)
 g = torch.Generator().manual_seed(5)
 from deepinfer_core.kernels.ops.quant import quant_fp8_block
 table, sc = quant_fp8_block(torch.randn(64, 256, generator=g), (1, 32), "ue8m0")
 ids = torch.randint(0, 64, (5, 24), generator=g)
-same(te.gather(table, sc, ids, torch.bfloat16, force_kernel=True), ref.gather_rows(table, sc, ids, torch.bfloat16), 0, 0)
+same(te.gather(table, sc, ids, torch.bfloat16, force_kernel=True), ref.gather_rows(table, sc, ids, torch.bfloat16),
+     0, 0)
 t, hc, d = 3, 4, 4096
 r = torch.randn(t, hc, d, generator=g).bfloat16()
 kv = torch.randn(t, (hc + 1) * d, generator=g).bfloat16()

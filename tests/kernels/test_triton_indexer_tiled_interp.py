@@ -19,7 +19,10 @@ for t, h, d, slots, bt, bn, structured in ((37, 8, 32, 100, 2, 16, True), (37, 8
     q = torch.randn(t, h, d, generator=g)
     w = torch.randn(t, h, generator=g)
     keys = torch.randn(slots, d, generator=g)
-    cand = causal_cand([t // 3, t - t // 3], 1, slots, g) if structured else torch.randint(-1, slots, (t, 50), generator=g)
+    if structured:
+        cand = causal_cand([t // 3, t - t // 3], 1, slots, g)
+    else:
+        cand = torch.randint(-1, slots, (t, 50), generator=g)
     for chunks in (1, 2):
         out = torch.full((t, cand.shape[1]), float("nan"))
         tt.launch(q, w, keys, cand, out, 0.7, "ieee", bt=bt, block_n=bn, chunks=chunks)
