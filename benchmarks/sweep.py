@@ -24,8 +24,8 @@ ignored), Engram tables of ``--engram-vocab``-based size, and its own byte / FLO
 ``mtp.{0,1,2}`` stages) as a native checkpoint that ``LLM(DIR)``, ``benchmarks/spec_decode.py
 --model DIR`` and ``benchmarks/prefix_cache.py --model DIR`` load; ``--save-only`` stops there.
 
-What it measures, per provider (``triton`` = the nvidia platform's kernels plus
-the ``aten`` grouped-GEMM experts and cuBLAS dense GEMMs; ``reference`` = core's
+What it measures, per provider (``triton`` = the nvidia platform's default kernels, exactly as the engine
+resolves them: Triton, then the ``aten`` grouped-GEMM experts and cuBLAS; ``reference`` = core's
 torch references on the same GPU), through ``PagedExecutor`` (metadata built on
 the CPU every step, as the engine does):
 - decode: one token for each of B requests whose caches already hold
@@ -79,10 +79,6 @@ from benchmarks.sweep_slice import (  # noqa: E402
 from deepinfer_models.deepseek_v4.checkpoint_writer import QUANT_PRESETS  # noqa: E402
 
 T0 = time.time()
-# Ops the triton run takes from the ``aten`` provider (cuBLAS / CUTLASS grouped GEMM);
-# the nvidia platform's default provider list is ("triton",).
-ATEN_OVERRIDES = {"gemm.dense": "aten", "moe.experts": "aten"}
-
 
 DEV = "cuda"
 
@@ -136,8 +132,7 @@ def make_model(cfg, weights, provider: str):
 
         with kernel_mode(batch_invariant=True):
             return cls(cfg, weights, dtype=torch.bfloat16, device="cuda", platform=NvidiaPlatform(), **extra)
-    return cls(cfg, weights, dtype=torch.bfloat16, device="cuda", platform=NvidiaPlatform(),
-               kernel_overrides=ATEN_OVERRIDES, **extra)
+    return cls(cfg, weights, dtype=torch.bfloat16, device="cuda", platform=NvidiaPlatform(), **extra)
 
 
 def setup_step(model, cfg, batch: int, ctx: int, new_tokens: int):

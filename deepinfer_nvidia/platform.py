@@ -72,8 +72,9 @@ class NvidiaPlatform(Platform):
     device_type = "cuda"
     dist_backend = "nccl"
     # Tried in this order before the op's reference (see KernelRegistry.resolve); in batch-invariant
-    # mode "triton_bi" first (see _ProvidersByMode).
-    default_providers = _ProvidersByMode(("triton",), ("triton_bi",))
+    # mode "triton_bi" first (see _ProvidersByMode). "aten" (cuBLAS, grouped GEMMs through torch) serves
+    # the ops Triton does not: without it gemm.dense and moe.experts ran their references (8-row GEMM tiles).
+    default_providers = _ProvidersByMode(("triton", "aten"), ("triton_bi",))
 
     def __init__(self) -> None:
         if not torch.cuda.is_available():

@@ -5,7 +5,7 @@ metadata only. Nothing under this package is imported until the registry
 resolves an op to one of these providers, so registering never imports triton.
 One provider family per module (``triton_norm.py``, ``flashmla.py``, ...).
 
-Providers: ``triton`` (Triton kernels, one module per op family),
+Providers, tried in this order by default: ``triton`` (Triton kernels, one module per op family),
 ``triton_bi`` (batch-invariant launches of those kernels: tile shapes and
 splits fixed or taken from the weight shape, never from the number of rows;
 used only in batch-invariant mode, see ``NvidiaPlatform.default_providers``)
@@ -60,6 +60,7 @@ IMPLS: tuple[tuple, ...] = (
     ("gemm.fp8_block_grouped", "triton", f"{_K}.triton_gemm:gemm_fp8_block_grouped",
      f"{_K}.triton_gemm:supports_fp8_grouped"),
     ("gemm.mxfp4", "triton", f"{_K}.triton_gemm:gemm_mxfp4", f"{_K}.triton_gemm:supports_mxfp4"),
+    ("gemm.dense", "triton", f"{_K}.triton_gemm:gemm_dense", f"{_K}.triton_gemm:supports_dense"),
     ("gemm.dense", "aten", f"{_K}.aten_ops:gemm_dense", f"{_K}.aten_ops:supports_dense"),
     ("moe.experts", "aten", f"{_K}.aten_ops:moe_experts", f"{_K}.aten_ops:supports_experts"),
     ("moe.experts_fp8", "triton", f"{_K}.triton_moe:moe_experts_fp8", f"{_K}.triton_moe:supports"),

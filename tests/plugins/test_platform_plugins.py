@@ -57,7 +57,7 @@ def test_nvidia_capabilities_reject_nonsense(bad):
 def test_nvidia_platform_contract():
     assert issubclass(NvidiaPlatform, Platform)
     assert (NvidiaPlatform.name, NvidiaPlatform.device_type, NvidiaPlatform.dist_backend) == ("nvidia", "cuda", "nccl")
-    assert NvidiaPlatform.default_providers == ("triton",)
+    assert NvidiaPlatform.default_providers == ("triton", "aten")
     assert deepinfer_nvidia.PLATFORM_TARGET == "deepinfer_nvidia.platform:NvidiaPlatform"
 
 
