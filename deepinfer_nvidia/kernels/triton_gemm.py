@@ -499,45 +499,6 @@ def _dense_gemm_kernel(x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, strid
         tl.store(y_ptr + off, acc, mask=mmask[:, None] & nmask[None, :])
 
 
-# Rows from which fp32 ``gemm.dense`` runs as tf32x3 on the tensor cores (prefill: the compressors' and the
-# router's fp32 projections); fewer rows go to cuBLAS, whose fp32 GEMV-like kernels are memory-bound anyway.
-TF32X3_MIN_M = 1024
-
-
-def supports_dense(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """CUDA x (fp32/bf16/fp16) and a float w: every dense GEMM (tf32x3 or cuBLAS, see ``gemm_dense``)."""
-    return on_cuda(x, w) and x.dtype in FLOATS and w.dtype in FLOATS
-
-
-def gemm_dense(x: torch.Tensor, w: torch.Tensor, force_kernel: bool = False) -> torch.Tensor:
-    """``gemm.dense`` (default mode): x [T, K] @ w [N, K]^T -> [T, N] in x.dtype.
-
-    fp32 operands with ``TF32X3_MIN_M`` rows or more: a Triton GEMM whose products run as three TF32
-    tensor-core products (hi*hi + hi*lo + lo*hi, fp32 accumulation; within the fp32 conformance bound, ~2.5x
-    the fp32 SIMT GEMM cuBLAS runs for them). Everything else: one cuBLAS GEMM (``aten_ops.gemm_dense``).
-    ``force_kernel`` takes the Triton GEMM at any size (Triton's interpreter, tests only)."""
-    from deepinfer_nvidia.kernels import aten_ops
-
-    big_fp32 = x.dtype == torch.float32 and x.dim() == 2 and x.shape[0] >= TF32X3_MIN_M
-    if not (force_kernel or (supports_dense(x, w) and big_fp32)):
-        return aten_ops.gemm_dense(x, w)
-    if w.dim() != 2:
-        raise ValueError(f"gemm.dense: w must be [N, K], got shape {tuple(w.shape)}")
-    _check_x(x, w.shape[1], "gemm.dense")
-    m, (n, k) = x.shape[0], w.shape
-    x = x if x.stride(1) == 1 else x.contiguous()
-    w = w if w.stride(1) == 1 else w.contiguous()
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    if m == 0:
-        return y
-    bm, bn, bk = 128, 128, 32
-    prec = "tf32x3" if x.dtype == torch.float32 else dot_precision(x.dtype)
-    _dense_gemm_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn), 1)](
-        x, w, y, m, n, k, x.stride(0), w.stride(0), n, k, SPLIT_K=1, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        PREC=prec, num_warps=8, num_stages=3)
-    return y
-
-
 def supports_dense_bi(x: torch.Tensor, w: torch.Tensor) -> bool:
     """CUDA x (fp32/bf16/fp16) and a float w (cast to x.dtype in the kernel)."""
     return on_cuda(x, w) and x.dtype in FLOATS and w.dtype in FLOATS
