@@ -81,7 +81,14 @@ def main() -> None:
 
     step()
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
-    with profile(activities=acts, with_stack=True, record_shapes=True) as prof:
+    # verbose: Python function events above the ops. Without it torch 2.11 + CUDA recorded none on the H200
+    # (docs/perf/pass14a); not yet tried there with it.
+    extra = {}
+    try:
+        extra["experimental_config"] = torch._C._profiler._ExperimentalConfig(verbose=True)
+    except (AttributeError, TypeError):
+        pass
+    with profile(activities=acts, with_stack=True, record_shapes=True, **extra) as prof:
         step()
     wanted = set(args.ops.split(","))
     chain = []  # the parent chain of the first wanted op, to show what the profiler recorded above it
