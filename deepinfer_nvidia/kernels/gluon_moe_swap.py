@@ -355,10 +355,10 @@ def scales_allow_fast(*scales: torch.Tensor, limit: int = 128) -> bool:
     """True when every UE8M0 byte of the given scale stacks is <= ``limit`` (128 here: then ``scale * 2^126``
     is a finite bf16 and one multiply per pair suffices; ``gluon_fp8_gemv`` asks for 134). One host read per
     stack, cached by storage and version; during CUDA graph capture an unseen stack answers False (the exact
-    two-multiply decode) instead of synchronising. The
-    entry holds a weak reference to the *storage* (C++ level: callers pass fresh views such as
-    ``scale.view(torch.uint8)`` on every call, whose Python objects die at once), so a new tensor that reuses
-    a freed stack's memory is checked again while the same weights keep hitting the cache."""
+    two-multiply decode) instead of synchronising. The entry holds a weak reference to the *storage* (C++
+    level: callers pass fresh views such as ``scale.view(torch.uint8)`` on every call, whose Python objects
+    die at once), so a new tensor that reuses a freed stack's memory is checked again while the same weights
+    keep hitting the cache."""
     ok = True
     for s in scales:
         key = (s.data_ptr(), s.numel(), _version(s), limit)
@@ -366,7 +366,8 @@ def scales_allow_fast(*scales: torch.Tensor, limit: int = 128) -> bool:
         if hit is None or hit[0].expired():
             if s.is_cuda and torch.cuda.is_current_stream_capturing():
                 return False
-            hit = _SAFE_CACHE[key] = (StorageWeakRef(s.untyped_storage()), bool((s.view(torch.uint8) <= limit).all()))
+            safe = bool((s.view(torch.uint8) <= limit).all())
+            hit = _SAFE_CACHE[key] = (StorageWeakRef(s.untyped_storage()), safe)
         ok = ok and hit[1]
     return ok
 

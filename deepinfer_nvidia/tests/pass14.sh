@@ -20,7 +20,7 @@ if has conformance; then
   stamp conformance
   timeout 180 python3 -m pytest -q deepinfer_nvidia/tests/test_conformance.py \
     deepinfer_nvidia/tests/test_conformance_engram.py deepinfer_nvidia/tests/test_batch_invariance.py \
-    -k "engram or align or index or every_invariant or dense"  2>&1 | tail -6 | tee "$OUT/conformance.txt"
+    -k "engram or align or index or every_invariant or dense" 2>&1 | tail -6 | tee "$OUT/conformance.txt"
 fi
 if has indexer; then
   stamp indexer

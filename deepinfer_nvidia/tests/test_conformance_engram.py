@@ -9,12 +9,7 @@ import torch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
 
-
-def _poison() -> None:
-    torch.cuda.synchronize()
-    blobs = [torch.full((64 << 20,), float("nan"), device="cuda") for _ in range(4)]
-    del blobs
-    torch.cuda.synchronize()
+from deepinfer_nvidia.tests.test_conformance import poison as _poison  # noqa: E402  (the shared NaN fill)
 
 
 @pytest.mark.parametrize("t", [1, 37, 2048])
