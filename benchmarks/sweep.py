@@ -52,7 +52,9 @@ stays outside. ``--sync-audit`` lists every host synchronisation of one decode s
 The graphed step's final hidden states are compared with the eager ones (bitwise, and the max
 difference: the graph reads a context bucket wider than the step's own), and eager and
 graphed steps are also timed alternately (``paired_*_ms``), since the host's speed drifts between
-measurements taken seconds apart.
+measurements taken seconds apart. ``pipelined_ms``: the same graphed steps chained on the device (each
+step's ids are the previous step's greedy samples, never read by the host), so the host packs step N+1
+while the device runs step N, as the engine's pipelined decode does (``benchmarks/sweep_timing.py``).
 ``--moe-tune FILE``: apply ``moe_tune.json`` from ``deepinfer_nvidia.tests.bench_moe``.
 """
 from __future__ import annotations
@@ -61,7 +63,6 @@ import argparse
 import dataclasses
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -74,6 +75,7 @@ from deepinfer_core.runner.context import SeqSlice  # noqa: E402
 from deepinfer_core.runner.executor import PagedExecutor  # noqa: E402
 from deepinfer_core.runner.simple_driver import SimpleBlockAllocator  # noqa: E402
 from deepinfer_models.deepseek_v4.config import DeepseekV4Config  # noqa: E402
+from benchmarks.sweep_timing import profile_step, sync_audit, time_ab, time_pipelined, time_step  # noqa: E402
 from benchmarks.sweep_slice import (  # noqa: E402
     arch_config, build_weights, describe, kv_bytes, model_class, native_bytes, prefill_flops, weight_bytes)
 from deepinfer_models.deepseek_v4.checkpoint_writer import QUANT_PRESETS  # noqa: E402
@@ -154,61 +156,6 @@ def setup_step(model, cfg, batch: int, ctx: int, new_tokens: int):
     return ex, slices, ids
 
 
-def time_step(model, ex, slices, ids, last_only: bool, warmup: int, reps: int) -> dict[str, float]:
-    def step():
-        h = ex.run(ids, slices)
-        return model.compute_logits(h[-1:] if last_only else h)
-
-    for _ in range(warmup):
-        step()
-    sync()
-    times, ctx_times = [], []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        step()
-        sync()
-        times.append(time.perf_counter() - t0)
-    for _ in range(min(reps, 3)):
-        t0 = time.perf_counter()
-        ex.context(slices)
-        sync()
-        ctx_times.append(time.perf_counter() - t0)
-    return {"ms": statistics.median(times) * 1e3, "ms_min": min(times) * 1e3,
-            "metadata_ms": statistics.median(ctx_times) * 1e3}
-
-
-LAUNCH_EVENTS = ("cudaLaunchKernel", "cuLaunchKernelEx", "cuLaunchKernel", "cudaLaunchKernelExC", "cudaGraphLaunch",
-                 "cudaMemcpyAsync")
-
-
-def profile_step(model, ex, slices, ids, last_only: bool, title: str, fh) -> dict:
-    from torch.profiler import ProfilerActivity, profile
-
-    def step():
-        h = ex.run(ids, slices)
-        return model.compute_logits(h[-1:] if last_only else h)
-
-    step()
-    sync()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
-        t0 = time.perf_counter()
-        step()
-        sync()
-        wall = time.perf_counter() - t0
-    ka = prof.key_averages()
-    dev_us = sum(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) for e in ka)
-    launches = {e.key: e.count for e in ka if e.key in LAUNCH_EVENTS}
-    fh.write(f"\n=== {title}: wall {wall * 1e3:.2f} ms (profiled), GPU kernel time {dev_us / 1e3:.2f} ms, "
-             f"launches {launches} ===\n")
-    fh.write(ka.table(sort_by="self_device_time_total", row_limit=30) + "\n")
-    fh.write(ka.table(sort_by="self_cpu_time_total", row_limit=15) + "\n")
-    # the torch ops again by input shape: which copy_ / mm / elementwise call costs what
-    fh.write(prof.key_averages(group_by_input_shape=True).table(sort_by="device_time_total", row_limit=30) + "\n")
-    fh.flush()
-    log(f"profile {title}: wall {wall * 1e3:.1f} ms, GPU busy {dev_us / 1e3:.1f} ms, launches {launches}")
-    return {"profiled_wall_ms": wall * 1e3, "gpu_busy_ms": dev_us / 1e3, "launches": launches}
-
-
 def graph_steps(ex, batch: int, ctx: int):
     """Whole decode steps replayed from CUDA graphs, as the engine runs them: ``ex.graphs`` pads the
     step to its bucket and replays the graph captured for it (``deepinfer_core/runner/decode_graphs.py``
@@ -217,53 +164,6 @@ def graph_steps(ex, batch: int, ctx: int):
     from deepinfer_nvidia.platform import NvidiaPlatform
 
     return DecodeGraphs(ex, NvidiaPlatform().graph_runner, (batch,), max_context=ctx + 2)
-
-
-def time_ab(model, ex, slices, ids, graphs, reps: int) -> dict[str, float]:
-    """Eager and graphed steps alternated (the same CPU conditions for both): medians and minima."""
-    def step():
-        h = ex.run(ids, slices)
-        return model.compute_logits(h)
-
-    times: dict[str, list[float]] = {"eager": [], "graphs": []}
-    for _ in range(reps):
-        for mode, g in (("eager", None), ("graphs", graphs)):
-            ex.graphs = g
-            sync()
-            t0 = time.perf_counter()
-            step()
-            sync()
-            times[mode].append(time.perf_counter() - t0)
-    ex.graphs = graphs
-    return {f"paired_{m}_ms": statistics.median(v) * 1e3 for m, v in times.items()} | \
-        {f"paired_{m}_ms_min": min(v) * 1e3 for m, v in times.items()}
-
-
-def sync_audit(model, ex, slices, ids) -> dict:
-    """Every host synchronisation of one step: (file:line -> count) from torch's sync debug mode."""
-    import warnings
-
-    with torch.inference_mode():
-        ex.run(ids, slices)
-    sync()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            with torch.inference_mode():
-                h = ex.run(ids, slices)
-                model.compute_logits(h[-1:])
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    sync()
-    where: dict[str, int] = {}
-    root = str(Path(__file__).resolve().parent.parent) + os.sep
-    for w in caught:
-        if "synchroniz" not in str(w.message):
-            continue
-        key = f"{str(w.filename).replace(root, '')}:{w.lineno}"
-        where[key] = where.get(key, 0) + 1
-    return {"total": sum(where.values()), "where": dict(sorted(where.items(), key=lambda kv: -kv[1]))}
 
 
 def run_hf(cfg: DeepseekV4Config, batch: int, prompt: int, results: dict) -> None:
@@ -514,9 +414,11 @@ def main() -> None:
                     gm = time_step(model, ex, slices, ids, False, warmup=2, reps=args.reps)
                     with torch.inference_mode():
                         gm.update(time_ab(model, ex, slices, ids, graphs, args.reps))
+                    gm.update(time_pipelined(model, ex, slices, ids))
                     grow = {**row, **gm, "provider": "triton+graphs", "graph_bit_identical": same,
                             "graph_max_abs_diff": diff, "capture_s": t_cap,
-                            "tok_s": tokens / (gm["ms"] * 1e-3), "x_roofline": gm["ms"] / row["roofline_ms"]}
+                            "tok_s": tokens / (gm["ms"] * 1e-3), "x_roofline": gm["ms"] / row["roofline_ms"],
+                            "x_roofline_pipelined": gm["pipelined_ms"] / row["roofline_ms"]}
                     grow.pop("profile", None)
                     if n in prof_decode and ctx == args.context:
                         grow["profile"] = profile_step(model, ex, slices, ids, False, f"triton+graphs {label}",
@@ -526,7 +428,8 @@ def main() -> None:
                     log(f"{'+graphs':9s} {label:22s} {gm['ms']:9.2f} ms (meta {gm['metadata_ms']:.2f}) "
                         f"x{grow['x_roofline']:.1f}  capture {t_cap:.1f} s, bit-identical to eager: {same} "
                         f"(max diff {diff:.2e}); alternated eager/graphs "
-                        f"{gm['paired_eager_ms']:.2f} / {gm['paired_graphs_ms']:.2f} ms")
+                        f"{gm['paired_eager_ms']:.2f} / {gm['paired_graphs_ms']:.2f} ms; pipelined "
+                        f"{gm['pipelined_ms']:.2f} ms (x{grow['x_roofline_pipelined']:.2f})")
                 except Exception as exc:  # noqa: BLE001 - recorded; eager numbers stand
                     results["rows"].append({"provider": "triton+graphs", "kind": kind, "n": n,
                                             "error": f"{type(exc).__name__}: {exc}"[:400]})
@@ -548,10 +451,12 @@ def main() -> None:
         log("HF peer skipped: transformers has no DeepSeek-V4.1 (no Engram, delayed mHC, ratio-1/2 compressors)")
     elif args.hf_batch and not args.skip_hf and time.time() - T0 < args.budget_s + 60:
         run_hf(cfg, args.hf_batch, args.hf_prompt, results)
-        ours = next((r for r in results["rows"] if r.get("provider") == "triton" and r.get("kind") == "decode"
-                     and r.get("n") == args.hf_batch and "ms" in r and r.get("context") == args.hf_prompt), None)
-        if ours and "decode_ms" in results.get("hf", {}):
-            results["hf"]["speedup_triton"] = results["hf"]["decode_ms"] / ours["ms"]
+        for provider, key, field in (("triton", "speedup_triton", "ms"), ("triton+graphs", "speedup_graphs", "ms"),
+                                     ("triton+graphs", "speedup_pipelined", "pipelined_ms")):
+            ours = next((r for r in results["rows"] if r.get("provider") == provider and r.get("kind") == "decode"
+                         and r.get("n") == args.hf_batch and field in r and r.get("context") == args.hf_prompt), None)
+            if ours and "decode_ms" in results.get("hf", {}):
+                results["hf"][key] = results["hf"]["decode_ms"] / ours[field]
     save()
     try:
         plot(results, str(out / "sweep.png"))

@@ -96,33 +96,48 @@ class DecodeGraphs:
         ctx = min(max(-(-need // quarter) * quarter, self.min_context), self.max_context)
         return b, ctx
 
-    def run(self, input_ids: torch.Tensor, slices: list[SeqSlice], taps: tuple[int, ...] = ()) -> Any:
-        """input_ids [B*q] (CPU, slice order) -> hidden [B*q, D] of the real requests; with ``taps``
+    def run(self, input_ids: torch.Tensor, slices: list[SeqSlice], taps: tuple[int, ...] = (),
+            ids_on_device: bool | None = None) -> Any:
+        """input_ids [B*q] int64 (slice order) -> hidden [B*q, D] of the real requests; with ``taps``
         (layer ids) -> (hidden [B_pad*q, D], {layer: [B_pad*q, D]}, the padded StepContext), the padding
         rows last (the speculative proposer reads every row; the padding ones write nothing). None when
         the capture failed (graphs are then off for good and the caller runs the step eagerly).
 
+        ``input_ids`` on the host are packed with the metadata. On the device (``ids_on_device``; by
+        default: whenever they are not on the CPU) they are never read by the host: the metadata is
+        packed with zero ids and the ids are copied into the uploaded tensor on the device, in stream
+        order. That is how a step can take the previous step's sampled ids before they reach the host
+        (the host packs step N+1 while the device still runs step N).
+
         The results are the graph's static outputs: valid until the next step runs."""
         q = slices[0].num_tokens
         b_pad, ctx_len = self.bucket(slices)
-        ids = [int(t) for t in input_ids.tolist()]
-        out = self._replay(self.graphed, slices, ids, b_pad, ctx_len, taps=tuple(taps))
+        if ids_on_device is None:
+            ids_on_device = input_ids.device.type != "cpu"
+        dev_ids = input_ids.reshape(-1) if ids_on_device else None
+        ids = [0] * input_ids.numel() if ids_on_device else [int(t) for t in input_ids.tolist()]
+        out = self._replay(self.graphed, slices, ids, b_pad, ctx_len, taps=tuple(taps), dev_ids=dev_ids)
         if out is None:
             return None
         self.steps += 1
         return out if taps else out[:len(slices) * q]
 
     def _replay(self, graphed: Callable[..., Any], slices: list[SeqSlice], ids: list[int], b_pad: int, ctx_len: int,
-                **kw: Any) -> Any:
+                dev_ids: torch.Tensor | None = None, **kw: Any) -> Any:
         """Pad ``slices`` (and their ``ids``) to ``b_pad`` requests with padding requests of the same
-        length, pack everything at context bucket ``ctx_len`` and call ``graphed``. A failure (a capture
-        that hit an op which synchronises) turns graphs off for good and returns None.
+        length, pack everything at context bucket ``ctx_len`` and call ``graphed``. ``dev_ids``: the real
+        requests' ids as a device tensor, written over the packed ids (the first ``len(ids)`` entries)
+        after the upload. A failure (a capture that hit an op which synchronises) turns graphs off for
+        good and returns None.
 
         Padding requests: position 0.., null-block tables, ``no_write_before`` = their length (no KV
         entry written) and the scratch state row."""
         host, layout = self.pack(slices, ids, b_pad, ctx_len)
+        packed = upload(host, self.ex.device)
+        if dev_ids is not None:
+            packed[:dev_ids.numel()].copy_(dev_ids, non_blocking=True)
         try:
-            return graphed(upload(host, self.ex.device), layout=layout, **kw)
+            return graphed(packed, layout=layout, **kw)
         except Exception as exc:  # noqa: BLE001 - a kernel that cannot be captured must not stop serving
             if self.strict:
                 raise

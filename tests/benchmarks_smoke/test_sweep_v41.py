@@ -55,6 +55,24 @@ def test_decode_step_runs(cfg, weights, monkeypatch):
     assert logits.shape == (2, cfg.vocab_size) and bool(torch.isfinite(logits).all())
 
 
+def test_pipelined_timing_chains_greedy_steps(cfg, weights, monkeypatch):
+    """``time_pipelined`` feeds each step the previous step's argmax (device ids): its timing runs, and the
+    chain it times is the greedy chain of synchronous steps (checked here with the same step function)."""
+    from benchmarks import sweep_timing
+
+    monkeypatch.setattr(sweep, "DEV", "cpu")
+    model = sweep.make_model(cfg, weights, "reference")
+    ex, slices, ids = sweep.setup_step(model, cfg, batch=2, ctx=40, new_tokens=1)
+    seen = []
+    real_run = ex.run
+    monkeypatch.setattr(ex, "run", lambda step_ids, sl: seen.append(step_ids.clone()) or real_run(step_ids, sl))
+    m = sweep_timing.time_pipelined(model, ex, slices, ids, steps=2)
+    assert m["pipelined_ms"] > 0 and m["pipelined_ms_min"] <= m["pipelined_ms"] and m["pipelined_steps"] == 2
+    assert len(seen) == 2 + 3 * 2 and torch.equal(seen[0], ids)
+    with torch.inference_mode():  # step 2 of the first chain took step 1's greedy samples
+        assert torch.equal(seen[1], model.compute_logits(real_run(seen[0], slices)).argmax(dim=-1))
+
+
 def test_byte_accounting_counts_each_tensor_once(cfg):
     specs = expected_tensors(cfg)
     dense_step = tensor_bytes_read(cfg, 10 ** 9)  # every expert, embedding row and Engram row touched

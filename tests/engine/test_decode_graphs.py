@@ -293,3 +293,33 @@ def test_failed_capture_falls_back_to_eager_steps(tmp_path):
     assert "simulated capture failure" in ex.graphs.disabled_reason and ex.graphs.steps == 0
     for i in eager:
         assert torch.equal(eager[i], fallback[i]), f"request {i}"
+
+
+def test_ids_fed_on_the_device_give_the_host_packed_step(tmp_path):
+    """``DecodeGraphs.run(..., ids_on_device=True)``: the host packs zero ids and the ids are written into
+    the uploaded tensor afterwards (how a step takes the previous step's sampled ids before they reach
+    the host). Same hidden states as ids packed on the host, and the host never saw the ids."""
+    from deepinfer_core.runner.context import SeqSlice
+    from deepinfer_core.runner.simple_driver import SimpleBlockAllocator
+
+    model = _load("v4", tmp_path, bi=True)
+    ex = PagedExecutor(model, num_blocks=64, max_num_seqs=4, graph_runner=RecordingRunner(), graph_batch_sizes=(4,),
+                       max_context=512)
+    gen = torch.Generator().manual_seed(0)
+    for t in ex.caches.values():
+        t.copy_(torch.randn(t.shape, generator=gen))
+    alloc = SimpleBlockAllocator(ex)
+    ctxs = [7, 40, 129]  # 3 requests: one padding request fills the bucket of 4
+    slices = [SeqSlice(c, 1, alloc.tables_for(i, c + 1), state_slot=i) for i, c in enumerate(ctxs)]
+    ids = torch.tensor([11, 5, 23])
+    packed_ids = []
+    real_pack = ex.graphs.pack
+    ex.graphs.pack = lambda sl, step_ids, *a: packed_ids.append(list(step_ids)) or real_pack(sl, step_ids, *a)
+    state = {n: c.clone() for n, c in ex.caches.items()}
+    host_fed = ex.graphs.run(ids, slices).clone()
+    for n, c in ex.caches.items():  # the same step again from the same caches
+        c.copy_(state[n])
+    device_fed = ex.graphs.run(ids, slices, ids_on_device=True).clone()
+    assert packed_ids == [[11, 5, 23], [0, 0, 0]]
+    assert torch.equal(host_fed, device_fed)
+    assert not torch.equal(host_fed, ex.graphs.run(torch.tensor([12, 5, 23]), slices))  # the ids do matter
