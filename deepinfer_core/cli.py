@@ -19,6 +19,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--kv-cache-memory-bytes", type=int, default=None)
     p.add_argument("--no-async-scheduling", action="store_true")
+    p.add_argument("--no-chain-steps", action="store_true",
+                   help="async scheduling: finish each step before launching the next (for A/B runs)")
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -37,7 +39,7 @@ def _make_llm(a):
 
     return LLM(a.model or DEFAULT_MODEL, dtype=a.dtype, max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs,
                max_num_batched_tokens=a.max_num_batched_tokens, kv_cache_memory_bytes=a.kv_cache_memory_bytes,
-               async_scheduling=not a.no_async_scheduling, seed=a.seed)
+               async_scheduling=not a.no_async_scheduling, chain_steps=not a.no_chain_steps, seed=a.seed)
 
 
 def _params(a):

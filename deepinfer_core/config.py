@@ -46,6 +46,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     enable_chunked_prefill: bool = True
     async_scheduling: bool = True
+    chain_steps: bool = True  # async: launch simple steps behind the running one (model_runner.py)
     block_size: int = 64
     kv_cache_memory_bytes: int | None = None
     host_kv_cache_bytes: int = 0  # prefix-cache host tier (spill evicted blocks to RAM); 0 = off
@@ -91,8 +92,9 @@ class EngineConfig:
             # trimmed rows leave no late-layer window KV, which exact hits would read from cached sliding blocks
             raise ValueError("decoder_replay=True needs prefix_replay='bounded' or enable_prefix_caching=False "
                              "(exact hits read cached sliding-window KV that decoder replay does not write)")
-        if not isinstance(self.enforce_eager, bool):
-            raise ValueError(f"enforce_eager must be True or False, got {self.enforce_eager!r}")
+        for name in ("enforce_eager", "chain_steps"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         sizes = self.graph_capture_sizes
         if not isinstance(sizes, (tuple, list)) or any(isinstance(b, bool) or not isinstance(b, int) or b < 1
                                                        for b in sizes):

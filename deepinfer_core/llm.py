@@ -43,7 +43,8 @@ class LLM:
                  speculative_config: dict | None = None,
                  host_kv_cache_bytes: int = 0, enforce_eager: bool = False,
                  graph_capture_sizes: Sequence[int] | None = None, prefix_replay: str = "exact",
-                 decoder_replay: bool | None = None, prefix_replay_window: int | None = None):
+                 decoder_replay: bool | None = None, prefix_replay_window: int | None = None,
+                 chain_steps: bool = True):
         register_embedded_models()
         model_dir = resolve_model_path(model, revision)
         try:
@@ -60,7 +61,8 @@ class LLM:
                            speculative_config=speculative_config,
                            host_kv_cache_bytes=host_kv_cache_bytes, enforce_eager=enforce_eager,
                            graph_capture_sizes=tuple(graph_capture_sizes or ()), prefix_replay=prefix_replay,
-                           decoder_replay=decoder_replay, prefix_replay_window=prefix_replay_window)
+                           decoder_replay=decoder_replay, prefix_replay_window=prefix_replay_window,
+                           chain_steps=chain_steps)
         self.llm_engine = LLMEngine(cfg, platform=platform, model_dir=model_dir)
         self._counter = 0
 

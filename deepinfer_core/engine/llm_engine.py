@@ -1,9 +1,13 @@
 """LLMEngine: add requests, step, collect RequestOutputs (vLLM's LLMEngine shape).
 
-Flow per step: Scheduler.schedule() -> ModelRunner.execute() -> Scheduler.update_from_output()
+Flow per step: Scheduler.schedule() -> ModelRunner.launch() / finish() -> Scheduler.update_from_output()
 -> OutputProcessor. With async scheduling (default) the model step runs on a worker
-thread while the scheduler plans the next step; only sampled token ids come back.
-Outputs are identical with async on and off (tests/engine/test_engine_invariants.py).
+thread while the scheduler plans the next step; only sampled token ids come back. When the
+planned step is *simple* (``ModelRunner.is_simple``: plain greedy or seeded sampling), it is launched
+behind the running one before that one's tokens reach the host (its decode ids are read on the
+device), so the device never waits for the host's packing, output processing or planning.
+Outputs are identical with async on and off (tests/engine/test_engine_invariants.py,
+tests/engine/test_chained_steps.py).
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from typing import Any
 
 
 from deepinfer_core.config import EngineConfig
-from deepinfer_core.engine.model_runner import ModelRunner, StepResult
+from deepinfer_core.engine.model_runner import LaunchedStep, ModelRunner, StepResult
 from deepinfer_core.engine.output_processor import OutputProcessor
 from deepinfer_core.hub import resolve_model_path
 from deepinfer_core.kernels.mode import batch_invariant_enabled, kernel_mode
@@ -132,6 +136,9 @@ class LLMEngine:
         self.spec_stats = SpecDecodeStats(n_spec) if n_spec else None
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="deepinfer-step") if config.async_scheduling else None
         self._inflight: tuple[SchedulerOutput, Future] | None = None
+        # launch simple steps behind the running one (``config.chain_steps``; may be switched between
+        # generate calls, as benchmarks/engine_decode.py does for its A/B runs)
+        self.chain_steps = config.chain_steps
         # Where an async step runs: on the worker (default), or on the calling thread while the worker
         # plans the next step (platforms whose kernels use the calling thread's CPU thread pool; see
         # CpuPlatform.steps_on_calling_thread). ``_pending``: the planned step not yet run, then.
@@ -215,7 +222,7 @@ class LLMEngine:
         """Run a step on this thread."""
         return self._timed(self._host_copies_then(self.runner.execute), so)
 
-    def _timed(self, execute, so: SchedulerOutput) -> StepResult:
+    def _timed(self, execute, so: SchedulerOutput) -> Any:
         """``execute(so)``, timed for the verification cost model (runs on the worker in async mode)."""
         t0 = time.perf_counter()
         result = execute(so)
@@ -329,10 +336,13 @@ class LLMEngine:
             return execute(so)
         return run
 
-    def _submit(self, so: SchedulerOutput) -> Future:
+    def _submit(self, so: SchedulerOutput, prev: LaunchedStep | None = None) -> Future:
+        """Launch ``so`` on the worker (-> Future of its ``LaunchedStep``); ``prev``: the unfinished step
+        it is chained behind."""
         assert self._worker is not None
         # host copies are taken now (in step order), applied on the worker just before the step
-        return self._worker.submit(self._timed, self._host_copies_then(self.runner.execute), so)
+        launch = self._host_copies_then(lambda s: self.runner.launch(s, prev))
+        return self._worker.submit(self._timed, launch, so)
 
     def step(self) -> list[RequestOutput]:
         """Run one step; returns the RequestOutputs of requests that finished in it."""
@@ -348,9 +358,17 @@ class LLMEngine:
             self._inflight = (so, self._submit(so))
         nxt = self.scheduler.schedule()  # plan step N+1 while step N runs
         so, fut = self._inflight
-        result = fut.result()
+        launched = fut.result()
+        chained = None
+        # Chain N+1 behind N before N's tokens reach the host, unless it needs them there (or host-tier
+        # copies must run between the two steps: they assume no step in flight).
+        if self.chain_steps and self.runner.can_chain(nxt) and not self.kv.has_host_copies():
+            chained = self._submit(nxt, prev=launched)
+        result = self._worker.submit(self.runner.finish, launched).result()  # after N+1's launch: FIFO
         finished = self._process(so, result)
-        if nxt.is_empty:
+        if chained is not None:
+            self._inflight = (nxt, chained)
+        elif nxt.is_empty:
             self._inflight = None
             finished += self._process(nxt, self.runner.execute(nxt))
         else:

@@ -4,6 +4,14 @@ Runs on the engine's worker (a thread in async mode); steps execute strictly in
 order. The runner keeps, per request, the token history it has sampled itself,
 so a step planned before the previous step's tokens reached the scheduler (async
 scheduling) still gets the right placeholder ids and penalty history.
+
+A step is ``launch``ed, then ``finish``ed (``execute`` does both). A *simple* step (no drafts, no
+grammar, no penalties, no prompt logprobs, no pending min_tokens: its sampling needs nothing from the
+host's token history) leaves its sampled tokens on the device at launch, and the next simple step can be
+launched behind it before they reach the host (``launch(next, prev=launched)``): its decode ids are
+copied from the previous step's token tensor on the device. The host then packs step N+1 while the
+device still runs step N, as vLLM's asynchronous scheduling does. Tokens, positions and random streams
+are the same as with the steps run one after the other (tests/engine/test_chained_steps.py).
 """
 from __future__ import annotations
 
@@ -15,7 +23,7 @@ from typing import Any, Callable
 import torch
 
 from deepinfer_core.request import PLACEHOLDER_TOKEN_ID
-from deepinfer_core.runner.context import SeqSlice
+from deepinfer_core.runner.context import SeqSlice, upload
 from deepinfer_core.runner.executor import PagedExecutor
 from deepinfer_core.runner.sampler import (LogprobsTensors, Sampler, SamplingMetadata, TokenLogprobs, compute_logprobs, gather_logprobs,
                                            position_seed)
@@ -81,6 +89,21 @@ class StepResult:
     spec_counts: dict[str, tuple[int, int]] = field(default_factory=dict)  # draft steps: (proposed, verified)
 
 
+@dataclass
+class LaunchedStep:
+    """A launched step. ``result`` is set when the step already finished at launch (a step that needs the
+    host while sampling); otherwise ``tokens`` (int64 [G] on the device) holds one sampled token per
+    sampling group, ``raw`` their logprobs [G, V] (or None), and ``finish`` brings them to the host.
+    ``row_of``: request id -> its index in ``tokens``, for a next step launched before that."""
+
+    so: SchedulerOutput
+    result: StepResult | None = None
+    groups: list["_SampleGroup"] = field(default_factory=list)
+    tokens: torch.Tensor | None = None
+    raw: torch.Tensor | None = None
+    row_of: dict[str, int] = field(default_factory=dict)
+
+
 class ModelRunner:
     def __init__(self, model, executor: PagedExecutor, sampler: Sampler, eos_token_ids: tuple[int, ...],
                  apply_bitmask: Callable | None = None, grammar=None, drafter: DraftRunner | None = None,
@@ -97,6 +120,7 @@ class ModelRunner:
         self.sampler = sampler
         self.eos_token_ids = eos_token_ids
         self.requests: dict[str, RunnerRequest] = {}
+        self.chained_steps = 0  # steps launched behind a step whose tokens had not reached the host (a metric)
 
     def add_request(self, req_id: str, params: SamplingParams, prompt_token_ids: list[int], generator: torch.Generator,
                     output_token_ids: list[int] | None = None, matcher: Any = None, seed: int = 0,
@@ -115,13 +139,118 @@ class ModelRunner:
     def drop(self, req_id: str) -> None:
         self.requests.pop(req_id, None)
 
-    @torch.inference_mode()
     def execute(self, so: SchedulerOutput) -> StepResult:
+        """Run one step to the end: ``finish(launch(so))``."""
+        return self.finish(self.launch(so))
+
+    def is_simple(self, so: SchedulerOutput) -> bool:
+        """Whether every request of ``so`` samples without the host: no drafts (speculative decoding off),
+        no grammar, no penalties, no prompt logprobs, no min_tokens still to reach."""
+        if self.drafter is not None:
+            return False
+        for s in so.scheduled:
+            rr = self.requests.get(s.req_id)
+            if rr is None or s.num_draft_tokens or rr.pending_drafts or rr.matcher is not None:
+                return False
+            p = rr.params
+            if p.has_penalties or p.prompt_logprobs is not None or p.min_tokens > len(rr.output_token_ids):
+                return False
+        return True
+
+    def can_chain(self, so: SchedulerOutput) -> bool:
+        """Whether ``so`` may be launched before the previous step's tokens reach the host."""
+        return not so.is_empty and self.is_simple(so)
+
+    @torch.inference_mode()
+    def launch(self, so: SchedulerOutput, prev: LaunchedStep | None = None) -> LaunchedStep:
+        """Queue step ``so`` on the device. ``prev``: the step before it when that one is not finished yet
+        (``can_chain(so)`` must hold): the decode ids of its sampled requests come from ``prev.tokens`` on
+        the device and their positions are one further than the host's history says."""
         for rid in so.finished_req_ids:
             self.drop(rid)
-        result = StepResult()
         if so.is_empty:
-            return result
+            return LaunchedStep(so, result=StepResult())
+        if self.is_simple(so):
+            return self._launch_simple(so, prev)
+        if prev is not None and prev.result is None:
+            raise RuntimeError("a step that samples on the host cannot be launched before the previous one finished")
+        return LaunchedStep(so, result=self._execute_full(so))
+
+    def finish(self, launched: LaunchedStep) -> StepResult:
+        """The host side of a launched step: its tokens (one wait for the device), the runner's history,
+        logprobs. Requests dropped since the launch still get their token (the engine discards it)."""
+        if launched.result is not None:
+            return launched.result
+        result = StepResult()
+        tokens = launched.tokens.tolist() if launched.tokens is not None else []
+        for i, (g, t) in enumerate(zip(launched.groups, tokens)):
+            g.rr.output_token_ids.append(t)
+            result.sampled[g.s.req_id] = [t]
+            if launched.raw is not None and g.rr.params.logprobs is not None:
+                result.logprobs[g.s.req_id] = self._token_logprobs(launched.raw[i:i + 1], [t], g.rr.params)
+        launched.result = result
+        return result
+
+    def _launch_simple(self, so: SchedulerOutput, prev: LaunchedStep | None) -> LaunchedStep:
+        """Inputs, model and sampling of a simple step, all queued on the device (no wait for it)."""
+        lagging = prev.row_of if prev is not None and prev.result is None else {}
+        slices: list[SeqSlice] = []
+        ids: list[int] = []
+        feed_at: list[int] = []  # rows whose id is the previous step's token, still on the device ...
+        feed_from: list[int] = []  # ... at this index of prev.tokens
+        groups: list[_SampleGroup] = []
+        for s in so.scheduled:
+            rr = self.requests[s.req_id]
+            toks, start = s.token_ids, s.num_computed_tokens
+            if toks and toks[-1] == PLACEHOLDER_TOKEN_ID:  # a decode: the anchor is the last sampled token
+                start = len(rr.prompt_token_ids) + len(rr.output_token_ids) - 1
+                if s.req_id in lagging:
+                    start += 1
+                    feed_at.append(len(ids))
+                    feed_from.append(lagging[s.req_id])
+                    toks = [0]
+                else:
+                    toks = [rr.output_token_ids[-1]]
+            if s.samples:
+                groups.append(_SampleGroup(s, rr, len(ids) + len(toks) - 1, [], start + len(toks) - 1))
+            ids.extend(toks)
+            slices.append(SeqSlice(start, len(toks), s.block_tables, s.state_slot, s.cached_until, s.window_floor,
+                                   False))
+        dev = self.executor.device
+        input_ids = torch.tensor(ids, dtype=torch.long)
+        if feed_at:
+            input_ids = upload(input_ids, dev).index_copy_(
+                0, upload(torch.tensor(feed_at), dev), prev.tokens[upload(torch.tensor(feed_from), dev)])
+            self.chained_steps += 1
+        hidden = self.executor.run(input_ids, slices)
+        launched = LaunchedStep(so, groups=groups, row_of={g.s.req_id: i for i, g in enumerate(groups)})
+        if groups:
+            self._sample_on_device(hidden, launched)
+        return launched
+
+    def _sample_on_device(self, hidden: torch.Tensor, launched: LaunchedStep) -> None:
+        """One token per group of a simple step, left on the device (``launched.tokens``): greedy rows take
+        the argmax, the others one draw from their (seed, sequence, position) stream, as ``_sample`` does."""
+        groups = launched.groups
+        logits = self.model.compute_logits(hidden[upload(torch.tensor([g.row for g in groups]), hidden.device)])
+        meta = SamplingMetadata(params=[g.rr.params for g in groups],
+                                output_token_ids=[g.rr.output_token_ids for g in groups],
+                                prompt_token_ids=[g.rr.prompt_token_ids for g in groups],
+                                generators=[g.rr.generator for g in groups], eos_token_ids=self.eos_token_ids)
+        x, launched.raw = self.sampler.process(logits, meta)
+        tokens = x.argmax(dim=-1)
+        plain = [i for i, g in enumerate(groups) if not g.rr.params.greedy]
+        if plain:
+            for i in plain:
+                g = groups[i]
+                g.rr.generator.manual_seed(position_seed(g.rr.seed, g.rr.seq_index, g.anchor_pos + 1))
+            idx = upload(torch.tensor(plain), x.device)
+            tokens[idx] = self.sampler.draw(x[idx], [groups[i].rr.generator for i in plain])
+        launched.tokens = tokens
+
+    def _execute_full(self, so: SchedulerOutput) -> StepResult:
+        """A step whose sampling needs the host (drafts, grammar, penalties, prompt logprobs ...)."""
+        result = StepResult()
         slices: list[SeqSlice] = []
         ids: list[int] = []
         feeds: list[tuple[int, int]] = []  # per entry: (start position, drafts fed)

@@ -542,6 +542,10 @@ class KVCacheManager:
         """
         return self.host.take_ops() if self.host is not None else []
 
+    def has_host_copies(self) -> bool:
+        """Whether ``take_host_copies`` would return copies (without taking them)."""
+        return self.host is not None and bool(self.host._ops)
+
     def _spill(self, block_id: int, block_hash: int) -> None:
         """``BlockPool.on_evict``: the block's id is about to be reused; keep its contents on the host."""
         g, self._block_group[block_id] = self._block_group[block_id], -1

@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
+from deepinfer_core.runner.context import upload
 from deepinfer_core.sampling_params import SamplingParams
 
 SAMPLING_OPS = ("sample.apply_penalties", "sample.topk_topp_minp", "sample.exponential_race")
@@ -275,10 +276,10 @@ class Sampler:
         rand = [i for i, p in enumerate(params) if not p.greedy]
         if greedy:
             # torch.argmax returns the first maximal index: ties -> lowest id.
-            gi = torch.tensor(greedy, device=device)
+            gi = _on(greedy, torch.int64, device)
             token_ids[gi] = x[gi].argmax(dim=-1)
         if rand:
-            ri = torch.tensor(rand, device=device)
+            ri = _on(rand, torch.int64, device)
             token_ids[ri] = self.draw(x[ri], [metadata.generators[i] for i in rand])
 
         if logprobs is not None:
@@ -302,7 +303,7 @@ class Sampler:
             x = self._apply_penalties(x, metadata)
         rand = [i for i, p in enumerate(params) if not p.greedy]
         if rand:
-            ri = torch.tensor(rand, device=x.device)
+            ri = _on(rand, torch.int64, x.device)
             x = x.clone() if x is logits else x
             x[ri] = self._scale_filter(x[ri], [params[i] for i in rand])
         return x, logprobs
@@ -355,7 +356,7 @@ class Sampler:
         if not rows:
             return x
         x = x.clone()
-        x[torch.tensor(rows, device=x.device), torch.tensor(cols, device=x.device)] = float("-inf")
+        x[_on(rows, torch.int64, x.device), _on(cols, torch.int64, x.device)] = float("-inf")
         return x
 
     def _apply_penalties(self, x: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
@@ -368,20 +369,20 @@ class Sampler:
         prompts = [metadata.prompt_token_ids[i] if needs_prompt[i] else () for i in range(b)]
         outputs = [metadata.output_token_ids[i] if p.has_penalties else () for i, p in enumerate(params)]
         dev = x.device
-        rep = torch.tensor([p.repetition_penalty for p in params], dtype=x.dtype, device=dev)
-        freq = torch.tensor([p.frequency_penalty for p in params], dtype=x.dtype, device=dev)
-        pres = torch.tensor([p.presence_penalty for p in params], dtype=x.dtype, device=dev)
+        rep = _on([p.repetition_penalty for p in params], x.dtype, dev)
+        freq = _on([p.frequency_penalty for p in params], x.dtype, dev)
+        pres = _on([p.presence_penalty for p in params], x.dtype, dev)
         return self.ops.apply_penalties(x, _pad(prompts, v, dev), _pad(outputs, v, dev), rep, freq, pres)
 
     def _scale_filter(self, x: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
         """x [R, V] penalised logits of the random rows -> ``topk_topp_minp(x / temperature)``."""
         dev = x.device
-        temp = torch.tensor([p.temperature for p in params], dtype=x.dtype, device=dev)
+        temp = _on([p.temperature for p in params], x.dtype, dev)
         x = x / temp[:, None]
         if any(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in params):
-            top_k = torch.tensor([max(p.top_k, 0) for p in params], dtype=torch.int64, device=dev)
-            top_p = torch.tensor([p.top_p for p in params], dtype=x.dtype, device=dev)
-            min_p = torch.tensor([p.min_p for p in params], dtype=x.dtype, device=dev)
+            top_k = _on([max(p.top_k, 0) for p in params], torch.int64, dev)
+            top_p = _on([p.top_p for p in params], x.dtype, dev)
+            min_p = _on([p.min_p for p in params], x.dtype, dev)
             x = self.ops.topk_topp_minp(x, top_k, top_p, min_p)
         return x
 
@@ -397,4 +398,12 @@ def _pad(rows: Sequence[Sequence[int]], vocab_size: int, device: torch.device) -
                 raise ValueError(f"row {i}: token ids must be in [0, {vocab_size}), got min {int(ids.min())} "
                                  f"max {int(ids.max())}")
             out[i, :len(r)] = ids
-    return out.to(device)
+    return upload(out, device)
+
+
+def _on(values: Sequence[Any], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A short host list as a tensor on ``device`` without making the host wait for the device: staged
+    through pinned memory and copied asynchronously (``runner/context.upload``). ``torch.tensor(values,
+    device=...)`` would synchronise the stream, and a step launched behind one still running on the device
+    (the engine's chained decode steps) must not wait for it."""
+    return upload(torch.tensor(values, dtype=dtype), device)

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Fifteenth pass: OUT=dir bash deepinfer_nvidia/tests/pass15.sh [STAGES]
+#   chained  engine steps chained on the device (test_chained_cuda.py) and the CUDA platform tests
+#   engine   benchmarks/engine_decode.py on a V4.1 slice checkpoint (LAYERS, default 4, no mtp.*):
+#            decode ms per step with chained steps on / off, batch 1, 32, 64
+#   v41, v4  the sweeps of pass14.sh (graphed, pipelined and synchronous decode rows)
+set -u
+STAGES=${1:-chained,engine}
+OUT=${OUT:-.}
+LAYERS=${LAYERS:-4}
+CKPT=${CKPT:-/tmp/v41_slice}
+export PYTHONUNBUFFERED=1 DEEPINFER_ACCELERATOR=nvidia
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+has() { [[ ",$STAGES," == *",$1,"* ]]; }
+quiet() { grep -vE "Warning|warn"; }
+mkdir -p "$OUT"
+if has chained; then
+  stamp chained
+  timeout "${CHAINED_S:-200}" python3 -m pytest -q deepinfer_nvidia/tests/test_chained_cuda.py \
+    deepinfer_nvidia/tests/test_platform_cuda.py 2>&1 | tail -15 | tee "$OUT/chained.txt"
+fi
+if has engine; then
+  stamp "engine: build + save $LAYERS layers"
+  rm -rf "$CKPT"
+  timeout 200 python3 benchmarks/sweep.py --arch v41 --layers "$LAYERS" --engram-vocab 65536 --no-draft \
+    --save-checkpoint "$CKPT" --save-only --out "$OUT/save" 2>&1 | quiet | tail -2
+  stamp "engine_decode"
+  timeout "${ENGINE_S:-300}" python3 benchmarks/engine_decode.py --model "$CKPT" --dtype bfloat16 \
+    --batches "${BATCHES:-1,32,64}" --prompt-len 64 --max-tokens "${MAX_TOKENS:-48}" --repeats 2 --kv-bytes $((8 << 30)) \
+    --json "$OUT/engine_decode.json" 2>&1 | quiet | tail -8 | tee "$OUT/engine_decode.txt"
+fi
+if has v41 || has v4; then
+  OUT="$OUT" bash deepinfer_nvidia/tests/pass14.sh "$STAGES"
+fi
+stamp done
