@@ -102,6 +102,11 @@ class LaunchedStep:
     tokens: torch.Tensor | None = None
     raw: torch.Tensor | None = None
     row_of: dict[str, int] = field(default_factory=dict)
+    # on an accelerator: ``tokens`` copied to pinned host memory asynchronously, and the event recorded after
+    # that copy; ``finish`` waits for the event only. (``tokens.tolist()`` would synchronise the whole stream,
+    # i.e. also wait for the step chained behind this one.)
+    tokens_host: torch.Tensor | None = None
+    ready: Any = None
 
 
 class ModelRunner:
@@ -182,7 +187,10 @@ class ModelRunner:
         if launched.result is not None:
             return launched.result
         result = StepResult()
-        tokens = launched.tokens.tolist() if launched.tokens is not None else []
+        if launched.ready is not None:
+            launched.ready.synchronize()
+        host = launched.tokens_host if launched.tokens_host is not None else launched.tokens
+        tokens = host.tolist() if host is not None else []
         for i, (g, t) in enumerate(zip(launched.groups, tokens)):
             g.rr.output_token_ids.append(t)
             result.sampled[g.s.req_id] = [t]
@@ -247,6 +255,11 @@ class ModelRunner:
             idx = upload(torch.tensor(plain), x.device)
             tokens[idx] = self.sampler.draw(x[idx], [groups[i].rr.generator for i in plain])
         launched.tokens = tokens
+        if tokens.device.type != "cpu":
+            launched.tokens_host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+            launched.tokens_host.copy_(tokens, non_blocking=True)
+            launched.ready = torch.Event(device=tokens.device)
+            launched.ready.record()
 
     def _execute_full(self, so: SchedulerOutput) -> StepResult:
         """A step whose sampling needs the host (drafts, grammar, penalties, prompt logprobs ...)."""

@@ -18,7 +18,7 @@ mkdir -p "$OUT"
 if has chained; then
   stamp chained
   timeout "${CHAINED_S:-200}" python3 -m pytest -q deepinfer_nvidia/tests/test_chained_cuda.py \
-    deepinfer_nvidia/tests/test_platform_cuda.py 2>&1 | tail -15 | tee "$OUT/chained.txt"
+    deepinfer_nvidia/tests/test_platform_cuda.py 2>&1 | grep -vE "^  |^$" | tail -40 | tee "$OUT/chained.txt"
 fi
 if has engine; then
   stamp "engine: build + save $LAYERS layers"
