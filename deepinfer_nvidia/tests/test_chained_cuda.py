@@ -70,7 +70,8 @@ def test_a_chained_launch_never_waits_for_the_device(ckpt):
         if prev is None or prev.result is not None:
             return real(so, prev)
         def hook(message, category, filename, lineno, file=None, line=None):
-            if "synchroniz" in str(message):  # where it came from: the innermost repository frames
+            # (set_sync_debug_mode itself warns that the mode is a prototype: not a sync)
+            if "synchronizing CUDA operation" in str(message):  # where from: the innermost repository frames
                 stack = [f for f in traceback.extract_stack()[:-1] if "/deepinfer_" in f.filename]
                 syncs.append(f"{filename}:{lineno} <- " + " <- ".join(f"{f.filename.split('/work/main/')[-1]}:"
                                                                        f"{f.lineno}" for f in stack[::-1][:4]))
