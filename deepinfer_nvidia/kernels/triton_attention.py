@@ -147,10 +147,12 @@ def _check(q, kv_a, idx_a, kv_b, idx_b, sinks) -> None:
 
 def sparse_sink(q: torch.Tensor, kv_a: torch.Tensor, idx_a: torch.Tensor, kv_b: torch.Tensor | None,
                 idx_b: torch.Tensor | None, sinks: torch.Tensor, scale: float,
-                block_h: int | None = None, block_n: int | None = None, splits: int | None = None) -> torch.Tensor:
+                block_h: int | None = None, block_n: int | None = None, splits: int | None = None,
+                warps: int | None = None, stages: int | None = None) -> torch.Tensor:
     """``attention.sparse_sink`` (see the reference): returns [T, H, D] in q.dtype.
 
-    ``block_h`` / ``block_n`` / ``splits`` override the launch heuristics (benchmarks only).
+    ``block_h`` / ``block_n`` / ``splits`` / ``warps`` / ``stages`` override the launch heuristics (benchmarks
+    only; ``stages`` None keeps Triton's default).
     """
     if not supports(q, kv_a, idx_a, kv_b, idx_b, sinks, scale):
         return hand_off("attention.sparse_sink", f"operands q {q.dtype} {tuple(q.shape)} on {q.device} not covered",
@@ -185,18 +187,20 @@ def sparse_sink(q: torch.Tensor, kv_a: torch.Tensor, idx_a: torch.Tensor, kv_b: 
     per_split = triton.cdiv(per_split, bn) * bn
     prec = dot_precision(q.dtype)
     kvb, idxb = (kv_b, idx_b) if has_b else (kv_a, idx_a)
-    warps = 4 if block_d <= 128 else 8
+    opts = {"num_warps": warps or (4 if block_d <= 128 else 8)}
+    if stages is not None:
+        opts["num_stages"] = stages
     qk_scale = float(scale) * _LOG2E
     if splits == 1:
         _attn_kernel[(t, hb, 1)](q, kv_a, idx_a, kvb, idxb, sinks.float().contiguous(), out, out, h, d, na, nb,
                                  qk_scale, per_split, HAS_B=has_b, SPLITS=1, BLOCK_H=bh, BLOCK_N=bn,
-                                 BLOCK_D=block_d, PREC=prec, num_warps=warps)
+                                 BLOCK_D=block_d, PREC=prec, **opts)
         return out
     part = torch.empty(splits, t, h, d, dtype=torch.float32, device=q.device)
     ml = torch.empty(splits, t, h, 2, dtype=torch.float32, device=q.device)
     _attn_kernel[(t, hb, splits)](q, kv_a, idx_a, kvb, idxb, sinks.float().contiguous(), part, ml, h, d, na, nb,
                                   qk_scale, per_split, HAS_B=has_b, SPLITS=splits, BLOCK_H=bh, BLOCK_N=bn,
-                                  BLOCK_D=block_d, PREC=prec, num_warps=warps)
+                                  BLOCK_D=block_d, PREC=prec, **opts)
     _merge_kernel[(t, h)](part, ml, out, t, h, d, SPLITS=splits, BLOCK_D=block_d, num_warps=4)
     return out
 

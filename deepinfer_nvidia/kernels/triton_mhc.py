@@ -6,10 +6,12 @@ Two launches instead of the reference's ~70 small ops:
    few tokens, so the 24 x n*D fp32 ``fn`` matrix is streamed by many SMs). It
    reads the flattened residual once, accumulates ``sum(x^2)`` and the
    projection ``x . fn^T`` (full-fp32 dot) into fp32 partials.
-   Prefill-sized launches (``TF32X3_MIN_T`` tokens or more) take the dot as three TF32 tensor-core
-   products (``tf32x3``: hi*hi + hi*lo + lo*hi, ~21 mantissa bits per product, fp32 accumulation):
-   the full-fp32 dot runs on the CUDA cores at ~8% of their FMA rate, 2.07 ms per call at 8192
-   tokens on the H200 (thirteenth pass, docs/performance.md).
+   Prefill-sized launches (``TF32X3_MIN_T`` tokens or more) take the dot on the tensor cores: the
+   full-fp32 dot runs on the CUDA cores at ~8% of their FMA rate, 2.07 ms per call at 8192 tokens on
+   the H200 (thirteenth pass, docs/performance.md). A bf16 residual is exact in bf16, so ``fn`` is
+   split into three bf16 pieces (~24 significant bits together) and the dot is three bf16 products
+   with fp32 accumulation (sixteenth pass); an fp32 / fp16 residual takes three TF32 products
+   (``tf32x3``: hi*hi + hi*lo + lo*hi, ~21 mantissa bits per product).
 2. ``_gate_kernel``: one program per token sums the partials in fixed order,
    applies the RMS factor (``fn . (x * r) == (fn . x) * r``), the sigmoid gates,
    the row softmax of the n x n block and ``sinkhorn_iters`` Sinkhorn
@@ -36,7 +38,8 @@ from deepinfer_nvidia.kernels._common import FLOATS, hand_off, next_pow2, on_cud
 
 @triton.jit
 def _proj_kernel(x_ptr, fn_ptr, part_ptr, ss_ptr, T, K, R, k_per_split,
-                 NR: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr = "ieee"):
+                 NR: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr = "ieee",
+                 SPLIT_FN: tl.constexpr = False):
     pid_t = tl.program_id(0)
     sp = tl.program_id(1)
     rt = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -51,11 +54,23 @@ def _proj_kernel(x_ptr, fn_ptr, part_ptr, ss_ptr, T, K, R, k_per_split,
         rk = k0 + tl.arange(0, BLOCK_K)
         kmask = rk < k_hi
         x = tl.load(x_ptr + rt[:, None].to(tl.int64) * K + rk[None, :], mask=tmask[:, None] & kmask[None, :],
-                    other=0.0).to(tl.float32)
+                    other=0.0)
         f = tl.load(fn_ptr + rr[:, None].to(tl.int64) * K + rk[None, :], mask=rmask[:, None] & kmask[None, :],
                     other=0.0)
-        ss += tl.sum(x * x, axis=1)
-        acc += tl.dot(x, tl.trans(f), input_precision=PRECISION)
+        xf = x.to(tl.float32)
+        ss += tl.sum(xf * xf, axis=1)
+        if SPLIT_FN:
+            # x is bf16, so exact in bf16: fn = f1 + f2 + f3 (three bf16 pieces, rounded to nearest, ~24
+            # significant bits together) and three bf16 products with fp32 accumulation give the fp32 dot
+            f1 = f.to(tl.bfloat16)
+            r1 = f - f1.to(tl.float32)
+            f2 = r1.to(tl.bfloat16)
+            f3 = (r1 - f2.to(tl.float32)).to(tl.bfloat16)
+            acc = tl.dot(x, tl.trans(f3), acc)
+            acc = tl.dot(x, tl.trans(f2), acc)
+            acc = tl.dot(x, tl.trans(f1), acc)
+        else:
+            acc += tl.dot(xf, tl.trans(f), input_precision=PRECISION)
     off = (sp * T + rt[:, None]).to(tl.int64) * NR + rr[None, :]
     tl.store(part_ptr + off, acc, mask=tmask[:, None])
     tl.store(ss_ptr + sp * T + rt, ss, mask=tmask)
@@ -112,14 +127,21 @@ def supports(residual, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters) -> boo
 
 BI_BLOCK_T = 16  # tokens per projection program in the batch-invariant launch
 TF32X3_MIN_T = 1024  # tokens from which the default launch's projection runs as tf32x3 (decode sizes keep ieee)
+# The prefill launch's (BLOCK_T, BLOCK_K, num_warps, num_stages); its split is taken to fill ~2 waves of SMs.
+# Measured on the H200 (docs/performance.md, sixteenth pass).
+PREFILL_LAUNCH = (32, 128, 4, 3)
+# Prefill with a bf16 residual: fn split into three bf16 pieces, three bf16 tensor-core products (x is exact in
+# bf16), instead of tf32x3 on an fp32 copy of x. False keeps tf32x3 (benchmarks compare the two).
+SPLIT_FN_BF16 = True
 
 
 def mix(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_eps: float,
-        hc_eps: float, sinkhorn_iters: int, batch_invariant: bool = False, force_kernel: bool = False):
+        hc_eps: float, sinkhorn_iters: int, batch_invariant: bool = False, force_kernel: bool = False,
+        prefill_launch: tuple | None = None):
     """``mhc.mix``: returns fp32 ``pre [T, n]``, ``post [T, n]``, ``comb [T, n, n]`` (see the reference).
 
     ``batch_invariant``: tiles and split from (n, D) only (``mix_bi``). ``force_kernel`` runs on CPU tensors
-    (Triton's interpreter, tests only)."""
+    (Triton's interpreter, tests only). ``prefill_launch`` overrides ``PREFILL_LAUNCH`` (benchmarks, tests)."""
     if not (supports(residual, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters) or force_kernel):
         return hand_off("mhc.mix", f"operands residual {residual.dtype} {tuple(residual.shape)} on "
                         f"{residual.device} not covered", mhc_mix, residual, fn, base, scale, norm_eps, hc_eps,
@@ -139,8 +161,12 @@ def mix(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: tor
         return pre, post, comb
     x = residual.contiguous()
     nr = max(16, next_pow2(rows))
-    bk = 128
-    if batch_invariant:
+    bk, warps, stages = 128, 4, None
+    prefill = t >= TF32X3_MIN_T and not batch_invariant
+    if prefill:
+        bt, bk, warps, stages = prefill_launch or PREFILL_LAUNCH
+        tiles_for_split = triton.cdiv(t, bt)
+    elif batch_invariant:
         # fixed rows per program; the split is the one batch 1 gets, computed from n*D alone
         bt, tiles_for_split = BI_BLOCK_T, 1
     else:
@@ -166,9 +192,10 @@ def mix(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: tor
     k_per = triton.cdiv(triton.cdiv(kdim, splits), bk) * bk
     part = torch.empty(splits, t, nr, dtype=torch.float32, device=dev)
     ss = torch.empty(splits, t, dtype=torch.float32, device=dev)
-    precision = "tf32x3" if t >= TF32X3_MIN_T and not batch_invariant else "ieee"
+    opts = {"num_warps": warps} if stages is None else {"num_warps": warps, "num_stages": stages}
+    split_fn = prefill and SPLIT_FN_BF16 and x.dtype == torch.bfloat16
     _proj_kernel[(tiles, splits)](x, fn.contiguous(), part, ss, t, kdim, rows, k_per, NR=nr, BLOCK_T=bt,
-                                  BLOCK_K=bk, PRECISION=precision, num_warps=4)
+                                  BLOCK_K=bk, PRECISION="tf32x3" if prefill else "ieee", SPLIT_FN=split_fn, **opts)
     _gate_kernel[(t,)](part, ss, base.contiguous(), scale.contiguous(), pre, post, comb, t, kdim, n,
                        float(norm_eps), float(hc_eps), int(sinkhorn_iters), NR=nr, NP=max(2, n), SPLITS=splits,
                        num_warps=1)

@@ -11,11 +11,7 @@ set -u
 STAGES=${1:-conformance,indexer,align,stacks}
 OUT=${OUT:-.}
 export PYTHONUNBUFFERED=1 DEEPINFER_ACCELERATOR=nvidia DEEPINFER_NV_SWAP_PAIRS=${DEEPINFER_NV_SWAP_PAIRS:-1,98304}
-t0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
-has() { [[ ",$STAGES," == *",$1,"* ]]; }
-quiet() { grep -vE "Warning|warn"; }
-mkdir -p "$OUT"
+source "$(dirname "$0")/pass_lib.sh"
 if has conformance; then
   stamp conformance
   timeout 180 python3 -m pytest -q deepinfer_nvidia/tests/test_conformance.py \

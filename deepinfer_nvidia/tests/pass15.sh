@@ -12,11 +12,7 @@ OUT=${OUT:-.}
 LAYERS=${LAYERS:-4}
 CKPT=${CKPT:-/tmp/v41_slice}
 export PYTHONUNBUFFERED=1 DEEPINFER_ACCELERATOR=nvidia
-t0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
-has() { [[ ",$STAGES," == *",$1,"* ]]; }
-quiet() { grep -vE "Warning|warn"; }
-mkdir -p "$OUT"
+source "$(dirname "$0")/pass_lib.sh"
 if has chained; then
   stamp chained
   timeout "${CHAINED_S:-200}" python3 -m pytest -q deepinfer_nvidia/tests/test_chained_cuda.py \

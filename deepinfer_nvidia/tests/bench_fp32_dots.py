@@ -1,0 +1,122 @@
+"""The prefill's fp32 products on the GPU: launch variants, error and time (not a pytest file; sixteenth pass).
+
+    python -m deepinfer_nvidia.tests.bench_fp32_dots [--out DIR] [--tokens 1024,8192]
+        [--mix 32x128x4x3:t,...]        mhc.mix prefill launches: BLOCK_T x BLOCK_K x warps x stages, then
+                                        :t (tf32x3 on fp32 x) or :b (fn in three bf16 pieces)
+        [--gemm 128x128x32x8x3,...]     fp32 gemm.dense launches: BLOCK_M x BLOCK_N x BLOCK_K x warps x stages
+
+1. ``mhc.mix`` at V4.1 width (n 4, D 5120, bf16 residual): every ``--mix`` launch of the prefill projection
+   against the fp32 reference (max abs error of pre / post / comb) and its time (CUDA-graph replay, median of
+   ``do_bench``), with the residual's bytes over the time.
+2. fp32 ``gemm.dense`` at the compressor shapes (K 5120, N 512 and 128): cuBLAS fp32 (torch's default, CUDA
+   cores), cuBLAS TF32 (one TF32 product: the precision we do not take) and every ``--gemm`` tf32x3 launch,
+   each with its max relative error against a float64 product and its time and TFLOP/s.
+A launch with an error above 1e-4 (relative, against float64) is printed as FAIL and the run exits 1.
+Writes ``fp32_dots.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+
+def _graph_us(fn, do_bench) -> float:
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return do_bench(graph.replay, warmup=10, rep=60) * 1e3
+
+
+def _ints(spec: str) -> list[tuple[int, ...]]:
+    return [tuple(int(v) for v in s.split("x")) for s in spec.split(",") if s]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--tokens", default="1024,8192")
+    ap.add_argument("--mix", default="32x128x4x3:t,32x128x4x3:b,64x64x4x3:b,128x64x4x3:b,128x64x8x3:b,"
+                    "64x128x4x3:b,128x128x8x3:b,128x32x4x4:b,256x64x8x3:b,64x64x4x4:b")
+    ap.add_argument("--gemm", default="128x128x32x8x3,128x64x32x4x3,64x128x32x4x3,128x128x16x8x4,"
+                    "128x256x32x8x3,64x64x32x4x4,256x128x32x8x3,128x128x32x4x3")
+    args = ap.parse_args()
+    from triton.testing import do_bench
+
+    from deepinfer_core.kernels.ops.mhc import mhc_mix
+    from deepinfer_nvidia.kernels import triton_dense_fp32 as td, triton_mhc as tm
+
+    os.makedirs(args.out, exist_ok=True)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rows: list[dict] = []
+    failed = False
+
+    def note(row: dict, checked: bool = True) -> None:
+        nonlocal failed
+        ok = row["err"] <= 1e-4 or not checked
+        failed |= not ok
+        rows.append(row)
+        print(f"{row['what']:<36} T={row['t']:<5} {row['us']:9.1f} us  {row.get('rate', ''):>14}  "
+              f"err {row['err']:.2e}{'' if ok else '  FAIL'}", flush=True)
+
+    n, d = 4, 5120
+    fn = torch.randn((2 + n) * n, n * d, generator=g, device="cuda") / (n * d) ** 0.5
+    base = torch.randn((2 + n) * n, generator=g, device="cuda")
+    scale = torch.rand(3, generator=g, device="cuda") + 0.5
+    for t in (int(v) for v in args.tokens.split(",")):
+        r = torch.randn(t, n, d, generator=g, device="cuda").bfloat16()
+        ref = mhc_mix(r, fn, base, scale, 1e-6, 1e-6, 20)
+        gb = r.numel() * 2 / 1e9
+        for spec in args.mix.split(","):
+            shape, _, mode = spec.partition(":")
+            launch = _ints(shape)[0]
+
+            def run(launch=launch, split=mode != "t"):
+                tm.SPLIT_FN_BF16 = split
+                return tm.mix(r, fn, base, scale, 1e-6, 1e-6, 20, prefill_launch=launch)
+            out = run()
+            err = max((o - rr).abs().max().item() / rr.abs().max().item() for o, rr in zip(out, ref))
+            us = _graph_us(run, do_bench)
+            note({"what": f"mhc.mix {spec}", "t": t, "us": us,
+                  "rate": f"{gb / us * 1e6:.0f} GB/s", "err": err})
+    for t in (int(v) for v in args.tokens.split(",")):
+        for nout in (512, 128):
+            x = torch.randn(t, 5120, generator=g, device="cuda")
+            w = torch.randn(nout, 5120, generator=g, device="cuda") / 5120 ** 0.5
+            ref = x.double() @ w.double().t()
+            flop = 2 * t * nout * 5120
+
+            def rel(y):
+                return ((y.double() - ref).abs().max() / ref.abs().max()).item()
+
+            def cublas(tf32: bool):
+                def f():
+                    torch.backends.cuda.matmul.allow_tf32 = tf32
+                    try:
+                        return x @ w.t()
+                    finally:
+                        torch.backends.cuda.matmul.allow_tf32 = False
+                return f
+            for name, f in (("cuBLAS fp32", cublas(False)), ("cuBLAS tf32 (x1)", cublas(True))):
+                err, us = rel(f()), _graph_us(f, do_bench)
+                # one TF32 product is shown for the trade, never taken: its error is not a failure
+                note({"what": f"{name} N={nout}", "t": t, "us": us, "rate": f"{flop / us / 1e6:.0f} TFLOP/s",
+                      "err": err}, checked="x1" not in name)
+            for tiles in _ints(args.gemm):
+                def f(tiles=tiles):
+                    return td.gemm_dense_tf32x3(x, w, tiles=tiles)
+                err, us = rel(f()), _graph_us(f, do_bench)
+                note({"what": f"tf32x3 {'x'.join(map(str, tiles))} N={nout}", "t": t, "us": us,
+                      "rate": f"{flop / us / 1e6:.0f} TFLOP/s", "err": err})
+    with open(os.path.join(args.out, "fp32_dots.json"), "w") as fh:
+        json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, fh, indent=1)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

