@@ -336,12 +336,12 @@ class LLMEngine:
             return execute(so)
         return run
 
-    def _submit(self, so: SchedulerOutput, prev: LaunchedStep | None = None) -> Future:
+    def _submit(self, so: SchedulerOutput, prev: LaunchedStep | None = None, simple: bool | None = None) -> Future:
         """Launch ``so`` on the worker (-> Future of its ``LaunchedStep``); ``prev``: the unfinished step
-        it is chained behind."""
+        it is chained behind; ``simple``: ``runner.is_simple(so)`` when already known."""
         assert self._worker is not None
         # host copies are taken now (in step order), applied on the worker just before the step
-        launch = self._host_copies_then(lambda s: self.runner.launch(s, prev))
+        launch = self._host_copies_then(lambda s: self.runner.launch(s, prev, simple))
         return self._worker.submit(self._timed, launch, so)
 
     def step(self) -> list[RequestOutput]:
@@ -363,7 +363,7 @@ class LLMEngine:
         # Chain N+1 behind N before N's tokens reach the host, unless it needs them there (or host-tier
         # copies must run between the two steps: they assume no step in flight).
         if self.chain_steps and self.runner.can_chain(nxt) and not self.kv.has_host_copies():
-            chained = self._submit(nxt, prev=launched)
+            chained = self._submit(nxt, prev=launched, simple=True)  # can_chain answered is_simple
         result = self._worker.submit(self.runner.finish, launched).result()  # after N+1's launch: FIFO
         finished = self._process(so, result)
         if chained is not None:
