@@ -23,7 +23,7 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--tokens", default="8192")
     ap.add_argument("--variants", default="64x32x8x0,64x32x8x1,64x32x8x2,64x64x8x1,64x64x8x2,64x16x8x3,"
-                    "64x16x8x4,64x32x4x2")
+                    "64x32x16x0,64x32x16x2,64x64x16x2,64x64x16x1,64x16x16x3")
     args = ap.parse_args()
     from triton.testing import do_bench
 
