@@ -60,8 +60,6 @@ IMPLS: tuple[tuple, ...] = (
     ("gemm.fp8_block_grouped", "triton", f"{_K}.triton_gemm:gemm_fp8_block_grouped",
      f"{_K}.triton_gemm:supports_fp8_grouped"),
     ("gemm.mxfp4", "triton", f"{_K}.triton_gemm:gemm_mxfp4", f"{_K}.triton_gemm:supports_mxfp4"),
-    # fp32 calls of >= 1024 rows as tf32x3 tensor-core products; every other call is the aten entry's cuBLAS
-    ("gemm.dense", "triton", f"{_K}.triton_dense_fp32:gemm_dense_tf32x3", f"{_K}.triton_dense_fp32:supports"),
     ("gemm.dense", "aten", f"{_K}.aten_ops:gemm_dense", f"{_K}.aten_ops:supports_dense"),
     ("moe.experts", "aten", f"{_K}.aten_ops:moe_experts", f"{_K}.aten_ops:supports_experts"),
     ("moe.experts_fp8", "triton", f"{_K}.triton_moe:moe_experts_fp8", f"{_K}.triton_moe:supports"),

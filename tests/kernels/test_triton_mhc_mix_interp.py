@@ -25,7 +25,7 @@ for t in (1, 3):
         cases += 1
 # the prefill launch (>= TF32X3_MIN_T tokens) with its fp32 dot: the interpreter (triton 3.9) returns garbage
 # for bf16 x bf16 tl.dot, so the bf16-pieces path (SPLIT_FN_BF16) is checked on the GPU only
-# (deepinfer_nvidia/tests/test_conformance_dense_fp32.py)
+# (deepinfer_nvidia/tests/test_conformance_mhc_prefill.py)
 tm.SPLIT_FN_BF16 = False
 tm.TF32X3_MIN_T = 16  # the prefill launch at a size the interpreter runs quickly
 n2, d2 = 4, 64

@@ -155,16 +155,15 @@ def test_plugin_modules_import_no_vendor_library():
 
 
 def test_nvidia_default_providers_take_cublas_for_what_triton_does_not_cover(monkeypatch):
-    """Resolved with the platform's default order (as the engine resolves a model's kernels), moe.experts takes
-    the ``aten`` entry (grouped GEMM), not its reference's 8-row GEMM tiles; gemm.dense takes ``triton``, whose
-    wrapper runs the ``aten`` cuBLAS GEMM for every call but prefill-sized fp32 ones; Triton still wins where it
-    has an entry; in batch-invariant mode ``aten`` (not invariant) is never chosen."""
+    """Resolved with the platform's default order (as the engine resolves a model's kernels), gemm.dense and
+    moe.experts take the ``aten`` entries (cuBLAS, grouped GEMM), not their references' 8-row GEMM tiles, and
+    Triton still wins where it has an entry; in batch-invariant mode ``aten`` (not invariant) is never chosen."""
     monkeypatch.delenv("DEEPINFER_KERNELS", raising=False)  # the suite forces references elsewhere
     reg = KernelRegistry()
     register_builtin_ops(reg)
     nvidia_kernels.register(reg)
     order = NvidiaPlatform.default_providers
-    assert reg.resolve("gemm.dense", order, batch_invariant=False)[0] == "triton"
+    assert reg.resolve("gemm.dense", order, batch_invariant=False)[0] == "aten"
     assert reg.resolve("moe.experts", order, batch_invariant=False)[0] == "aten"
     assert reg.resolve("moe.experts_mxfp4", order, batch_invariant=False)[0] == "triton"
     assert reg.resolve("engram.gate", order, batch_invariant=False)[0] == "triton"
