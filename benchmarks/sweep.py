@@ -137,14 +137,29 @@ def make_model(cfg, weights, provider: str):
     return cls(cfg, weights, dtype=torch.bfloat16, device="cuda", platform=NvidiaPlatform(), **extra)
 
 
-def setup_step(model, cfg, batch: int, ctx: int, new_tokens: int):
-    """An executor whose caches look like ``batch`` requests that already hold ``ctx`` tokens."""
+def step_kernels(provider: str) -> dict | None:
+    """The step-metadata kernels (``kv.sliding_slots`` / ``kv.compressed_slots``) the engine resolves for this
+    provider (``LLMEngine`` hands them to its executor); None (core's torch ops) for the references."""
+    if provider == "reference":
+        return None
+    from deepinfer_core.kernels.mode import kernel_mode
+    from deepinfer_core.kernels.resolve import resolve_kernels
+    from deepinfer_core.runner.executor import STEP_KERNEL_OPS
+    from deepinfer_nvidia.platform import NvidiaPlatform
+
+    with kernel_mode(batch_invariant=provider == "bi"):
+        return resolve_kernels(STEP_KERNEL_OPS, NvidiaPlatform())
+
+
+def setup_step(model, cfg, batch: int, ctx: int, new_tokens: int, kernels: dict | None = None):
+    """An executor whose caches look like ``batch`` requests that already hold ``ctx`` tokens; ``kernels``:
+    its step-metadata kernels (``step_kernels(provider)``, as the engine passes them)."""
     specs = model.kv_cache_specs()
     from deepinfer_core.runner.executor import group_specs
 
     gspecs, _, _ = group_specs(specs)
     need = sum(batch * -(-(ctx + new_tokens) // s.block_size) for s in gspecs.values()) + 2
-    ex = PagedExecutor(model, num_blocks=need, max_num_seqs=batch, device=DEV)
+    ex = PagedExecutor(model, num_blocks=need, max_num_seqs=batch, device=DEV, kernels=kernels)
     for t in ex.caches.values():
         if t.is_floating_point():
             t.normal_()
@@ -333,6 +348,7 @@ def main() -> None:
     prefill = [int(p) for p in args.prefill.split(",") if p]
     for provider in args.providers.split(","):
         model = make_model(cfg, weights, provider)
+        kernels = step_kernels(provider)
         sync()
         mem = torch.cuda.memory_allocated() / 1e9 if DEV == "cuda" else 0.0
         log(f"model built for provider {provider}; GPU memory {mem:.1f} GB")
@@ -352,7 +368,7 @@ def main() -> None:
                 else f"prefill L={n}"
             try:
                 batch, new = (n, 1) if kind == "decode" else (1, n)
-                ex, slices, ids = setup_step(model, cfg, batch, ctx, new)
+                ex, slices, ids = setup_step(model, cfg, batch, ctx, new, kernels)
                 slow = provider == "reference"
                 m = time_step(model, ex, slices, ids, kind == "prefill", warmup=1 if slow else 2,
                               reps=2 if slow else args.reps)

@@ -48,7 +48,7 @@ def main() -> None:
     summary = {"captures": 0, "first_attempt_failed": 0, "left_eager": 0}
     for r in range(args.rounds):
         for b in [int(v) for v in args.batches.split(",")]:
-            ex, slices, ids = sweep.setup_step(model, cfg, b, args.context, 1)
+            ex, slices, ids = sweep.setup_step(model, cfg, b, args.context, 1, sweep.step_kernels("triton"))
             graphs = sweep.graph_steps(ex, b, args.context)
             ex.graphs = graphs
             with torch.inference_mode():

@@ -122,7 +122,7 @@ def slice_breakdown(args, results: dict) -> None:
     weights = build_weights(cfg, "cuda")
     model = sweep.make_model(cfg, weights, "triton")
     for b in [int(v) for v in args.batches.split(",")]:
-        ex, slices, ids = sweep.setup_step(model, cfg, b, args.context, 1)
+        ex, slices, ids = sweep.setup_step(model, cfg, b, args.context, 1, sweep.step_kernels("triton"))
         ids_cpu = ids.cpu()
         graphs = sweep.graph_steps(ex, b, args.context)
         ex.graphs = graphs

@@ -51,7 +51,7 @@ def main() -> None:
         out = logits.setdefault(side, {})
         for n in lengths:
             torch.manual_seed(n)  # the same ids (and cache fill) for both providers
-            ex, slices, ids = sweep.setup_step(model, cfg, 1, 0, n)
+            ex, slices, ids = sweep.setup_step(model, cfg, 1, 0, n, sweep.step_kernels(provider))
             with torch.inference_mode():
                 out[n] = model.compute_logits(ex.run(ids, slices)[-1:]).float().cpu()[0]
             del ex

@@ -72,7 +72,8 @@ def main() -> None:
     sweep.DEV = args.device
     cfg = arch_config("v41", args.layers, [0], "fp4", tiny=args.tiny, engram_vocab=1 << (10 if args.tiny else 20))
     model = sweep.make_model(cfg, build_weights(cfg, args.device), "triton" if args.device == "cuda" else "reference")
-    ex, slices, ids = sweep.setup_step(model, cfg, 1, 0, args.tokens)
+    ex, slices, ids = sweep.setup_step(model, cfg, 1, 0, args.tokens,
+                                       sweep.step_kernels("triton" if args.device == "cuda" else "reference"))
 
     def step():
         with torch.inference_mode():
