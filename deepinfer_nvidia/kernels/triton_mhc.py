@@ -137,15 +137,22 @@ PREFILL_LAUNCH = (128, 64, 8, 3)
 # Prefill with a bf16 residual: fn split into three bf16 pieces, three bf16 tensor-core products (x is exact in
 # bf16), instead of tf32x3 on an fp32 copy of x. False keeps tf32x3 (benchmarks compare the two).
 SPLIT_FN_BF16 = True
+# Decode-sized default launches (below TF32X3_MIN_T tokens): warps of the gate kernel, which sums SPLITS partial
+# rows per token, and whether a bf16 residual takes the bf16-pieces product there too (docs/performance.md,
+# sixteenth pass). The batch-invariant launch keeps one warp and the ieee dot.
+DECODE_GATE_WARPS = 1
+DECODE_SPLIT_FN = False
 
 
 def mix(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_eps: float,
         hc_eps: float, sinkhorn_iters: int, batch_invariant: bool = False, force_kernel: bool = False,
-        prefill_launch: tuple | None = None):
+        prefill_launch: tuple | None = None, decode_launch: dict | None = None):
     """``mhc.mix``: returns fp32 ``pre [T, n]``, ``post [T, n]``, ``comb [T, n, n]`` (see the reference).
 
     ``batch_invariant``: tiles and split from (n, D) only (``mix_bi``). ``force_kernel`` runs on CPU tensors
-    (Triton's interpreter, tests only). ``prefill_launch`` overrides ``PREFILL_LAUNCH`` (benchmarks, tests)."""
+    (Triton's interpreter, tests only). ``prefill_launch`` overrides ``PREFILL_LAUNCH``; ``decode_launch``
+    (keys ``splits`` (a power of two), ``stages``, ``split_fn``, ``gate_warps``) the decode-sized default launch
+    (benchmarks, tests)."""
     if not (supports(residual, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters) or force_kernel):
         return hand_off("mhc.mix", f"operands residual {residual.dtype} {tuple(residual.shape)} on "
                         f"{residual.device} not covered", mhc_mix, residual, fn, base, scale, norm_eps, hc_eps,
@@ -193,16 +200,23 @@ def mix(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: tor
         else:
             while tiles_for_split * splits < 264 and kdim // (splits * 2) >= 2 * bk and splits < 128:
                 splits *= 2
+    decode = not (prefill or batch_invariant)
+    dl = (decode_launch or {}) if decode else {}
+    splits, stages = dl.get("splits", splits), dl.get("stages", stages)
+    if splits & (splits - 1):
+        raise ValueError(f"mhc.mix: splits must be a power of two, got {splits}")
+    gate_warps = dl.get("gate_warps", DECODE_GATE_WARPS) if decode else 1
     k_per = triton.cdiv(triton.cdiv(kdim, splits), bk) * bk
     part = torch.empty(splits, t, nr, dtype=torch.float32, device=dev)
     ss = torch.empty(splits, t, dtype=torch.float32, device=dev)
     opts = {"num_warps": warps} if stages is None else {"num_warps": warps, "num_stages": stages}
-    split_fn = prefill and SPLIT_FN_BF16 and x.dtype == torch.bfloat16
+    split_fn = x.dtype == torch.bfloat16 and (SPLIT_FN_BF16 if prefill else
+                                              decode and dl.get("split_fn", DECODE_SPLIT_FN))
     _proj_kernel[(tiles, splits)](x, fn.contiguous(), part, ss, t, kdim, rows, k_per, NR=nr, BLOCK_T=bt,
                                   BLOCK_K=bk, PRECISION="tf32x3" if prefill else "ieee", SPLIT_FN=split_fn, **opts)
     _gate_kernel[(t,)](part, ss, base.contiguous(), scale.contiguous(), pre, post, comb, t, kdim, n,
                        float(norm_eps), float(hc_eps), int(sinkhorn_iters), NR=nr, NP=max(2, n), SPLITS=splits,
-                       num_warps=1)
+                       num_warps=gate_warps)
     return pre, post, comb
 
 

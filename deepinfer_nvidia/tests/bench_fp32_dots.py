@@ -6,7 +6,8 @@
 
 1. ``mhc.mix`` at V4.1 width (n 4, D 5120, bf16 residual): every ``--mix`` launch of the prefill projection
    against the fp32 reference (max abs error of pre / post / comb) and its time (CUDA-graph replay, median of
-   ``do_bench``), with the residual's bytes over the time.
+   ``do_bench``), with the residual's bytes over the time; then, at ``--decode-tokens`` sizes, the decode-sized
+   launch and its ``decode_launch`` variants (gate warps, bf16 pieces, fewer splits with a pipeline).
 2. fp32 ``gemm.dense`` at the compressor shapes (K 5120, N 512 and 128): cuBLAS fp32 (torch's default, CUDA
    cores; what the provider runs) and cuBLAS TF32 (one TF32 product: the precision we do not take), each with
    its max relative error against a float64 product and its time and TFLOP/s. (``pass16a`` also timed a Triton
@@ -41,6 +42,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--tokens", default="1024,8192")
+    ap.add_argument("--decode-tokens", default="1,8,64")
     ap.add_argument("--mix", default="32x128x4x3:t,64x64x4x3:b,128x64x8x3:b,256x64x8x3:b,128x128x8x3:b")
     args = ap.parse_args()
     from triton.testing import do_bench
@@ -58,14 +60,14 @@ def main() -> None:
         ok = row["err"] <= 1e-4 or not checked
         failed |= not ok
         rows.append(row)
-        print(f"{row['what']:<36} T={row['t']:<5} {row['us']:9.1f} us  {row.get('rate', ''):>14}  "
+        print(f"{row['what']:<40} T={row['t']:<5} {row['us']:9.1f} us  {row.get('rate', ''):>14}  "
               f"err {row['err']:.2e}{'' if ok else '  FAIL'}", flush=True)
 
     n, d = 4, 5120
     fn = torch.randn((2 + n) * n, n * d, generator=g, device="cuda") / (n * d) ** 0.5
     base = torch.randn((2 + n) * n, generator=g, device="cuda")
     scale = torch.rand(3, generator=g, device="cuda") + 0.5
-    for t in (int(v) for v in args.tokens.split(",")):
+    for t in (int(v) for v in args.tokens.split(",") if v):
         r = torch.randn(t, n, d, generator=g, device="cuda").bfloat16()
         ref = mhc_mix(r, fn, base, scale, 1e-6, 1e-6, 20)
         gb = r.numel() * 2 / 1e9
@@ -81,7 +83,22 @@ def main() -> None:
             us = _graph_us(run, do_bench)
             note({"what": f"mhc.mix {spec}", "t": t, "us": us,
                   "rate": f"{gb / us * 1e6:.0f} GB/s", "err": err})
-    for t in (int(v) for v in args.tokens.split(",")):
+    # decode sizes (CUDA graphs, as decode runs): the default launch and the decode_launch variants
+    decode_variants = {"default": {}, "gate2": {"gate_warps": 2}, "gate4": {"gate_warps": 4},
+                       "pieces+gate4": {"split_fn": True, "gate_warps": 4},
+                       "s64x3+gate4": {"splits": 64, "stages": 3, "gate_warps": 4},
+                       "pieces s64x3+gate4": {"split_fn": True, "splits": 64, "stages": 3, "gate_warps": 4},
+                       "pieces s128x2+gate4": {"split_fn": True, "splits": 128, "stages": 2, "gate_warps": 4}}
+    for t in (int(v) for v in args.decode_tokens.split(",") if v):
+        r = torch.randn(t, n, d, generator=g, device="cuda").bfloat16()
+        ref = mhc_mix(r, fn, base, scale, 1e-6, 1e-6, 20)
+        for name, dl in decode_variants.items():
+            def run(dl=dl):
+                return tm.mix(r, fn, base, scale, 1e-6, 1e-6, 20, decode_launch=dl)
+            out = run()
+            err = max((o - rr).abs().max().item() / rr.abs().max().item() for o, rr in zip(out, ref))
+            note({"what": f"mhc.mix decode {name}", "t": t, "us": _graph_us(run, do_bench), "err": err})
+    for t in (int(v) for v in args.tokens.split(",") if v):
         for nout in (512, 128):
             x = torch.randn(t, 5120, generator=g, device="cuda")
             w = torch.randn(nout, 5120, generator=g, device="cuda") / 5120 ** 0.5
