@@ -137,11 +137,16 @@ PREFILL_LAUNCH = (128, 64, 8, 3)
 # Prefill with a bf16 residual: fn split into three bf16 pieces, three bf16 tensor-core products (x is exact in
 # bf16), instead of tf32x3 on an fp32 copy of x. False keeps tf32x3 (benchmarks compare the two).
 SPLIT_FN_BF16 = True
-# Decode-sized default launches (below TF32X3_MIN_T tokens): warps of the gate kernel, which sums SPLITS partial
-# rows per token, and whether a bf16 residual takes the bf16-pieces product there too (docs/performance.md,
-# sixteenth pass). The batch-invariant launch keeps one warp and the ieee dot.
-DECODE_GATE_WARPS = 1
-DECODE_SPLIT_FN = False
+# Decode-sized default launches (below TF32X3_MIN_T tokens): a bf16 residual takes the bf16-pieces product there
+# too, with at most DECODE_MAX_SPLITS K splits (the tensor-core dot makes 5-tile programs with a DECODE_STAGES
+# pipeline cheaper than 256 one-tile ones) and DECODE_GATE_WARPS warps summing them per token. H200, one call
+# (projection + gate, CUDA graph): 21.7 -> 15.2 us at 1 token, 22.7 -> 15.0 at 8, 28.0 -> 20.0 at 64, errors
+# unchanged (pass16i, docs/performance.md sixteenth pass). fp32 / fp16 residuals and the batch-invariant launch
+# keep the ieee dot, one gate warp and their splits.
+DECODE_SPLIT_FN = True
+DECODE_MAX_SPLITS = 64
+DECODE_STAGES = 3
+DECODE_GATE_WARPS = 4
 
 
 def mix(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_eps: float,
@@ -202,16 +207,20 @@ def mix(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: tor
                 splits *= 2
     decode = not (prefill or batch_invariant)
     dl = (decode_launch or {}) if decode else {}
-    splits, stages = dl.get("splits", splits), dl.get("stages", stages)
+    split_fn = x.dtype == torch.bfloat16 and (SPLIT_FN_BF16 if prefill else
+                                              decode and dl.get("split_fn", DECODE_SPLIT_FN))
+    gate_warps = 1
+    if decode and split_fn:
+        splits, stages, gate_warps = min(splits, DECODE_MAX_SPLITS), DECODE_STAGES, DECODE_GATE_WARPS
+    if decode:
+        splits, stages = dl.get("splits", splits), dl.get("stages", stages)
+        gate_warps = dl.get("gate_warps", gate_warps)
     if splits & (splits - 1):
         raise ValueError(f"mhc.mix: splits must be a power of two, got {splits}")
-    gate_warps = dl.get("gate_warps", DECODE_GATE_WARPS) if decode else 1
     k_per = triton.cdiv(triton.cdiv(kdim, splits), bk) * bk
     part = torch.empty(splits, t, nr, dtype=torch.float32, device=dev)
     ss = torch.empty(splits, t, dtype=torch.float32, device=dev)
     opts = {"num_warps": warps} if stages is None else {"num_warps": warps, "num_stages": stages}
-    split_fn = x.dtype == torch.bfloat16 and (SPLIT_FN_BF16 if prefill else
-                                              decode and dl.get("split_fn", DECODE_SPLIT_FN))
     _proj_kernel[(tiles, splits)](x, fn.contiguous(), part, ss, t, kdim, rows, k_per, NR=nr, BLOCK_T=bt,
                                   BLOCK_K=bk, PRECISION="tf32x3" if prefill else "ieee", SPLIT_FN=split_fn, **opts)
     _gate_kernel[(t,)](part, ss, base.contiguous(), scale.contiguous(), pre, post, comb, t, kdim, n,

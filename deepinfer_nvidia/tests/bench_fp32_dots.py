@@ -84,9 +84,11 @@ def main() -> None:
             note({"what": f"mhc.mix {spec}", "t": t, "us": us,
                   "rate": f"{gb / us * 1e6:.0f} GB/s", "err": err})
     # decode sizes (CUDA graphs, as decode runs): the default launch and the decode_launch variants
-    decode_variants = {"default": {}, "gate2": {"gate_warps": 2}, "gate4": {"gate_warps": 4},
+    # (pass16i measured these against the ieee launch of 256 splits, then the module's default)
+    decode_variants = {"default": {}, "ieee": {"split_fn": False, "stages": None, "gate_warps": 1},
+                       "gate2": {"split_fn": False, "gate_warps": 2}, "gate4": {"split_fn": False, "gate_warps": 4},
                        "pieces+gate4": {"split_fn": True, "gate_warps": 4},
-                       "s64x3+gate4": {"splits": 64, "stages": 3, "gate_warps": 4},
+                       "s64x3+gate4": {"split_fn": False, "splits": 64, "stages": 3, "gate_warps": 4},
                        "pieces s64x3+gate4": {"split_fn": True, "splits": 64, "stages": 3, "gate_warps": 4},
                        "pieces s128x2+gate4": {"split_fn": True, "splits": 128, "stages": 2, "gate_warps": 4}}
     for t in (int(v) for v in args.decode_tokens.split(",") if v):

@@ -1,7 +1,10 @@
 """``mhc.mix``'s Triton launch (``deepinfer_nvidia/kernels/triton_mhc.py:mix``) in Triton's CPU interpreter against
-the reference at V4.1's width (n 4, D 5120): decode sizes take 256 K splits, 160 of them with one K tile and the
-rest empty (they must add zeros), in the default and the batch-invariant launch; and the prefill launch (bf16 pieces of ``fn`` for a bf16 residual,
-tf32x3 for fp32) at 1030 tokens of a narrower width."""
+the reference at V4.1's width (n 4, D 5120): decode sizes with the ieee dot take 256 K splits, 160 of them with
+one K tile and the rest empty (they must add zeros), in the default and the batch-invariant launch; and the
+prefill launch's tiles and split (at 37 tokens, its threshold lowered to 16, and a narrower width) with its fp32
+dot. Triton 3.9's interpreter returns garbage for any bf16 x bf16 ``tl.dot``, so the bf16-pieces products
+(``DECODE_SPLIT_FN``, ``SPLIT_FN_BF16``) are turned off here and checked on the GPU
+(``deepinfer_nvidia/tests/test_conformance.py::test_mhc_mix_model_width``, ``test_conformance_mhc_prefill.py``)."""
 from __future__ import annotations
 
 _INTERPRETED = r"""
@@ -9,6 +12,7 @@ import torch
 from deepinfer_core.kernels.ops.mhc import mhc_mix
 from deepinfer_nvidia.kernels import triton_mhc as tm
 
+tm.DECODE_SPLIT_FN = False  # bf16 dots: see the docstring
 g = torch.Generator().manual_seed(5)
 n, d = 4, 5120
 fn = torch.randn((2 + n) * n, n * d, generator=g) / (n * d) ** 0.5
@@ -23,9 +27,7 @@ for t in (1, 3):
         for o, rr in zip(out, ref):
             torch.testing.assert_close(o, rr, atol=1e-5, rtol=1e-5)
         cases += 1
-# the prefill launch (>= TF32X3_MIN_T tokens) with its fp32 dot: the interpreter (triton 3.9) returns garbage
-# for bf16 x bf16 tl.dot, so the bf16-pieces path (SPLIT_FN_BF16) is checked on the GPU only
-# (deepinfer_nvidia/tests/test_conformance_mhc_prefill.py)
+# the prefill launch (>= TF32X3_MIN_T tokens) with its fp32 dot
 tm.SPLIT_FN_BF16 = False
 tm.TF32X3_MIN_T = 16  # the prefill launch at a size the interpreter runs quickly
 n2, d2 = 4, 64
