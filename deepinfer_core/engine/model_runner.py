@@ -177,7 +177,7 @@ class ModelRunner:
             self.drop(rid)
         if so.is_empty:
             return LaunchedStep(so, result=StepResult())
-        if self.is_simple(so) if simple is None else simple:
+        if (self.is_simple(so) if simple is None else simple):
             return self._launch_simple(so, prev)
         if prev is not None and prev.result is None:
             raise RuntimeError("a step that samples on the host cannot be launched before the previous one finished")

@@ -99,3 +99,24 @@ def test_saved_checkpoint_loads(cfg, weights, tmp_path):
     out = llm.generate(["Hello"], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True), use_tqdm=False)
     assert out[0].error is None and len(out[0].outputs[0].token_ids) == 3
     assert llm.llm_engine.spec_decode_stats()["num_drafts"] >= 1
+
+
+def test_sweep_executor_gets_the_engines_step_kernels(cfg, weights, monkeypatch):
+    """The sweep's executor takes the step-metadata kernels the engine resolves (``LLMEngine`` hands them to its
+    ``PagedExecutor``): the nvidia platform's Triton ``kv.*_slots`` for a kernel provider, core's torch ops (None)
+    for the references. Before the sixteenth pass the sweep timed the torch ops in every row. (The platform
+    refuses to build without a GPU; resolving needs only its class attributes, so its __init__ is skipped.)"""
+    pytest.importorskip("triton")
+    from deepinfer_nvidia.platform import NvidiaPlatform
+
+    monkeypatch.delenv("DEEPINFER_KERNELS", raising=False)  # the suite may force references
+    monkeypatch.setattr(NvidiaPlatform, "__init__", lambda self: None)
+    monkeypatch.setattr(sweep, "DEV", "cpu")
+    kernels = sweep.step_kernels("triton")
+    assert set(kernels) == {"kv.sliding_slots", "kv.compressed_slots"}
+    for op, fn in kernels.items():
+        assert fn.__module__ == "deepinfer_nvidia.kernels.triton_kv", (op, fn.__module__)
+    assert sweep.step_kernels("reference") is None
+    model = sweep.make_model(cfg, weights, "reference")
+    ex, _, _ = sweep.setup_step(model, cfg, 1, 0, 4, kernels)
+    assert ex.kernels is kernels
