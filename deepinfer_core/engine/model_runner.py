@@ -213,14 +213,14 @@ class ModelRunner:
             rr = self.requests[s.req_id]
             toks, start = s.token_ids, s.num_computed_tokens
             if toks and toks[-1] == PLACEHOLDER_TOKEN_ID:  # a decode: the anchor is the last sampled token
-                start = len(rr.prompt_token_ids) + len(rr.output_token_ids) - 1
-                if s.req_id in lagging:
+                start, anchor = self._decode_anchor(rr)
+                if s.req_id in lagging:  # ... which is still on the device: one position further
                     start += 1
                     feed_at.append(len(ids))
                     feed_from.append(lagging[s.req_id])
                     toks = [0]
                 else:
-                    toks = [rr.output_token_ids[-1]]
+                    toks = [anchor]
             if s.samples:
                 groups.append(_SampleGroup(s, rr, len(ids) + len(toks) - 1, [], start + len(toks) - 1))
             ids.extend(toks)
@@ -237,6 +237,14 @@ class ModelRunner:
         if groups:
             self._sample_on_device(hidden, launched)
         return launched
+
+    @staticmethod
+    def _decode_anchor(rr: RunnerRequest) -> tuple[int, int | None]:
+        """(position, id) of a decoding request's anchor as the host knows it: its last emitted token, at the
+        position after its prompt and earlier outputs. Both step paths feed it; a chained step feeds the token
+        one further, still on the device (the id is None while the host has no output of the request yet)."""
+        out = rr.output_token_ids
+        return len(rr.prompt_token_ids) + len(out) - 1, out[-1] if out else None
 
     def _sample_on_device(self, hidden: torch.Tensor, launched: LaunchedStep) -> None:
         """One token per group of a simple step, left on the device (``launched.tokens``): greedy rows take
@@ -277,13 +285,13 @@ class ModelRunner:
                 # emitted, at the position after its history (the scheduler's count is optimistic
                 # while a speculative step is in flight), and the drafts are the ones it proposed.
                 rr = self.requests[s.req_id]
-                start = len(rr.prompt_token_ids) + len(rr.output_token_ids) - 1
+                start, anchor = self._decode_anchor(rr)
                 drafts = rr.pending_drafts[:verify.get(s.req_id, s.num_draft_tokens)]
                 fed_drafts = len(drafts)
                 if s.num_draft_tokens or rr.pending_drafts:
                     result.spec_counts[s.req_id] = (len(rr.pending_drafts), fed_drafts)
                 rr.pending_drafts = []
-                toks = [rr.output_token_ids[-1]] + drafts
+                toks = [anchor] + drafts
             ids.extend(toks)
             feeds.append((start, fed_drafts))
             slices.append(SeqSlice(start, len(toks), s.block_tables, s.state_slot, s.cached_until, s.window_floor,
