@@ -1,6 +1,6 @@
 """The prefill's fp32 products on the GPU: launch variants, error and time (not a pytest file; sixteenth pass).
 
-    python -m deepinfer_nvidia.tests.bench_fp32_dots [--out DIR] [--tokens 1024,8192]
+    python -m deepinfer_nvidia.tests.bench_fp32_dots [--out DIR] [--tokens 1024,8192] [--decode-tokens 1,8,64]
         [--mix 32x128x4x3:t,...]        mhc.mix prefill launches: BLOCK_T x BLOCK_K x warps x stages, then
                                         :t (tf32x3 on fp32 x) or :b (fn in three bf16 pieces)
 
@@ -11,7 +11,8 @@
 2. fp32 ``gemm.dense`` at the compressor shapes (K 5120, N 512 and 128): cuBLAS fp32 (torch's default, CUDA
    cores; what the provider runs) and cuBLAS TF32 (one TF32 product: the precision we do not take), each with
    its max relative error against a float64 product and its time and TFLOP/s. (``pass16a`` also timed a Triton
-   tf32x3 GEMM here: 1.2-20x slower than cuBLAS fp32 but at 8192 x 512; removed.)
+   tf32x3 GEMM here: 1.2-18.5x slower than cuBLAS fp32 except at 8192 rows x 512 and in one 8192 x 128 tile
+   shape; removed.)
 A launch with an error above 1e-4 (relative, against float64) is printed as FAIL and the run exits 1.
 Writes ``fp32_dots.json``.
 """
