@@ -93,18 +93,20 @@ class StepResult:
 class LaunchedStep:
     """A launched step. ``result`` is set when the step already finished at launch (a step that needs the
     host while sampling); otherwise ``tokens`` (int64 [G] on the device) holds one sampled token per
-    sampling group, ``raw`` their logprobs [G, V] (or None), and ``finish`` brings them to the host.
+    sampling group, ``logprobs`` the gathered logprobs of the groups that asked for them (rows
+    ``logprob_rows`` of ``tokens``, or None), and ``finish`` brings both to the host.
     ``row_of``: request id -> its index in ``tokens``, for a next step launched before that."""
 
     so: SchedulerOutput
     result: StepResult | None = None
     groups: list["_SampleGroup"] = field(default_factory=list)
     tokens: torch.Tensor | None = None
-    raw: torch.Tensor | None = None
+    logprobs: LogprobsTensors | None = None
+    logprob_rows: list[int] = field(default_factory=list)
     row_of: dict[str, int] = field(default_factory=dict)
-    # on an accelerator: ``tokens`` copied to pinned host memory asynchronously, and the event recorded after
-    # that copy; ``finish`` waits for the event only. (``tokens.tolist()`` would synchronise the whole stream,
-    # i.e. also wait for the step chained behind this one.)
+    # on an accelerator: ``tokens`` and ``logprobs`` copied to pinned host memory asynchronously, and the
+    # event recorded after those copies; ``finish`` waits for the event only. (``tolist()`` on a device
+    # tensor would synchronise the whole stream, i.e. also wait for the step chained behind this one.)
     tokens_host: torch.Tensor | None = None
     ready: Any = None
 
@@ -193,11 +195,12 @@ class ModelRunner:
             launched.ready.synchronize()
         host = launched.tokens_host if launched.tokens_host is not None else launched.tokens
         tokens = host.tolist() if host is not None else []
-        for i, (g, t) in enumerate(zip(launched.groups, tokens)):
+        for g, t in zip(launched.groups, tokens):
             g.rr.output_token_ids.append(t)
             result.sampled[g.s.req_id] = [t]
-            if launched.raw is not None and g.rr.params.logprobs is not None:
-                result.logprobs[g.s.req_id] = self._token_logprobs(launched.raw[i:i + 1], [t], g.rr.params)
+        if launched.logprobs is not None:  # host tensors by now (pinned copies on an accelerator)
+            for i, row in zip(launched.logprob_rows, launched.logprobs.rows()):
+                result.logprobs[launched.groups[i].s.req_id] = [row]
         launched.result = result
         return result
 
@@ -255,7 +258,7 @@ class ModelRunner:
                                 output_token_ids=[g.rr.output_token_ids for g in groups],
                                 prompt_token_ids=[g.rr.prompt_token_ids for g in groups],
                                 generators=[g.rr.generator for g in groups], eos_token_ids=self.eos_token_ids)
-        x, launched.raw = self.sampler.process(logits, meta)
+        x, raw = self.sampler.process(logits, meta)
         tokens = x.argmax(dim=-1)
         plain = [i for i, g in enumerate(groups) if not g.rr.params.greedy]
         if plain:
@@ -265,9 +268,20 @@ class ModelRunner:
             idx = upload(torch.tensor(plain), x.device)
             tokens[idx] = self.sampler.draw(x[idx], [groups[i].rr.generator for i in plain])
         launched.tokens = tokens
+        want = [i for i, g in enumerate(groups) if g.rr.params.logprobs is not None]
+        if raw is not None and want:
+            # gathered here, on the device, so that ``finish`` only reads host memory (no stream-wide sync)
+            sel = upload(torch.tensor(want), raw.device) if len(want) < len(groups) else None
+            rows_raw, rows_tok = (raw, tokens) if sel is None else (raw[sel], tokens[sel])
+            ks = [_num_logprobs(groups[i].rr.params, raw.shape[-1]) for i in want]
+            launched.logprobs = LogprobsTensors(*gather_logprobs(rows_raw, rows_tok, max(ks)), ks)
+            launched.logprob_rows = want
         if tokens.device.type != "cpu":
-            launched.tokens_host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-            launched.tokens_host.copy_(tokens, non_blocking=True)
+            launched.tokens_host = _to_pinned(tokens)
+            if launched.logprobs is not None:
+                lp = launched.logprobs
+                launched.logprobs = LogprobsTensors(_to_pinned(lp.token_ids), _to_pinned(lp.logprobs),
+                                                    _to_pinned(lp.ranks), lp.num_logprobs)
             launched.ready = torch.Event(device=tokens.device)
             launched.ready.record()
 
@@ -461,8 +475,7 @@ class ModelRunner:
     @staticmethod
     def _token_logprobs(raw: torch.Tensor, tokens: list[int], params: SamplingParams) -> list[TokenLogprobs]:
         """raw [n, V] logprobs of the rows that emitted ``tokens`` (one each) -> their TokenLogprobs."""
-        v = raw.shape[-1]
-        k = v if params.logprobs == -1 else min(params.logprobs, v)
+        k = _num_logprobs(params, raw.shape[-1])
         ids, lps, ranks = gather_logprobs(raw, torch.tensor(tokens, dtype=torch.long, device=raw.device), k)
         return LogprobsTensors(ids, lps, ranks, [k] * len(tokens)).rows()
 
@@ -498,3 +511,15 @@ class ModelRunner:
             kk = ks[i]
             result.prompt_logprobs.setdefault(rid, []).append(
                 PromptLogprob(p, tids[i][0], tlps[i][0], int(ranks[i]), tids[i][1:1 + kk], tlps[i][1:1 + kk]))
+
+
+def _num_logprobs(params: SamplingParams, vocab: int) -> int:
+    """How many top logprobs ``params`` asks for, over a vocabulary of ``vocab`` (-1: all of them)."""
+    return vocab if params.logprobs == -1 else min(params.logprobs, vocab)
+
+
+def _to_pinned(t: torch.Tensor) -> torch.Tensor:
+    """An asynchronous copy of device tensor ``t`` into pinned host memory (read it after an event)."""
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host

@@ -4,7 +4,9 @@ before that one's tokens reach the host (``ModelRunner.launch(next, prev=launche
 - outputs equal the runner's general path run step by step (greedy and seeded sampling, logprobs), with
   decode graphs on;
 - a chained launch never waits for the device: with every graph already captured, no host synchronisation
-  happens inside ``_launch_simple`` of a chained step (``torch.cuda.set_sync_debug_mode``).
+  happens inside ``_launch_simple`` of a chained step, nor in ``finish`` of a step that had one chained
+  behind it, with and without logprobs (``torch.cuda.set_sync_debug_mode``; ``finish`` waits on its own
+  event only).
 
     python3 -m pytest -q deepinfer_nvidia/tests/test_chained_cuda.py
 """
@@ -57,37 +59,53 @@ def test_chained_steps_match_the_general_path(ckpt):
     assert llm.llm_engine.runner.chained_steps >= 10 and llm.llm_engine.executor.graphs.steps > 0
 
 
-def test_a_chained_launch_never_waits_for_the_device(ckpt):
+@pytest.mark.parametrize("logprobs", [None, 3])
+def test_a_chained_launch_never_waits_for_the_device(ckpt, logprobs):
     llm = _llm(ckpt)
     runner = llm.llm_engine.runner
     prompts = [[7 + i] * 24 for i in range(4)]
-    params = SamplingParams(temperature=0.8, seed=3, max_tokens=16, ignore_eos=True)
+    params = SamplingParams(temperature=0.8, seed=3, max_tokens=16, ignore_eos=True, logprobs=logprobs)
     llm.generate(prompts, params, use_tqdm=False)  # captures the graphs these steps use
-    real = runner._launch_simple
+    real_launch, real_finish = runner._launch_simple, runner.finish
     syncs: list[str] = []
+    chained_behind: set[int] = set()  # ids of launched steps that had a step launched behind them
 
-    def audited(so, prev):
-        if prev is None or prev.result is not None:
-            return real(so, prev)
+    def audit(fn, *args):
         def hook(message, category, filename, lineno, file=None, line=None):
             # (set_sync_debug_mode itself warns that the mode is a prototype: not a sync)
             if "synchronizing CUDA operation" in str(message):  # where from: the innermost repository frames
                 stack = [f for f in traceback.extract_stack()[:-1] if "/deepinfer_" in f.filename]
-                syncs.append(f"{filename}:{lineno} <- " + " <- ".join(f"{f.filename.split('/work/main/')[-1]}:"
-                                                                       f"{f.lineno}" for f in stack[::-1][:4]))
+                syncs.append(f"{fn.__name__}: {filename}:{lineno} <- " + " <- ".join(
+                    f"{f.filename.split('/work/main/')[-1]}:{f.lineno}" for f in stack[::-1][:4]))
 
         with warnings.catch_warnings():
             warnings.simplefilter("always")
             warnings.showwarning = hook
             torch.cuda.set_sync_debug_mode("warn")
             try:
-                return real(so, prev)
+                return fn(*args)
             finally:
                 torch.cuda.set_sync_debug_mode("default")
 
-    runner._launch_simple = audited
+    def launch(so, prev):
+        if prev is None or prev.result is not None:
+            return real_launch(so, prev)
+        chained_behind.add(id(prev))
+        return audit(real_launch, so, prev)
+
+    def finish(launched):
+        if id(launched) not in chained_behind:
+            return real_finish(launched)
+        if launched.ready is not None:  # the one wait finish may make: on its own event, outside the audit
+            launched.ready.synchronize()
+            launched.ready = None
+        return audit(real_finish, launched)
+
+    runner._launch_simple, runner.finish = launch, finish
     c0 = runner.chained_steps
-    llm.generate(prompts, params, use_tqdm=False)
+    outs = llm.generate(prompts, params, use_tqdm=False)
     assert runner.chained_steps - c0 >= 10
     assert llm.llm_engine.executor.graphs.disabled_reason is None
-    assert not syncs, f"host syncs inside chained launches: {sorted(set(syncs))}"
+    assert not syncs, f"host syncs inside chained launches or their predecessors' finish: {sorted(set(syncs))}"
+    if logprobs is not None:
+        assert all(len(pos) >= 1 for o in outs for pos in o.outputs[0].logprobs)

@@ -70,6 +70,32 @@ def test_chained_steps_equal_synchronous_steps(tiny_v4_dir, graphs):
         assert platform.recorder.layouts and runner.executor.graphs.steps > 0
 
 
+def test_chained_logprobs_with_ranks_equal_synchronous_steps(tiny_v4_dir):
+    """Every request asks for logprobs (one the whole vocabulary): the chained step gathers them on the
+    device at launch, so ``finish`` reads host copies only; ids, logprobs and ranks equal the general path."""
+    params = [SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True, logprobs=3),
+              SamplingParams(temperature=0.8, seed=21, max_tokens=7, ignore_eos=True, logprobs=-1),
+              SamplingParams(temperature=1.0, top_k=5, seed=4, max_tokens=11, ignore_eos=True, logprobs=0)]
+
+    def ranked(d, **kw):
+        llm = make(d, max_num_seqs=8, batch_invariant=True, **kw)
+        outs = llm.generate(PROMPTS[:3], params, use_tqdm=False)
+        return [[sorted((k, v.logprob, v.rank) for k, v in pos.items()) for pos in o.outputs[0].logprobs]
+                for o in outs], llm.llm_engine.runner
+
+    want, _ = ranked(tiny_v4_dir, async_scheduling=False)  # simple steps, not chained
+    general = make(tiny_v4_dir, max_num_seqs=8, batch_invariant=True, async_scheduling=False)
+    general.llm_engine.runner.is_simple = lambda so: False
+    outs = general.generate(PROMPTS[:3], params, use_tqdm=False)
+    assert want == [[sorted((k, v.logprob, v.rank) for k, v in pos.items()) for pos in o.outputs[0].logprobs]
+                    for o in outs]
+    got, runner = ranked(tiny_v4_dir, platform=WorkerCpu(), async_scheduling=True)
+    assert got == want and runner.chained_steps >= 5
+    vocab = len(want[1][0])
+    assert vocab > 100 and all(len(pos) == vocab for pos in want[1])  # -1: the whole vocabulary, sampled token in it
+    assert all(len(pos) == 1 for pos in want[2])  # logprobs=0: the sampled token alone
+
+
 def test_requests_that_need_the_host_history_are_not_chained(tiny_v4_dir):
     """Penalties and a min_tokens not yet reached read the history of sampled tokens: a batch holding
     such a request runs its steps one after the other (same outputs), and chaining resumes when the
