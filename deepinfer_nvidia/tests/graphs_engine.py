@@ -2,9 +2,9 @@
 
     python3 -m deepinfer_nvidia.tests.graphs_engine [--quick]
 
-1. Correctness: tiny V4 (MXFP4 experts) and V4.1 (MXFP4 experts, mixed topology) checkpoints, fp32 and bf16
-   activations, 6 requests of different lengths (greedy and seeded top-p), 40 new tokens each, through
-   ``LLM`` with graphs (the default on this platform) and with ``enforce_eager=True``:
+1. Correctness: tiny V4 (MXFP4 experts, and FP8 experts with fp32 scales) and V4.1 (MXFP4 experts, mixed
+   topology) checkpoints, fp32 and bf16 activations, 6 requests of different lengths (greedy and seeded
+   top-p), 40 new tokens each, through ``LLM`` with graphs (the default on this platform) and with ``enforce_eager=True``:
    - batch-invariant mode: token ids and logprobs must be identical (asserted);
    - default mode: reported (padding to the bucket may move the last bits of a GEMM).
 2. Speed: tiny V4.1, default mode, bf16: decode-heavy generation (prompt 32, 128 new tokens) at 1, 8 and
@@ -60,7 +60,7 @@ def correctness(ckpts, dtypes) -> bool:
                 tok_same = [a[0] == b[0] for a, b in zip(res[True], res[False])]
                 lp = max((abs(x[1] - y[1]) for a, b in zip(res[True], res[False]) for da, db in zip(a[1], b[1])
                           for x, y in zip(da, db)), default=0.0)
-                print(f"{name:4s} {dtype:8s} batch_invariant={bi!s:5} graph steps {steps:4d}: identical "
+                print(f"{name:5s} {dtype:8s} batch_invariant={bi!s:5} graph steps {steps:4d}: identical "
                       f"(ids+logprobs) {same}; ids per request {tok_same}; max |logprob diff| {lp:.2e}", flush=True)
                 if bi and not same:
                     ok = False
@@ -150,13 +150,18 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8,64")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--only", default="", help="correctness,speed,spec (default: all)")
+    ap.add_argument("--ckpts", default="", help="correctness on these checkpoints only: v41,v4,v4fp8 (default: all)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     root = tempfile.mkdtemp()
     v41 = write_tiny_v41_checkpoint(f"{root}/v41", tiny_v41_config("mixed"), quant="fp4", seed=2)
     ckpts = {"v41": v41}
     if not args.quick:
-        ckpts["v4"] = write_tiny_v4_checkpoint(f"{root}/v4", quant="fp4", seed=1)  # FP8 experts: not capturable yet
+        ckpts["v4"] = write_tiny_v4_checkpoint(f"{root}/v4", quant="fp4", seed=1)
+        # FP8 experts with fp32 scales (the V4-Flash-Base layout): the grouped triton_moe_fp8 kernels capture
+        ckpts["v4fp8"] = write_tiny_v4_checkpoint(f"{root}/v4fp8", quant="fp8", seed=3)
+    if args.ckpts:
+        ckpts = {name: path for name, path in ckpts.items() if name in args.ckpts.split(",")}
     only = set(args.only.split(",")) if args.only else {"correctness", "speed", "spec"}
     batches = [int(b) for b in args.batches.split(",")]
     ok = True
