@@ -39,11 +39,17 @@ TUNE: dict[int, tuple[int, int, int]] = {16: (64, 4, 3), 32: (128, 8, 3), 64: (1
 BI_TILES = (16, 64, 4, 3)
 
 
+# Widest K tile. 64 e4m3 columns are the weight bytes a K tile of the MXFP4 kernels reads (128 columns packed in
+# 64 bytes), whose tiles and 3-stage pipelines fit in shared memory at every TUNE entry on the H200; 128 would
+# double that per stage (and fp32 activations double the x tile again).
+MAX_BLOCK_K = 64
+
+
 def block_k_for(k: int, bk: int) -> int:
     """The K tile: a power of two that divides the scale block ``bk`` (one scale column a tile), at most
-    128 and not much wider than K; 0 when no tile of at least 16 (tl.dot's minimum) divides ``bk``."""
+    ``MAX_BLOCK_K`` and not much wider than K; 0 when no tile of at least 16 (tl.dot's minimum) divides ``bk``."""
     low = bk & -bk
-    tile = min(128, low, max(16, next_pow2(k)))
+    tile = min(MAX_BLOCK_K, low, max(16, next_pow2(k)))
     return tile if tile >= 16 else 0
 
 
