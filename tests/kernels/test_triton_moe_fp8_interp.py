@@ -43,6 +43,14 @@ for e, d, f, block, fmt in ((6, 160, 96, (128, 128), None), (5, 96, 80, (32, 32)
     assert torch.equal(big[:1], one), float((big[:1] - one).abs().max())
     n += 1
 
+# the shared harness's own cases (16 x 16 blocks, F = 8 narrower than the 16-column K tile)
+from deepinfer_core.kernels.ops.moe import _gen_experts_fp8
+for args, _ in _gen_experts_fp8(torch.float32, "cpu", 0):
+    ref = experts_fp8(*args)
+    out = m8.grouped_fp8(*args)
+    assert float((out - ref).abs().max() / ref.abs().max()) < 1e-5
+    n += 1
+
 try:  # a scale of the wrong shape is named
     m8.grouped_fp8(x, w, ids, ws[0], ws[1][:-1], *ws[2:], block, 0.8)
     raise AssertionError("a scale stack for fewer experts was taken")
@@ -54,4 +62,4 @@ print("INTERPRETED", n)
 
 
 def test_grouped_fp8_experts_in_the_interpreter(run_interpreted):
-    run_interpreted(_INTERPRETED, "INTERPRETED 16", timeout=600)
+    run_interpreted(_INTERPRETED, "INTERPRETED 18", timeout=600)
