@@ -2,9 +2,10 @@
 
     python3 -m deepinfer_nvidia.tests.graphs_engine [--quick]
 
-1. Correctness: tiny V4 (MXFP4 experts, and FP8 experts with fp32 scales) and V4.1 (MXFP4 experts, mixed
-   topology) checkpoints, fp32 and bf16 activations, 6 requests of different lengths (greedy and seeded
-   top-p), 40 new tokens each, through ``LLM`` with graphs (the default on this platform) and with ``enforce_eager=True``:
+1. Correctness: tiny V4 (MXFP4 experts, and FP8 experts with fp32 scales: with ``--fp8-grouped`` they
+   capture) and V4.1 (MXFP4 experts, mixed topology) checkpoints, fp32 and bf16 activations, 6 requests of
+   different lengths (greedy and seeded top-p), 40 new tokens each, through ``LLM`` with graphs (the default
+   on this platform) and with ``enforce_eager=True``:
    - batch-invariant mode: token ids and logprobs must be identical (asserted);
    - default mode: reported (padding to the bucket may move the last bits of a GEMM).
 2. Speed: tiny V4.1, default mode, bf16: decode-heavy generation (prompt 32, 128 new tokens) at 1, 8 and
@@ -151,6 +152,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--only", default="", help="correctness,speed,spec (default: all)")
     ap.add_argument("--ckpts", default="", help="correctness on these checkpoints only: v41,v4,v4fp8 (default: all)")
+    ap.add_argument("--fp8-grouped", action="store_true",
+                    help="switch on triton_moe.FP8_GROUPED (capturable FP8 experts)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     root = tempfile.mkdtemp()
@@ -160,6 +163,10 @@ def main() -> None:
         ckpts["v4"] = write_tiny_v4_checkpoint(f"{root}/v4", quant="fp4", seed=1)
         # FP8 experts with fp32 scales (the V4-Flash-Base layout): the grouped triton_moe_fp8 kernels capture
         ckpts["v4fp8"] = write_tiny_v4_checkpoint(f"{root}/v4fp8", quant="fp8", seed=3)
+    if args.fp8_grouped:
+        from deepinfer_nvidia.kernels import triton_moe
+
+        triton_moe.FP8_GROUPED = True
     if args.ckpts:
         ckpts = {name: path for name, path in ckpts.items() if name in args.ckpts.split(",")}
     only = set(args.only.split(",")) if args.only else {"correctness", "speed", "spec"}

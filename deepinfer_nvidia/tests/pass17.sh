@@ -15,29 +15,30 @@ source "$(dirname "$0")/pass_lib.sh"
 if has conf; then
   stamp conf
   timeout "${CONF_S:-240}" python3 -m pytest -q deepinfer_nvidia/tests/test_conformance_moe_fp8.py \
-    deepinfer_nvidia/tests/test_chained_cuda.py "deepinfer_nvidia/tests/test_conformance_mhc_prefill.py::test_mix_decode_launch_against_reference" \
+    deepinfer_nvidia/tests/test_chained_cuda.py \
+    "deepinfer_nvidia/tests/test_conformance_mhc_prefill.py::test_mix_decode_launch_against_reference" \
     2>&1 | tail -12 | tee "$OUT/conformance.txt"
 fi
 if has graphs; then
   stamp graphs
-  timeout "${GRAPHS_S:-200}" python3 -m deepinfer_nvidia.tests.graphs_engine --only correctness --ckpts v4fp8 2>&1 \
+  timeout "${GRAPHS_S:-200}" python3 -m deepinfer_nvidia.tests.graphs_engine --only correctness --ckpts v4fp8 \
+    --fp8-grouped 2>&1 \
     | quiet | tail -8 | tee "$OUT/graphs_engine.txt"
 fi
-if has fp8; then
+if has fp8; then  # FP8 experts (fp32 scales): eager only before (the per-expert loop syncs), graphed with the knob
   stamp fp8
-  timeout "${FP8_S:-200}" python3 benchmarks/sweep.py --out "$OUT/v4fp8" --providers triton --layers 2 --quant fp8 \
-    --decode 1,8,64 --prefill 1024 --skip-hf --profile-decode 1 2>&1 | tee "$OUT/sweep_v4fp8.txt" | quiet | tail -12
+  timeout "${FP8_S:-150}" python3 benchmarks/sweep.py --out "$OUT/v4fp8_loop" --providers triton --layers 2 \
+    --quant fp8 --decode 1,64 --prefill "" --skip-hf --profile-decode "" 2>&1 | tee "$OUT/sweep_v4fp8_loop.txt" \
+    | quiet | tail -8
+  timeout "${FP8_S:-150}" python3 -m deepinfer_nvidia.tests.with_knob triton_moe.FP8_GROUPED=True -- \
+    benchmarks/sweep.py --out "$OUT/v4fp8" --providers triton --layers 2 --quant fp8 --decode 1,8,64 \
+    --prefill 1024 --skip-hf --profile-decode 1 2>&1 | tee "$OUT/sweep_v4fp8.txt" | quiet | tail -12
 fi
-if has split; then  # the module knob set before the sweep imports the kernels' users
+if has split; then  # the V4.1 decode rows with the mHC decode launch's bf16 pieces (compare with pass16g)
   stamp split
-  timeout "${SPLIT_S:-240}" python3 -c "
-import runpy, sys
-import deepinfer_nvidia.kernels.triton_mhc as m
-m.DECODE_SPLIT_FN = True
-sys.argv = ['sweep.py', '--arch', 'v41', '--out', '$OUT/split', '--providers', 'triton', '--prefill', '', '--skip-hf',
-            '--profile-decode', '1']
-runpy.run_path('benchmarks/sweep.py', run_name='__main__')
-" 2>&1 | tee "$OUT/sweep_split.txt" | quiet | tail -12
+  timeout "${SPLIT_S:-240}" python3 -m deepinfer_nvidia.tests.with_knob triton_mhc.DECODE_SPLIT_FN=True -- \
+    benchmarks/sweep.py --arch v41 --out "$OUT/split" --providers triton --prefill "" --skip-hf \
+    --profile-decode 1 2>&1 | tee "$OUT/sweep_split.txt" | quiet | tail -12
 fi
 REST=$(tr , '\n' <<< "$STAGES" | grep -vE '^(conf|graphs|fp8|split)$' | paste -sd,)
 if [ -n "$REST" ]; then

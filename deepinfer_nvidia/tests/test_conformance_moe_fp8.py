@@ -1,5 +1,6 @@
 """FP8 routed experts on the H200 (not run in CI): ``moe.experts_fp8`` (providers ``triton`` and ``triton_bi``)
-against the reference on the CPU, with NaN-poisoned outputs and fresh inputs per case.
+with ``triton_moe.FP8_GROUPED`` on, against the reference on the CPU, with NaN-poisoned outputs and fresh inputs
+per case. When these pass, ``FP8_GROUPED`` can default to True.
 
 - the grouped kernels (``triton_moe_fp8``) at decode sizes, bf16 and fp32, fp32 (V4-Flash-Base) and UE8M0 scales,
   [128, 128] and [32, 32] blocks, D and F with K-tile tails, routings that crowd one expert;
@@ -17,6 +18,16 @@ import torch
 from deepinfer_nvidia.tests.test_conformance import _gen, _routing, close, poison
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fp8_grouped():
+    """These tests are what ``triton_moe.FP8_GROUPED`` waits for: switched on here, restored after."""
+    from deepinfer_nvidia.kernels import triton_moe
+
+    before, triton_moe.FP8_GROUPED = triton_moe.FP8_GROUPED, True
+    yield
+    triton_moe.FP8_GROUPED = before
 
 
 @pytest.fixture(scope="module")
