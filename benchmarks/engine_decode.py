@@ -10,7 +10,8 @@ ignored), and again exactly 1 token. The engine's time per decode step is
 (``chain``: async scheduling with simple steps launched behind the running one, the default; ``no-chain``:
 async scheduling that finishes every step before launching the next) runs ``--repeats`` times, the two
 interleaved so both see the same host; medians are reported, with the ratio no-chain / chain and the share
-of steps that were chained. Greedy outputs of the two modes must be identical (checked).
+of steps that were chained. Greedy outputs of the two modes must be identical (checked). ``--logprobs N``: every
+request also asks for N top logprobs (chained steps gather them on the device).
 """
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--kv-bytes", type=int, default=1 << 30, help="KV cache budget")
+    ap.add_argument("--logprobs", type=int, default=None,
+                    help="every request also asks for this many top logprobs (-1: the whole vocabulary)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     from deepinfer_core import LLM, SamplingParams
@@ -53,8 +56,8 @@ def main() -> None:
               max_num_batched_tokens=max(2048, max(sizes) * a.prompt_len), kv_cache_memory_bytes=a.kv_bytes)
     eng = llm.llm_engine
     g = torch.Generator().manual_seed(0)
-    full = SamplingParams(temperature=0.0, max_tokens=a.max_tokens, ignore_eos=True)
-    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    full = SamplingParams(temperature=0.0, max_tokens=a.max_tokens, ignore_eos=True, logprobs=a.logprobs)
+    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, logprobs=a.logprobs)
     rows = []
     for b in sizes:
         prompts = torch.randint(3, 1000, (b, a.prompt_len), generator=g).tolist()
@@ -79,7 +82,7 @@ def main() -> None:
         rows.append(row)
         print(f"batch {b:4d}: chain {ms['chain']:8.3f} ms/step   no-chain {ms['no-chain']:8.3f} ms/step   "
               f"no-chain/chain {row['ratio']:.3f}   chained {chained['chain']} of ~{a.max_tokens} steps", flush=True)
-    print(f"\nmodel={model} dtype={a.dtype} prompt_len={a.prompt_len} max_tokens={a.max_tokens} "
+    print(f"\nmodel={model} dtype={a.dtype} prompt_len={a.prompt_len} max_tokens={a.max_tokens} logprobs={a.logprobs} "
           f"platform={eng.platform.device_type} graphs={eng.executor.graphs is not None}")
     if a.json:
         with open(a.json, "w") as fh:
