@@ -276,14 +276,13 @@ class ModelRunner:
             ks = [_num_logprobs(groups[i].rr.params, raw.shape[-1]) for i in want]
             launched.logprobs = LogprobsTensors(*gather_logprobs(rows_raw, rows_tok, max(ks)), ks)
             launched.logprob_rows = want
-        if tokens.device.type != "cpu":
+        if _needs_host_copy(tokens):
             launched.tokens_host = _to_pinned(tokens)
             if launched.logprobs is not None:
                 lp = launched.logprobs
                 launched.logprobs = LogprobsTensors(_to_pinned(lp.token_ids), _to_pinned(lp.logprobs),
                                                     _to_pinned(lp.ranks), lp.num_logprobs)
-            launched.ready = torch.Event(device=tokens.device)
-            launched.ready.record()
+            launched.ready = _recorded_event(tokens.device)
 
     def _execute_full(self, so: SchedulerOutput) -> StepResult:
         """A step whose sampling needs the host (drafts, grammar, penalties, prompt logprobs ...)."""
@@ -516,6 +515,18 @@ class ModelRunner:
 def _num_logprobs(params: SamplingParams, vocab: int) -> int:
     """How many top logprobs ``params`` asks for, over a vocabulary of ``vocab`` (-1: all of them)."""
     return vocab if params.logprobs == -1 else min(params.logprobs, vocab)
+
+
+def _needs_host_copy(t: torch.Tensor) -> bool:
+    """Whether ``t`` lives on an accelerator, so ``finish`` reads an asynchronous host copy of it."""
+    return t.device.type != "cpu"
+
+
+def _recorded_event(device: torch.device) -> Any:
+    """An event recorded on ``device``'s current stream (after the copies queued so far)."""
+    event = torch.Event(device=device)
+    event.record()
+    return event
 
 
 def _to_pinned(t: torch.Tensor) -> torch.Tensor:

@@ -96,6 +96,33 @@ def test_chained_logprobs_with_ranks_equal_synchronous_steps(tiny_v4_dir):
     assert all(len(pos) == 1 for pos in want[2])  # logprobs=0: the sampled token alone
 
 
+def test_the_accelerators_host_copies_carry_tokens_and_logprobs(tiny_v4_dir, monkeypatch):
+    """The branch an accelerator takes at launch (tokens and gathered logprobs copied to host buffers, an event
+    recorded after the copies; ``finish`` waits on it and reads the copies only), forced on the CPU: the
+    copies are clones, the event a recorder. Outputs equal the general path, and every finish waited."""
+    from deepinfer_core.engine import model_runner as mr
+
+    class Event:
+        made = waited = 0
+
+        def __init__(self):
+            Event.made += 1
+
+        def synchronize(self):
+            Event.waited += 1
+
+    copies = []
+    monkeypatch.setattr(mr, "_needs_host_copy", lambda t: True)
+    monkeypatch.setattr(mr, "_to_pinned", lambda t: copies.append(t) or t.clone())
+    monkeypatch.setattr(mr, "_recorded_event", lambda device: Event())
+    params = _plain_params()
+    want, _ = _generate(tiny_v4_dir, params, async_scheduling=False, reference=True)
+    got, runner = _generate(tiny_v4_dir, params, platform=WorkerCpu())
+    assert got == want and runner.chained_steps >= 8
+    assert Event.made > 0 and Event.waited == Event.made  # every launched step's finish waited on its event
+    assert sum(c.dim() == 2 for c in copies) >= 3  # the gathered logprob ids / values went through the copies
+
+
 def test_requests_that_need_the_host_history_are_not_chained(tiny_v4_dir):
     """Penalties and a min_tokens not yet reached read the history of sampled tokens: a batch holding
     such a request runs its steps one after the other (same outputs), and chaining resumes when the
