@@ -169,7 +169,8 @@ class LogprobsTensors:
     def rows(self) -> list[TokenLogprobs | None]:
         """Every row (``row(i)`` for each i), with one host transfer per tensor instead of one per row."""
         ids, lps, ranks = self.token_ids.tolist(), self.logprobs.tolist(), self.ranks.tolist()
-        return [None if k is None else TokenLogprobs(ids[i][0], lps[i][0], int(ranks[i]), ids[i][1:1 + k], lps[i][1:1 + k])
+        return [None if k is None else
+                TokenLogprobs(ids[i][0], lps[i][0], int(ranks[i]), ids[i][1:1 + k], lps[i][1:1 + k])
                 for i, k in enumerate(self.num_logprobs)]
 
 
