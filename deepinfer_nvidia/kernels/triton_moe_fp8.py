@@ -32,6 +32,7 @@ import triton.language as tl
 from deepinfer_core.kernels.ops.quant import QuantFormatError, fp8_block_scale_shape
 from deepinfer_nvidia.kernels._common import dot_precision, next_pow2
 from deepinfer_nvidia.kernels.triton_gemm import _ue8m0, sum_slices
+from deepinfer_nvidia.kernels.triton_moe_splitk import _swiglu
 
 # (block_n, num_warps, num_stages) per BLOCK_M (see triton_moe.TUNE, measured on the MXFP4 kernels)
 TUNE: dict[int, tuple[int, int, int]] = {16: (64, 4, 3), 32: (128, 8, 3), 64: (128, 8, 3)}
@@ -106,11 +107,7 @@ def _fp8_up_kernel(x_ptr, pair_ptr, bexp_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_
         acc1 += tl.dot(xt, tl.trans(w), input_precision=PREC)
         w = _fp8_tile(w3, s3, rn, nmask, k0, D, s_cols, bn_blk, bk_blk, dtype, SCALE_E8M0, BLOCK_K)
         acc3 += tl.dot(xt, tl.trans(w), input_precision=PREC)
-    # clamped SwiGLU with the reference's roundings: silu(min(g, L)) * clamp(u, -L, L), g, u in x.dtype
-    g = tl.minimum(acc1.to(dtype).to(tl.float32), limit).to(dtype).to(tl.float32)
-    s = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
-    u = tl.minimum(tl.maximum(acc3.to(dtype).to(tl.float32), -limit), limit).to(dtype).to(tl.float32)
-    h = (s * u).to(dtype)
+    h = _swiglu(acc1, acc3, limit, dtype)  # the reference's clamped SwiGLU and roundings (shared with split-K)
     tl.store(h_ptr + rows[:, None].to(tl.int64) * F + rn[None, :], h, mask=nmask[None, :])
 
 
