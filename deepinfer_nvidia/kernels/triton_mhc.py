@@ -141,10 +141,11 @@ SPLIT_FN_BF16 = True
 # bf16-pieces product there too, with at most DECODE_MAX_SPLITS K splits (the tensor-core dot makes 5-tile
 # programs with a DECODE_STAGES pipeline cheaper than 256 one-tile ones) and DECODE_GATE_WARPS warps summing them
 # per token. H200, one call (projection + gate, CUDA graph): 21.7 -> 15.2 us at 1 token, 22.7 -> 15.0 at 8,
-# 28.0 -> 20.0 at 64, errors unchanged (pass16i, docs/performance.md sixteenth pass). OFF until the device
-# conformance suite and a sweep have run with it (the session's device time ran out first). fp32 / fp16
+# 28.0 -> 20.0 at 64, errors unchanged (pass16i, docs/performance.md sixteenth pass). On since the device
+# conformance test and the V4.1 sweep ran with it (seventeenth pass: the 8-layer graphed batch-1 step's
+# projection 183 -> 87 us, gate 105 -> 84 us, pipelined step 3.23 -> 3.12 ms). fp32 / fp16
 # residuals and the batch-invariant launch always keep the ieee dot, one gate warp and their splits.
-DECODE_SPLIT_FN = False
+DECODE_SPLIT_FN = True
 DECODE_MAX_SPLITS = 64
 DECODE_STAGES = 3
 DECODE_GATE_WARPS = 4

