@@ -490,9 +490,9 @@ def moe_experts_fp8_bi(x, weights, ids, w1, s1, w3, s3, w2, s2, block, limit):
         return hand_off("moe.experts_fp8[bi]", f"operands x {x.dtype} on {x.device} not covered",
                         experts_fp8, x, weights, ids, w1, s1, w3, s3, w2, s2, block, limit)
     if FP8_GROUPED and ids.dim() == 2 and _fp8.takes(x, w1, block):
-        bm, bn, warps, stages = _fp8.BI_TILES
+        bm, bn, warps, stages, max_k = _fp8.BI_TILES
         return _fp8.grouped_fp8(x, weights, ids, w1, s1, w3, s3, w2, s2, block, limit, block_m=bm, block_n=bn,
-                                warps=warps, stages=stages)
+                                warps=warps, stages=stages, max_k=max_k)
 
     def gemm3(e):
         return (lambda a: gemm_fp8_block_bi(a, w1[e], s1[e], block),

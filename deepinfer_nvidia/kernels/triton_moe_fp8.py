@@ -34,23 +34,28 @@ from deepinfer_nvidia.kernels._common import dot_precision, next_pow2
 from deepinfer_nvidia.kernels.triton_gemm import _ue8m0, sum_slices
 from deepinfer_nvidia.kernels.triton_moe_splitk import _swiglu
 
-# (block_n, num_warps, num_stages) per BLOCK_M (see triton_moe.TUNE, measured on the MXFP4 kernels)
-TUNE: dict[int, tuple[int, int, int]] = {16: (64, 4, 3), 32: (128, 8, 3), 64: (128, 8, 3)}
-# (block_m, block_n, warps, stages) of the batch-invariant provider: every batch, the same tiles
-BI_TILES = (16, 64, 4, 3)
+# (block_n, num_warps, num_stages, widest K tile) per BLOCK_M. H200, V4-Flash widths (256 experts, D 4096,
+# F 2048, fp32 [128, 128] scales), one CUDA graph per call (bench_moe_fp8, pass18a, docs/performance.md
+# eighteenth pass): K tiles of 128 columns instead of 64 at BLOCK_M 16 took 1 token 103.9 -> 85.0 us,
+# 8 tokens 557 -> 387 us, 64 tokens 2191 -> 1557 us (bit-identical outputs); 4 warps at BLOCK_M 64 took
+# 4096 tokens 6873 -> 6270 us and 8192 tokens 12054 -> 11155 us; BLOCK_M 32 moved 3%.
+TUNE: dict[int, tuple[int, int, int, int]] = {16: (64, 4, 4, 128), 32: (64, 4, 3, 128), 64: (128, 4, 3, 64)}
+# (block_m, block_n, warps, stages, widest K tile) of the batch-invariant provider: every batch, the same tiles
+# (the decode entry of TUNE)
+BI_TILES = (16, 64, 4, 4, 128)
 
 
-# Widest K tile. 64 e4m3 columns are the weight bytes a K tile of the MXFP4 kernels reads (128 columns packed in
-# 64 bytes), whose tiles and 3-stage pipelines fit in shared memory at every TUNE entry on the H200; 128 would
-# double that per stage (and fp32 activations double the x tile again).
+# Widest K tile when no TUNE entry says otherwise: 64 e4m3 columns, the weight bytes a K tile of the MXFP4
+# kernels reads (128 columns packed in 64 bytes).
 MAX_BLOCK_K = 64
 
 
-def block_k_for(k: int, bk: int) -> int:
+def block_k_for(k: int, bk: int, max_k: int | None = None) -> int:
     """The K tile: a power of two that divides the scale block ``bk`` (one scale column a tile), at most
-    ``MAX_BLOCK_K`` and not much wider than K; 0 when no tile of at least 16 (tl.dot's minimum) divides ``bk``."""
+    ``max_k`` (default ``MAX_BLOCK_K``) and not much wider than K; 0 when no tile of at least 16 (tl.dot's
+    minimum) divides ``bk``."""
     low = bk & -bk
-    tile = min(MAX_BLOCK_K, low, max(16, next_pow2(k)))
+    tile = min(max_k or MAX_BLOCK_K, low, max(16, next_pow2(k)))
     return tile if tile >= 16 else 0
 
 
@@ -160,11 +165,12 @@ def _check_weight(name: str, w: torch.Tensor, e: int, n: int, k: int) -> None:
 
 
 def grouped_fp8(x, weights, ids, w1, s1, w3, s3, w2, s2, block, limit, block_m: int | None = None,
-                block_n: int | None = None, warps: int | None = None, stages: int | None = None) -> torch.Tensor:
+                block_n: int | None = None, warps: int | None = None, stages: int | None = None,
+                max_k: int | None = None) -> torch.Tensor:
     """x [T, D] (bf16/fp16/fp32); weights [T, k]; ids [T, k]; w1, w3 [E, F, D] e4m3 + scales
     [E, ceil(F/bn), ceil(D/bk)]; w2 [E, D, F] + [E, ceil(D/bn), ceil(F/bk)]; block (bn, bk).
-    Returns [T, D] in x.dtype. No host synchronisation (capturable). ``block_m`` ... ``stages``: tile knobs
-    (defaults: ``triton_moe.block_m_for`` and ``TUNE``)."""
+    Returns [T, D] in x.dtype. No host synchronisation (capturable). ``block_m`` ... ``max_k`` (the widest K
+    tile): tile knobs (defaults: ``triton_moe.block_m_for`` and ``TUNE``)."""
     from deepinfer_nvidia.kernels.triton_moe import align, block_m_for
 
     t, d = x.shape
@@ -181,8 +187,8 @@ def grouped_fp8(x, weights, ids, w1, s1, w3, s3, w2, s2, block, limit, block_m: 
     x = x if x.stride(1) == 1 else x.contiguous()
     p = t * k
     bm = block_m or block_m_for(p, ne)
-    tn, tw, ts = TUNE.get(bm, (64, 4, 3))
-    block_n, warps, stages = block_n or tn, warps or tw, stages or ts
+    tn, tw, ts, tk = TUNE.get(bm, (64, 4, 3, MAX_BLOCK_K))
+    block_n, warps, stages, max_k = block_n or tn, warps or tw, stages or ts, max_k or tk
     pair, bexp = align(ids, ne, bm)
     nb = bexp.numel()
     prec = dot_precision(x.dtype)
@@ -191,13 +197,13 @@ def grouped_fp8(x, weights, ids, w1, s1, w3, s3, w2, s2, block, limit, block_m: 
     sr1, sc1 = s1.shape[1], s1.shape[2]
     _fp8_up_kernel[(nb, triton.cdiv(f, block_n))](x, pair, bexp, q1, s1, q3, s3, h, p, ne, d, f, x.stride(0),
                                                   float(limit), sr1, sc1, bn_blk, bk_blk, TOPK=k, SCALE_E8M0=e8,
-                                                  BLOCK_M=bm, BLOCK_N=block_n, BLOCK_K=block_k_for(d, bk_blk),
+                                                  BLOCK_M=bm, BLOCK_N=block_n, BLOCK_K=block_k_for(d, bk_blk, max_k),
                                                   PREC=prec, num_warps=warps, num_stages=stages)
     y = torch.empty(p, d, dtype=torch.float32, device=x.device)
     wt = weights.reshape(-1).float().contiguous()
     _fp8_down_kernel[(nb, triton.cdiv(d, block_n))](h, pair, bexp, wt, q2, s2, y, p, ne, d, f, s2.shape[1],
                                                     s2.shape[2], bn_blk, bk_blk, SCALE_E8M0=e8, BLOCK_M=bm,
-                                                    BLOCK_N=block_n, BLOCK_K=block_k_for(f, bk_blk), PREC=prec,
+                                                    BLOCK_N=block_n, BLOCK_K=block_k_for(f, bk_blk, max_k), PREC=prec,
                                                     num_warps=warps, num_stages=stages)
     return sum_slices(y, t, d, k, d, k * d, x.dtype)  # the k slots of each token, in slot order
 

@@ -58,7 +58,6 @@ def main() -> None:
     (w1, s1), (w3, s3), (w2, s2) = _weights(g, F, D), _weights(g, F, D), _weights(g, D, F)
     block = (BLK, BLK)
     expert_bytes = 3 * F * D + 4 * (s1[0].numel() + s3[0].numel() + s2[0].numel())
-    default_max_k = mf.MAX_BLOCK_K
     results = []
     for t in [int(v) for v in args.tokens.split(",") if v]:
         x = torch.randn(t, D, generator=g, device="cuda", dtype=torch.bfloat16)
@@ -67,19 +66,17 @@ def main() -> None:
         wts = wts / wts.sum(dim=1, keepdim=True)
         bm = block_m_for(t * K_TOP, E)
         wbytes = int(ids.unique().numel()) * expert_bytes
-        tn, tw, ts = mf.TUNE.get(bm, (64, 4, 3))
-        default = (tn, tw, ts, default_max_k)
+        default = mf.TUNE.get(bm, (64, 4, 3, mf.MAX_BLOCK_K))
         cands = [default] + [v for v in _variants(args.decode_variants if bm == 16 else args.prefill_variants)
                              if v != default]
         base = None
         row = {"tokens": t, "block_m": bm, "bytes": wbytes, "us": {}}
         for bn, nw, ns, mk in cands:
             label = f"{bn}x{nw}x{ns}x{mk}"
-            mf.MAX_BLOCK_K = mk
 
-            def call(a, bn=bn, nw=nw, ns=ns):
+            def call(a, bn=bn, nw=nw, ns=ns, mk=mk):
                 return mf.grouped_fp8(a, wts, ids, w1, s1, w3, s3, w2, s2, block, LIMIT, block_m=bm, block_n=bn,
-                                      warps=nw, stages=ns)
+                                      warps=nw, stages=ns, max_k=mk)
             try:
                 out = call(x).float()
                 if base is None:
@@ -98,8 +95,6 @@ def main() -> None:
                 row["us"][label] = f"error: {type(exc).__name__}: {str(exc)[:160]}"
                 print(f"T={t} bm={bm} {label}: {row['us'][label]}", flush=True)
                 continue
-            finally:
-                mf.MAX_BLOCK_K = default_max_k
             row["us"][label] = us
             print(f"T={t} bm={bm} {label}: {us:.1f} us, "
                   f"{100 * wbytes / (us * 1e-6) / copy_bw:.0f}% of copy BW; rel {rel:.1e}", flush=True)

