@@ -233,3 +233,36 @@ def test_output_types(tok):
         RequestOutput("r", None, None, None, [{"text": ""}], finished=False)
     err = RequestOutput("r", "p", [1], None, [CompletionOutput(0, "", [], finish_reason="error")], True, error="boom")
     assert err.error == "boom"
+
+
+def test_logprob_texts_come_from_a_per_id_cache_equal_to_decode(tok):
+    """The output processor decodes each logprob token id once: the entries carry ``decode([id])`` (special
+    tokens kept) for ids seen before and new ones, and the tokenizer is not asked again for a known id."""
+    from deepinfer_core.engine.output_processor import OutputProcessor
+    from deepinfer_core.runner.sampler import TokenLogprobs
+    from deepinfer_core.sampling_params import SamplingParams
+
+    calls: list[list[int]] = []
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(tok, name)
+
+        def decode(self, ids, skip_special_tokens=True):
+            calls.append(list(ids))
+            return tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    proc = OutputProcessor(Counting())
+    ids = tok.encode(MIXED)[:6]
+    special = tok.bos_token_id  # a special token: its logprob text keeps it
+    proc.add("r", MIXED, ids, SamplingParams(logprobs=3, detokenize=False), ["r"])
+    steps = [TokenLogprobs(ids[0], -0.5, 1, [ids[0], ids[1], special], [-0.5, -1.0, -2.0]),
+             TokenLogprobs(ids[1], -0.7, 2, [ids[0], ids[1], ids[2]], [-0.4, -0.7, -3.0])]
+    for lp in steps:
+        proc.add_tokens("r", [lp.token_id], [lp])
+    got = proc.parents["r"].seqs["r"].logprobs
+    for d, lp in zip(got, steps):
+        for t in [lp.token_id, *lp.top_token_ids]:
+            assert d[t].decoded_token == tok.decode([t], skip_special_tokens=False)
+    decoded_ids = [c[0] for c in calls]
+    assert sorted(decoded_ids) == sorted({ids[0], ids[1], ids[2], special}), decoded_ids  # each id once
