@@ -6,9 +6,11 @@ use as a set. Here one program per row:
 
 1. maps each score to a signed integer with the same order (fp32 bits, negatives flipped; ``-0.0`` counted
    as ``+0.0``, so equal floats get equal keys, as in the reference's comparison);
-2. finds ``thr``, the k-th largest key among the valid (finite) scores, by bisection over the 32-bit key
-   range: 32 counting passes over the row (held in registers when it fits one ``BLOCK``, else streamed
-   from global memory / L2 in ``BLOCK`` chunks);
+2. finds ``thr``, the k-th largest key among the valid (finite) scores, a digit of ``BITS`` bits at a time
+   over the 32-bit key range: each pass counts the keys at or above all 2^BITS candidates of the next digit
+   at once (one [BLOCK, 2^BITS] comparison and one reduction), so 32 / BITS passes over the row instead of the
+   32 of a bisection (held in registers when it fits one ``BLOCK``, else streamed from global memory / L2 in
+   ``STREAM_BLOCK`` chunks);
 3. keeps every score above ``thr`` and, of those equal to ``thr``, the lowest positions first, exactly as
    many as the reference's stable sort keeps (ties broken towards the lower position);
 4. writes the kept positions in ascending position order (a prefix count gives each its slot) and ``-1``
@@ -28,8 +30,21 @@ import triton.language as tl
 from deepinfer_core.kernels.ops.indexer import topk_positions
 from deepinfer_nvidia.kernels._common import hand_off, next_pow2, on_cuda
 
-# Rows up to this many scores stay in registers for the 32 counting passes; longer rows are streamed.
+# Rows up to this many scores stay in registers for the counting passes; longer rows are streamed in chunks of
+# STREAM_BLOCK.
 MAX_BLOCK = 8192
+STREAM_BLOCK = 1024
+# Widest digit a counting pass resolves (1, 2 or 4; 1 is a plain bisection). The [BLOCK, 2^BITS] comparison is
+# held in registers, so wide register blocks take narrower digits (``_bits_for``).
+RADIX_BITS = 4
+
+
+def _bits_for(block: int) -> int:
+    """Digit width of the counting passes for a register block of ``block`` scores: at most 16384 compares."""
+    bits = RADIX_BITS
+    while bits > 1 and block << bits > 16384:
+        bits //= 2
+    return bits
 
 
 @triton.jit
@@ -57,22 +72,36 @@ def _count_ge(s_ptr, row, N, t, key0, valid0, BLOCK: tl.constexpr, SINGLE: tl.co
 
 
 @triton.jit
+def _count_ge_each(s_ptr, row, N, cand, key0, valid0, BLOCK: tl.constexpr, SINGLE: tl.constexpr):
+    """[R] numbers of valid keys >= each of the R candidates ``cand`` [R] (int64)."""
+    if SINGLE:
+        n = tl.sum((valid0[:, None] & (key0[:, None] >= cand[None, :])).to(tl.int32), axis=0)
+    else:
+        n = tl.zeros_like(cand).to(tl.int32)
+        for c0 in range(0, N, BLOCK):
+            key, valid = _keys(s_ptr, row, c0 + tl.arange(0, BLOCK), N)
+            n += tl.sum((valid[:, None] & (key[:, None] >= cand[None, :])).to(tl.int32), axis=0)
+    return n
+
+
+@triton.jit
 def _topk_kernel(s_ptr, out_ptr, N, K, stride_s, BLOCK: tl.constexpr, SINGLE: tl.constexpr,
-                 BLOCK_K: tl.constexpr):
+                 BLOCK_K: tl.constexpr, BITS: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)
     row = r * stride_s
     orow = out_ptr + r * K
     cols0 = tl.arange(0, BLOCK)
     key0, valid0 = _keys(s_ptr, row, cols0, N)
     nvalid = _count_ge(s_ptr, row, N, -2147483648, key0, valid0, BLOCK, SINGLE)
-    # bisection: the largest t with count(key >= t) >= K (only meaningful when nvalid > K)
+    # the largest t with count(key >= t) >= K (only meaningful when nvalid > K), BITS bits a pass from the top:
+    # count(key >= lo) >= K holds before each pass, and the digit is the last candidate that keeps it
     lo = tl.full([], -2147483648, tl.int64)
-    hi = tl.full([], 2147483647, tl.int64)
-    for _ in range(32):
-        mid = (lo + hi + 1) >> 1
-        ok = _count_ge(s_ptr, row, N, mid, key0, valid0, BLOCK, SINGLE) >= K
-        lo = tl.where(ok, mid, lo)
-        hi = tl.where(ok, hi, mid - 1)
+    digits = tl.arange(0, 1 << BITS).to(tl.int64)
+    for p in tl.static_range(32 // BITS):
+        shift = 32 - BITS * (p + 1)
+        cnt = _count_ge_each(s_ptr, row, N, lo + (digits << shift), key0, valid0, BLOCK, SINGLE)
+        d = tl.sum((cnt >= K).to(tl.int64), axis=0) - 1
+        lo = lo + (d << shift)
     take_all = nvalid <= K
     thr = tl.where(take_all, -2147483649, lo)  # below every key: every valid score is kept
     need = K - _count_ge(s_ptr, row, N, thr + 1, key0, valid0, BLOCK, SINGLE)  # ties at thr to keep
@@ -116,7 +145,9 @@ def topk_positions_triton(scores: torch.Tensor, k: int, force_kernel: bool = Fal
     if t == 0 or kk <= 0:
         return out
     s = scores if scores.stride(1) == 1 else scores.contiguous()
-    block = min(next_pow2(n), MAX_BLOCK)
-    _topk_kernel[(t,)](s, out, n, kk, s.stride(0), BLOCK=block, SINGLE=n <= block,
-                       BLOCK_K=min(1024, next_pow2(kk)), num_warps=8 if block >= 4096 else 4)
+    single = next_pow2(n) <= MAX_BLOCK
+    block = next_pow2(n) if single else min(STREAM_BLOCK, MAX_BLOCK)
+    bits = _bits_for(block)
+    _topk_kernel[(t,)](s, out, n, kk, s.stride(0), BLOCK=block, SINGLE=single, BLOCK_K=min(1024, next_pow2(kk)),
+                       BITS=bits, num_warps=8 if block >= 4096 or block << bits >= 8192 else 4)
     return out

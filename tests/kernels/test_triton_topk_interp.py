@@ -1,7 +1,7 @@
 """``index.topk``'s Triton kernel (``deepinfer_nvidia/kernels/triton_topk.py``) against the reference in Triton's CPU
 interpreter: the op's own cases, exact ties (rounded scores, +0.0 / -0.0), rows with fewer valid scores than k,
-all-invalid rows, k = 1 and k >= N, bf16-rounded V4.1-sized rows (N 1000, k 512), and the streamed path (rows
-longer than one register block). The kept set must equal the reference's, in ascending position order,
+all-invalid rows, k = 1 and k >= N, bf16-rounded V4.1-sized rows (N 1000, k 512), the streamed path (rows
+longer than one register block), and counting digits of 4, 2 and 1 bits. The kept set must equal the reference's, in ascending position order,
 ``-1`` only after the kept positions."""
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ s[2, 100:] = float("-inf")
 s[3, :] = float("-inf")
 s2 = (torch.randn(3, 1000, generator=g) * 4).bfloat16().float()
 s2[0, 500:] = float("-inf")
-for block in (8192, 64):  # 64: rows streamed in chunks
-    tt.MAX_BLOCK = block
+for block, bits in ((8192, 4), (64, 4), (8192, 2), (8192, 1)):  # 64: rows streamed in chunks; 1: bisection
+    tt.MAX_BLOCK, tt.RADIX_BITS = block, bits
     for x, k in ((s, 7), (s, 1), (s, 299), (s, 300), (s, 400), (s2, 512), (s2, 20)):
         check(x, k)
         n += 1
@@ -45,4 +45,4 @@ print("INTERPRETED", n)
 
 
 def test_topk_kernel_in_the_interpreter(run_interpreted):
-    run_interpreted(_INTERPRETED, "INTERPRETED 20")
+    run_interpreted(_INTERPRETED, "INTERPRETED 34")
