@@ -33,6 +33,8 @@ IMPLS: tuple[tuple, ...] = (
      True),
     ("rope.interleaved", "triton", f"{_K}.triton_rope:rope", f"{_K}.triton_rope:supports", True),
     ("index.topk", "triton", f"{_K}.triton_topk:topk_positions_triton", f"{_K}.triton_topk:supports", True),
+    ("index.candidate_blocks", "triton", f"{_K}.triton_topk:candidate_blocks_triton",
+     f"{_K}.triton_topk:supports_candidates", True),
     ("moe.route_topk", "triton", f"{_K}.triton_route:route_topk", f"{_K}.triton_route:supports_route", True),
     ("moe.route_hash", "triton", f"{_K}.triton_route:route_hash", f"{_K}.triton_route:supports_hash", True),
     ("compress.softmax_pool", "triton", f"{_K}.triton_compress:softmax_pool", f"{_K}.triton_compress:supports_pool",

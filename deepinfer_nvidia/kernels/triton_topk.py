@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from deepinfer_core.kernels.ops.candidates import candidate_blocks
 from deepinfer_core.kernels.ops.indexer import topk_positions
 from deepinfer_nvidia.kernels._common import hand_off, next_pow2, on_cuda
 
@@ -151,3 +152,52 @@ def topk_positions_triton(scores: torch.Tensor, k: int, force_kernel: bool = Fal
     _topk_kernel[(t,)](s, out, n, kk, s.stride(0), BLOCK=block, SINGLE=single, BLOCK_K=min(1024, next_pow2(kk)),
                        BITS=bits, num_warps=8 if block >= 4096 or block << bits >= 8192 else 4)
     return out
+
+
+# -- index.candidate_blocks: block maxima, then the same select ---------------------------------------------
+
+
+@triton.jit
+def _block_max_kernel(s_ptr, vis_ptr, out_ptr, N, NB, stride_s, BS: tl.constexpr, BLOCK_B: tl.constexpr):
+    """out [T, NB] fp32: the max of each ``BS``-wide block of a row of scores (-inf past N); +inf for the block
+    holding the row's newest visible entry (``num_visible - 1``) when ``num_visible > 0``."""
+    r = tl.program_id(0).to(tl.int64)
+    b = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
+    c = b[:, None] * BS + tl.arange(0, BS)[None, :]
+    x = tl.load(s_ptr + r * stride_s + c, mask=(b[:, None] < NB) & (c < N), other=float("-inf"))
+    m = tl.max(x, axis=1)
+    nv = tl.load(vis_ptr + r).to(tl.int64)
+    newest = tl.maximum(nv - 1, 0) // BS  # nv - 1 >= 0 where it counts: C division truncates toward zero
+    m = tl.where((nv > 0) & (b == newest), float("inf"), m)
+    tl.store(out_ptr + r * NB + b, m, mask=b < NB)
+
+
+def supports_candidates(scores: torch.Tensor, num_visible: torch.Tensor, block_size: int, topk_blocks: int) -> bool:
+    bs = int(block_size)
+    return (on_cuda(scores, num_visible) and scores.dtype == torch.float32 and scores.dim() == 2
+            and 0 < bs <= 1024 and bs & (bs - 1) == 0)
+
+
+def candidate_blocks_triton(scores: torch.Tensor, num_visible: torch.Tensor, block_size: int, topk_blocks: int,
+                            force_kernel: bool = False) -> torch.Tensor:
+    """``index.candidate_blocks``: scores [T, N] fp32, num_visible [T] int -> int64 [T, topk_blocks], the ids of
+    the best blocks (block score = max of its ``block_size`` scores; the newest visible entry's block forced
+    first; -inf blocks never kept; ties to the lower id) as a set in ascending id order, -1 padded. Two launches,
+    no sort and no host synchronisation. ``force_kernel``: CPU tensors in Triton's interpreter (tests only)."""
+    if not (force_kernel or supports_candidates(scores, num_visible, block_size, topk_blocks)):
+        return hand_off("index.candidate_blocks", f"scores {scores.dtype} on {scores.device}, block {block_size} "
+                        "not covered", candidate_blocks, scores, num_visible, block_size, topk_blocks)
+    t, n = scores.shape
+    bs, kb = int(block_size), int(topk_blocks)
+    nb = triton.cdiv(n, bs)
+    if t == 0 or nb == 0 or kb <= 0:
+        return candidate_blocks(scores, num_visible, bs, kb)  # empty shapes: nothing to launch
+    s = scores if scores.stride(1) == 1 else scores.contiguous()
+    bmax = torch.empty(t, nb, dtype=torch.float32, device=scores.device)
+    block_b = max(1, min(next_pow2(nb), 4096 // bs))
+    _block_max_kernel[(t, triton.cdiv(nb, block_b))](s, num_visible.contiguous(), bmax, n, nb, s.stride(0), BS=bs,
+                                                      BLOCK_B=block_b)
+    ids = topk_positions_triton(bmax, kb, force_kernel=force_kernel)
+    if ids.shape[1] < kb:
+        ids = torch.cat([ids, ids.new_full((t, kb - ids.shape[1]), -1)], dim=1)
+    return ids

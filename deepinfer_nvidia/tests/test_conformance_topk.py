@@ -76,3 +76,27 @@ def test_topk_graph_and_row_invariance(fn):
     _check(out, fresh, 512)
     for i in (0, 17, 31):
         assert torch.equal(fn(fresh[i:i + 1].clone(), 512)[0], out[i]), f"row {i} depends on the batch"
+
+
+@pytest.mark.parametrize("t,n,bs,kb", [(1, 1024, 8, 2048), (64, 4096, 8, 2048), (4, 32768, 8, 2048),
+                                       (16, 131072, 8, 2048), (3, 1000, 8, 16)])
+def test_candidate_blocks_sets(t, n, bs, kb):
+    """``index.candidate_blocks`` (block maxima + the select) at V4.1's block of 8 and 2048 blocks: the set equals
+    the reference's, no host synchronisation, and each row alone gives its row of the batch."""
+    from deepinfer_core.kernels.ops.candidates import candidate_blocks
+    from deepinfer_nvidia.kernels.triton_topk import candidate_blocks_triton
+
+    s = _scores(t, n, t + n, ties=True)
+    vis = torch.randint(0, n + 1, (t,), generator=torch.Generator().manual_seed(n)).cuda()
+    s[torch.arange(n, device="cuda")[None, :] >= vis[:, None]] = float("-inf")
+    poison()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = candidate_blocks_triton(s, vis, bs, kb)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    want = candidate_blocks(s.cpu(), vis.cpu(), bs, kb)
+    assert got.shape == want.shape and got.dtype == torch.long
+    assert torch.equal(got.cpu().sort(dim=-1).values, want.sort(dim=-1).values), "candidate block sets differ"
+    for i in {0, t - 1}:
+        assert torch.equal(candidate_blocks_triton(s[i:i + 1].clone(), vis[i:i + 1].clone(), bs, kb)[0], got[i])
