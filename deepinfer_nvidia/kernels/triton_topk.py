@@ -35,9 +35,15 @@ from deepinfer_nvidia.kernels._common import hand_off, next_pow2, on_cuda
 # STREAM_BLOCK.
 MAX_BLOCK = 8192
 STREAM_BLOCK = 1024
-# Widest digit a counting pass resolves (1, 2 or 4; 1 is a plain bisection). The [BLOCK, 2^BITS] comparison is
-# held in registers, so wide register blocks take narrower digits (``_bits_for``).
-RADIX_BITS = 4
+# Widest digit a counting pass resolves (1, 2 or 4). The [BLOCK, 2^BITS] comparison is held in registers, so
+# wide register blocks take narrower digits (``_bits_for``). 1 keeps the H200-tested bisection (its own loop, with
+# streamed chunks of MAX_BLOCK scores), the default until the digit passes have run on the device: they were
+# written and checked in Triton's CPU interpreter in a session whose device time ran out (docs/performance.md,
+# eighteenth pass; ``pass18.sh topk`` runs their device test and the V4.1 decode rows with them on).
+RADIX_BITS = 1
+# Whether ``index.candidate_blocks`` launches its kernels (else core's reference runs on the device: a sort).
+# Off for the same reason as RADIX_BITS > 1.
+CANDIDATES_KERNEL = False
 
 
 def _bits_for(block: int) -> int:
@@ -97,12 +103,20 @@ def _topk_kernel(s_ptr, out_ptr, N, K, stride_s, BLOCK: tl.constexpr, SINGLE: tl
     # the largest t with count(key >= t) >= K (only meaningful when nvalid > K), BITS bits a pass from the top:
     # count(key >= lo) >= K holds before each pass, and the digit is the last candidate that keeps it
     lo = tl.full([], -2147483648, tl.int64)
-    digits = tl.arange(0, 1 << BITS).to(tl.int64)
-    for p in tl.static_range(32 // BITS):
-        shift = 32 - BITS * (p + 1)
-        cnt = _count_ge_each(s_ptr, row, N, lo + (digits << shift), key0, valid0, BLOCK, SINGLE)
-        d = tl.sum((cnt >= K).to(tl.int64), axis=0) - 1
-        lo = lo + (d << shift)
+    if BITS == 1:  # bisection
+        hi = tl.full([], 2147483647, tl.int64)
+        for _ in range(32):
+            mid = (lo + hi + 1) >> 1
+            ok = _count_ge(s_ptr, row, N, mid, key0, valid0, BLOCK, SINGLE) >= K
+            lo = tl.where(ok, mid, lo)
+            hi = tl.where(ok, hi, mid - 1)
+    else:
+        digits = tl.arange(0, 1 << BITS).to(tl.int64)
+        for p in tl.static_range(32 // BITS):
+            shift = 32 - BITS * (p + 1)
+            cnt = _count_ge_each(s_ptr, row, N, lo + (digits << shift), key0, valid0, BLOCK, SINGLE)
+            d = tl.sum((cnt >= K).to(tl.int64), axis=0) - 1
+            lo = lo + (d << shift)
     take_all = nvalid <= K
     thr = tl.where(take_all, -2147483649, lo)  # below every key: every valid score is kept
     need = K - _count_ge(s_ptr, row, N, thr + 1, key0, valid0, BLOCK, SINGLE)  # ties at thr to keep
@@ -147,7 +161,7 @@ def topk_positions_triton(scores: torch.Tensor, k: int, force_kernel: bool = Fal
         return out
     s = scores if scores.stride(1) == 1 else scores.contiguous()
     single = next_pow2(n) <= MAX_BLOCK
-    block = next_pow2(n) if single else min(STREAM_BLOCK, MAX_BLOCK)
+    block = next_pow2(n) if single else min(STREAM_BLOCK if RADIX_BITS > 1 else MAX_BLOCK, MAX_BLOCK)
     bits = _bits_for(block)
     _topk_kernel[(t,)](s, out, n, kk, s.stride(0), BLOCK=block, SINGLE=single, BLOCK_K=min(1024, next_pow2(kk)),
                        BITS=bits, num_warps=8 if block >= 4096 or block << bits >= 8192 else 4)
@@ -184,6 +198,8 @@ def candidate_blocks_triton(scores: torch.Tensor, num_visible: torch.Tensor, blo
     the best blocks (block score = max of its ``block_size`` scores; the newest visible entry's block forced
     first; -inf blocks never kept; ties to the lower id) as a set in ascending id order, -1 padded. Two launches,
     no sort and no host synchronisation. ``force_kernel``: CPU tensors in Triton's interpreter (tests only)."""
+    if not force_kernel and not CANDIDATES_KERNEL:
+        return candidate_blocks(scores, num_visible, block_size, topk_blocks)
     if not (force_kernel or supports_candidates(scores, num_visible, block_size, topk_blocks)):
         return hand_off("index.candidate_blocks", f"scores {scores.dtype} on {scores.device}, block {block_size} "
                         "not covered", candidate_blocks, scores, num_visible, block_size, topk_blocks)

@@ -46,7 +46,8 @@ if has topk; then
   timeout "${CONF_S:-120}" python3 -m pytest -q deepinfer_nvidia/tests/test_conformance_topk.py \
     deepinfer_nvidia/tests/test_conformance.py -k "topk or candidate" 2>&1 | tail -4 \
     | tee "$OUT/conformance_topk.txt"
-  timeout "${TOPK_S:-150}" python3 benchmarks/sweep.py --arch v41 --out "$OUT/v41" --providers triton \
+  timeout "${TOPK_S:-150}" python3 -m deepinfer_nvidia.tests.with_knob triton_topk.RADIX_BITS=4 \
+    triton_topk.CANDIDATES_KERNEL=True -- benchmarks/sweep.py --arch v41 --out "$OUT/v41" --providers triton \
     --decode 1,64 --prefill "" --skip-hf --graphs --profile-decode 1,64 2>&1 | tee "$OUT/sweep_v41.txt" \
     | quiet | tail -6
 fi

@@ -21,6 +21,16 @@ def fn():
     return r.impl("index.topk", "triton")
 
 
+@pytest.fixture(params=[1, 4], ids=["bisect", "digits4"])
+def bits(request):
+    """``triton_topk.RADIX_BITS`` for the test (1: the bisection, the default; 4: the digit passes)."""
+    from deepinfer_nvidia.kernels import triton_topk as tt
+
+    before, tt.RADIX_BITS = tt.RADIX_BITS, request.param
+    yield request.param
+    tt.RADIX_BITS = before
+
+
 def poison() -> None:
     torch.cuda.synchronize()
     blobs = [torch.full((64 << 20,), float("nan"), device="cuda") for _ in range(2)]
@@ -51,7 +61,7 @@ def _check(got: torch.Tensor, s: torch.Tensor, k: int) -> None:
 @pytest.mark.parametrize("t,n,k", [(1, 1024, 512), (64, 1024, 512), (8, 4096, 512), (4, 32768, 512),
                                    (2048, 2048, 512), (3, 100, 512), (16, 9000, 2048)])
 @pytest.mark.parametrize("ties", [False, True])
-def test_topk_sets(fn, t, n, k, ties):
+def test_topk_sets(fn, bits, t, n, k, ties):
     s = _scores(t, n, t * 7 + n, ties)
     poison()
     torch.cuda.set_sync_debug_mode("error")
@@ -62,7 +72,7 @@ def test_topk_sets(fn, t, n, k, ties):
     _check(got, s, k)
 
 
-def test_topk_graph_and_row_invariance(fn):
+def test_topk_graph_and_row_invariance(fn, bits):
     s = _scores(32, 4096, 3, True)
     static = s.clone()
     out = fn(static, 512)  # compile outside the capture
@@ -80,11 +90,15 @@ def test_topk_graph_and_row_invariance(fn):
 
 @pytest.mark.parametrize("t,n,bs,kb", [(1, 1024, 8, 2048), (64, 4096, 8, 2048), (4, 32768, 8, 2048),
                                        (16, 131072, 8, 2048), (3, 1000, 8, 16)])
-def test_candidate_blocks_sets(t, n, bs, kb):
-    """``index.candidate_blocks`` (block maxima + the select) at V4.1's block of 8 and 2048 blocks: the set equals
-    the reference's, no host synchronisation, and each row alone gives its row of the batch."""
+def test_candidate_blocks_sets(bits, monkeypatch, t, n, bs, kb):
+    """``index.candidate_blocks`` (block maxima + the select) at V4.1's block of 8 and 2048 blocks, with
+    ``CANDIDATES_KERNEL`` on: the set equals the reference's, no host synchronisation, and each row alone gives
+    its row of the batch."""
     from deepinfer_core.kernels.ops.candidates import candidate_blocks
+    from deepinfer_nvidia.kernels import triton_topk as tt
     from deepinfer_nvidia.kernels.triton_topk import candidate_blocks_triton
+
+    monkeypatch.setattr(tt, "CANDIDATES_KERNEL", True)
 
     s = _scores(t, n, t + n, ties=True)
     vis = torch.randint(0, n + 1, (t,), generator=torch.Generator().manual_seed(n)).cuda()
