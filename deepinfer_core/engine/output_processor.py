@@ -46,7 +46,8 @@ class OutputProcessor:
         self.parents: dict[str, ParentState] = {}
         self.parent_of: dict[str, str] = {}
         # text of single token ids for logprob entries: an id always decodes to the same text, and a batch of 64
-        # requests with 5 logprobs each asks for ~384 a step (1.1 ms of tokenizer calls on a CI core)
+        # requests with 5 logprobs each asks for ~384 a step (0.3 ms of tokenizer calls a step on a CI core when
+        # the ids repeat, docs/performance.md eighteenth pass)
         self._token_text: dict[int, str] = {}
 
     def add(self, request_id: str, prompt: str | None, prompt_ids: list[int], params: SamplingParams,

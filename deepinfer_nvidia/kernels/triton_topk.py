@@ -6,11 +6,11 @@ use as a set. Here one program per row:
 
 1. maps each score to a signed integer with the same order (fp32 bits, negatives flipped; ``-0.0`` counted
    as ``+0.0``, so equal floats get equal keys, as in the reference's comparison);
-2. finds ``thr``, the k-th largest key among the valid (finite) scores, a digit of ``BITS`` bits at a time
-   over the 32-bit key range: each pass counts the keys at or above all 2^BITS candidates of the next digit
-   at once (one [BLOCK, 2^BITS] comparison and one reduction), so 32 / BITS passes over the row instead of the
-   32 of a bisection (held in registers when it fits one ``BLOCK``, else streamed from global memory / L2 in
-   ``STREAM_BLOCK`` chunks);
+2. finds ``thr``, the k-th largest key among the valid (finite) scores, over the 32-bit key range: by
+   bisection, 32 counting passes (``RADIX_BITS = 1``, the default), or a digit of ``BITS`` bits a pass, each
+   counting the keys at or above all 2^BITS candidates of the next digit at once (one [BLOCK, 2^BITS]
+   comparison and one reduction: 32 / BITS passes). The row is held in registers when it fits one ``BLOCK``,
+   else streamed from global memory / L2 in chunks;
 3. keeps every score above ``thr`` and, of those equal to ``thr``, the lowest positions first, exactly as
    many as the reference's stable sort keeps (ties broken towards the lower position);
 4. writes the kept positions in ascending position order (a prefix count gives each its slot) and ``-1``
