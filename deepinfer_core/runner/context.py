@@ -134,13 +134,15 @@ class StepLayout:
     """Shapes of a packed step (host ints; hashable, so it can key a captured graph).
 
     ``table_widths``: (gid, block-table width) per paged group; ``read_widths``: (gid, entries read per
-    token) per compressed group; ``has_ids``: the packed tensor starts with the step's input ids."""
+    token) per compressed group; ``has_ids``: the packed tensor starts with the step's input ids;
+    ``one_token_each``: every request brings exactly one token (a decode step: token i is request i)."""
 
     num_seqs: int
     num_tokens: int
     has_ids: bool
     table_widths: tuple[tuple[int, int], ...]
     read_widths: tuple[tuple[int, int], ...]
+    one_token_each: bool = False
 
 
 class TableRowCache:
@@ -218,7 +220,8 @@ def pack_step(slices: list[SeqSlice], group_specs: dict[int, KVCacheSpec], input
             rw.append((gid, n if n is not None else max(((s.start_pos + s.num_tokens) // spec.ratio for s in slices),
                                                         default=0)))
     total = sum(s.num_tokens for s in slices)
-    layout = StepLayout(len(slices), total, input_ids is not None, tuple(tw), tuple(rw))
+    layout = StepLayout(len(slices), total, input_ids is not None, tuple(tw), tuple(rw),
+                        bool(slices) and all(s.num_tokens == 1 for s in slices))
     # array('q') bytes + frombuffer: ~3x faster than torch.tensor(list) (twelfth pass); the table rows come
     # from row_cache when it is given (thirteenth pass)
     buf = bytearray().join([array.array("q", flat).tobytes(), *parts])
@@ -240,11 +243,19 @@ def context_from_packed(dev: torch.Tensor, layout: StepLayout, group_specs: dict
     info = dev[off:off + max(b, 1) * _ROW].view(-1, _ROW)
     off += max(b, 1) * _ROW
     counts_d = info[:b, 3]
-    # output_size: the token count is known on the host, so the device need not report it
-    seq = torch.repeat_interleave(torch.arange(b, device=device), counts_d, output_size=total)
-    first_row = torch.cumsum(counts_d, 0) - counts_d
-    pos = info[seq, 0] + torch.arange(total, device=device) - first_row[seq]
-    tok = _TokenIndex(seq, pos, info[seq, 0], info[seq, 1], info[seq, 4])
+    if layout.one_token_each:
+        # decode: token i is request i at its start position. Two launches (an arange, one copy of the info
+        # columns) instead of the ~13 of the general path (repeat_interleave, cumsum, gathers), once a step.
+        seq = first_row = torch.arange(b, device=device)
+        cols = info[:b, :5].t().contiguous()  # [5, B]: start, no_write_before, state_slot, num_tokens, floor
+        pos = cols[0]
+        tok = _TokenIndex(seq, pos, pos, cols[1], cols[4])
+    else:
+        # output_size: the token count is known on the host, so the device need not report it
+        seq = torch.repeat_interleave(torch.arange(b, device=device), counts_d, output_size=total)
+        first_row = torch.cumsum(counts_d, 0) - counts_d
+        pos = info[seq, 0] + torch.arange(total, device=device) - first_row[seq]
+        tok = _TokenIndex(seq, pos, info[seq, 0], info[seq, 1], info[seq, 4])
     read_widths = dict(layout.read_widths)
     groups: dict[int, GroupMetadata] = {}
     tables: dict[int, torch.Tensor] = {}

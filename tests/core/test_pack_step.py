@@ -96,3 +96,32 @@ def test_group_bytes_reused_only_while_every_row_and_slot_matches():
     assert changed != first and changed == pack_step(slices, {0: SPECS[0]}, None, {0: 6})[0][5 * 6:].numpy().tobytes()
     assert cache.group_bytes(0, slots[::-1], rows[::-1], 6) != changed  # another order
     assert cache.group_bytes(0, slots, rows, 8) != changed  # another width
+
+
+def test_decode_steps_take_the_one_token_path_with_the_general_paths_metadata():
+    """A step where every request brings one token (``one_token_each``) builds its token index without
+    repeat_interleave / cumsum / gathers: positions, token -> request map and every group's write / read
+    metadata equal the general path's, and a step with a longer request keeps the general path."""
+    from dataclasses import replace
+
+    from deepinfer_core.runner.context import context_from_packed
+
+    rng = random.Random(7)
+    for n in (1, 5, 17):
+        slices = [replace(s, window_floor=rng.randrange(0, 5)) for s in _slices(rng, n, 12)]
+        host, layout = pack_step(slices, SPECS)
+        assert layout.one_token_each
+        general = replace(layout, one_token_each=False)
+        caches = {}
+        fast = context_from_packed(host, layout, SPECS, {}, caches, slices)[1]
+        ref = context_from_packed(host, general, SPECS, {}, caches, slices)[1]
+        for name in ("positions", "token_seq", "state_slots"):
+            assert torch.equal(getattr(fast, name), getattr(ref, name)), name
+        for key in ("token_start", "seq_first_row", "seq_end", "window_floor", "seq_start"):
+            assert torch.equal(fast.extras[key], ref.extras[key]), key
+        for gid in SPECS:
+            for field in ("write_slots", "read_idx"):
+                assert torch.equal(getattr(fast.groups[gid], field), getattr(ref.groups[gid], field)), (gid, field)
+    two = _slices(rng, 3, 12)
+    two[1] = replace(two[1], num_tokens=2)
+    assert not pack_step(two, SPECS)[1].one_token_each
