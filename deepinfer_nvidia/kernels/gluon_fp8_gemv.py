@@ -50,10 +50,14 @@ if _GLUON:
     _cp_async = _swap._cp_async
     _cta_barrier = _swap._cta_barrier
 
-# rows served (1..max_rows), stages of the cp.async ring, programs per SM to aim for with split-K, and whether
-# the path is on (``DEEPINFER_NV_WGMMA_GEMV=0`` turns it off, for A/B runs)
+# rows served (1..max_rows), stages of the cp.async ring, programs per SM to aim for with split-K, whether
+# the path is on (``DEEPINFER_NV_WGMMA_GEMV=0`` turns it off, for A/B runs), and whether launches use
+# programmatic dependent launch (``pdl``, ``DEEPINFER_NV_PDL=1``: the weight prologue overlaps the previous
+# kernel's tail; written and compiled for sm_90a on the CPU, off until timed on the H200: docs/performance.md,
+# eighteenth pass)
 WGMMA_GEMV_TUNE: dict[str, int] = {"max_rows": 16, "stages": 3, "programs": 4,
-                                   "enabled": int(os.environ.get("DEEPINFER_NV_WGMMA_GEMV", "1"))}
+                                   "enabled": int(os.environ.get("DEEPINFER_NV_WGMMA_GEMV", "1")),
+                                   "pdl": int(os.environ.get("DEEPINFER_NV_PDL", "0"))}
 _SM90: dict[int, bool] = {}  # device index -> capability 9.x (asked once per device)
 
 
@@ -143,13 +147,27 @@ if _GLUON:
         async_copy.commit_group()
 
     @gluon.jit
+    def _grid_dependency(WAIT: gl.constexpr):
+        """Programmatic dependent launch (SM90+): WAIT blocks until the previous kernel of the stream has completed
+        and its writes are visible; else signal that the next kernel may launch. Both are no-ops in a launch
+        without the programmatic attribute."""
+        if WAIT:
+            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        else:
+            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                      is_pure=False, pack=1)
+
+    @gluon.jit
     def _wgmma_gemv_kernel(x_ptr, q_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, stride_x, s_cols, NG, k_per_split,
                            BN_BLK: gl.constexpr, BK_BLK: gl.constexpr, SPLIT: gl.constexpr, BLOCK_M: gl.constexpr,
-                           STAGES: gl.constexpr, SAFE: gl.constexpr, num_warps: gl.constexpr):
+                           STAGES: gl.constexpr, SAFE: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr):
         """Program (row tile of 64 weight rows, K split): ``y[m, n] = sum_k x[m, k] * bf16(q[n, k] * s)``.
         x [M, K] bf16 (natural order: the tile loads gather ``permute_x``'s order); q [N, K] e4m3 bytes; s UE8M0 bytes
         [ceil(N / BN_BLK), s_cols]; y [M, N] bf16; part [SPLIT, M, N] fp32 and cnt (zeroed int32 per row tile)
-        when SPLIT > 1. NG: rows per weight group (grouped op: group g reads x columns g*K..(g+1)*K)."""
+        when SPLIT > 1. NG: rows per weight group (grouped op: group g reads x columns g*K..(g+1)*K).
+        PDL (launched with programmatic dependent launch): the first weight tiles and their scales (never written
+        by a kernel) are requested before waiting for the previous kernel, x and every store after it; the next
+        kernel may launch once the K loop is done."""
         gl.static_assert(num_warps == 4)
         LW: gl.constexpr = gl.BlockedLayout([1, 1, 16], [4, 4, 2], [num_warps, 1, 1], [2, 1, 0])
         LX: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [num_warps, 1], [1, 0])  # 4-byte gathers of x
@@ -190,8 +208,18 @@ if _GLUON:
         ring_w = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, 4, 32], RING)
         ring_x = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, 128], SX)
         acc = warpgroup_mma_init(gl.zeros([64, BLOCK_M], gl.float32, layout=ACC))
-        for jp in gl.static_range(STAGES - 1):
-            _issue(ring_w, ring_x, w_ptrs, x_ptrs, wmask, xmask, jp, jp, n_k)
+        if PDL:
+            # weights first, then the wait, then x: commit groups of the prologue are (W0..W{S-2}, X0), (X1), ...,
+            # so the loop's wait_group(STAGES - 1) still covers tile i's weights and activations
+            for jp in gl.static_range(STAGES - 1):
+                _cp_async(ring_w.index(jp), w_ptrs + jp * 128, mask=wmask & (jp < n_k))
+            _grid_dependency(True)
+            for jp in gl.static_range(STAGES - 1):
+                _cp_async(ring_x.index(jp), x_ptrs + jp * 128, mask=xmask & (jp < n_k))
+                async_copy.commit_group()
+        else:
+            for jp in gl.static_range(STAGES - 1):
+                _issue(ring_w, ring_x, w_ptrs, x_ptrs, wmask, xmask, jp, jp, n_k)
         sc = gl.expand_dims(gl.load(s_ptr + s_row + s_col // BK_BLK, mask=smask, other=127), 2)
         for i in range(n_k):
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -209,6 +237,8 @@ if _GLUON:
             sc = nsc
         async_copy.wait_group(0)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        if PDL:
+            _grid_dependency(False)  # the next kernel's prologue may overlap this epilogue
         rn = n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, ACC))
         rm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ACC))
         offs = gl.expand_dims(rm.to(gl.int64) * N, 0) + gl.expand_dims(rn, 1)
@@ -245,7 +275,7 @@ def scales_allow_fast(s: torch.Tensor) -> bool:
 
 def gemv_wgmma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, bn_blk: int, bk_blk: int, sms: int,
                ng: int | None = None, stages: int | None = None, programs: int | None = None,
-               safe: bool | None = None) -> torch.Tensor:
+               safe: bool | None = None, pdl: bool | None = None) -> torch.Tensor:
     """y [M, N] bf16 = x [M, K] @ dequant(q [N, K] e4m3, s)^T for M <= max_rows (``takes`` must hold); s the
     UE8M0 bytes [ceil(N / bn_blk), s_cols]. Keyword arguments: tuning knobs (defaults ``WGMMA_GEMV_TUNE``)."""
     from deepinfer_nvidia.kernels.triton_fp8_gemv import _counters
@@ -262,11 +292,13 @@ def gemv_wgmma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, b
     split = triton.cdiv(k, k_per)
     if safe is None:
         safe = not scales_allow_fast(s)
+    pdl = bool(tune["pdl"]) if pdl is None else pdl
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     part = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else y
     cnt = _counters(x.device, tiles) if split > 1 else part
     _wgmma_gemv_kernel[(tiles, split)](xp, q.view(torch.uint8), s.view(torch.uint8), y, part, cnt, m, n, k,
                                        xp.stride(0), s_cols, ng or n, k_per, BN_BLK=bn_blk, BK_BLK=bk_blk, SPLIT=split,
                                        BLOCK_M=8 if m <= 8 else 16, STAGES=stages or tune["stages"],
-                                       SAFE=int(safe), num_warps=4)
+                                       SAFE=int(safe), PDL=int(pdl), num_warps=4,
+                                       **({"launch_pdl": True} if pdl else {}))
     return y

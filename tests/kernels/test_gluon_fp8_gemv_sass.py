@@ -23,7 +23,7 @@ SIG = {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*u8", "y_ptr": "*bf16", "part
 @pytest.mark.parametrize("split,block_m,blk,safe", [(4, 8, 32, 0), (4, 16, 128, 0), (2, 8, 32, 1)])
 def test_loop(split, block_m, blk, safe):
     consts = {"BN_BLK": blk, "BK_BLK": blk, "SPLIT": split, "BLOCK_M": block_m, "STAGES": 3, "SAFE": safe,
-              "num_warps": 4}
+              "PDL": 0, "num_warps": 4}
     r = count(gg._wgmma_gemv_kernel, SIG, consts, warps=4, div16=frozenset({"N", "K", "stride_x", "k_per_split"}))
     ops, n = r["ops"], len(r["loop"])
 
@@ -36,3 +36,36 @@ def test_loop(split, block_m, blk, safe):
     assert has("HMUL2") == 32 * (2 if safe else 1), ops
     assert not has("I2F") and not has("MUFU"), ("an integer division in the loop", ops)
     assert n / 64 < (5.0 if not safe else 5.6), (n / 64, ops)
+
+
+def test_programmatic_dependent_launch_orders_the_prologue():
+    """With PDL the kernel waits for the previous kernel (``griddepcontrol.wait``: ACQBULK) after requesting
+    the first weight tiles (16-byte copies) and before any activation copy (the 4-byte gathers) or store, and
+    lets the next kernel launch (PREEXIT) after its K loop; the loop does the same work. Without PDL neither
+    instruction is emitted."""
+    import re
+
+    consts = {"BN_BLK": 32, "BK_BLK": 32, "SPLIT": 4, "BLOCK_M": 8, "STAGES": 3, "SAFE": 0, "num_warps": 4}
+    div16 = frozenset({"N", "K", "stride_x", "k_per_split"})
+    plain = count(gg._wgmma_gemv_kernel, SIG, {**consts, "PDL": 0}, warps=4, div16=div16)
+    pdl = count(gg._wgmma_gemv_kernel, SIG, {**consts, "PDL": 1}, warps=4, div16=div16)
+
+    def opcodes(r):
+        return [re.sub(r"^\s+/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?", "", line).split()[0]
+                for line in r["sass"].splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
+
+    assert not {"ACQBULK", "PREEXIT"} & set(opcodes(plain))
+    ops = opcodes(pdl)
+    assert ops.count("ACQBULK") == 1 and ops.count("PREEXIT") == 1, [o for o in ops if o in ("ACQBULK", "PREEXIT")]
+    wait, release = ops.index("ACQBULK"), ops.index("PREEXIT")
+    weights_before = [i for i, o in enumerate(ops[:wait]) if o == "LDGSTS.E.BYPASS.128"]
+    assert len(weights_before) == (consts["STAGES"] - 1) * 4, ops[:wait]  # the prologue's weight tiles
+    assert all(i > wait for i, o in enumerate(ops) if o == "LDGSTS.E"), "an activation copy before the wait"
+    assert all(i > wait for i, o in enumerate(ops) if o.startswith(("STG", "RED", "ATOM"))), "a store before the wait"
+    loop_end = max(i for i, o in enumerate(ops) if o.startswith("HGMMA"))
+    assert release > loop_end, "the next kernel released before the K loop ends"
+    # the K loop does the same work (register allocation may move a few instructions: 283 -> 291 on Triton 3.6)
+    for op in ("HGMMA", "LDGSTS", "HMUL2"):
+        assert sum(v for k, v in pdl["ops"].items() if k.startswith(op)) == \
+            sum(v for k, v in plain["ops"].items() if k.startswith(op)), op
+    assert abs(len(pdl["loop"]) - len(plain["loop"])) <= 0.05 * len(plain["loop"])
