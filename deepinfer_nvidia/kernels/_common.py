@@ -10,6 +10,7 @@ first such hand-off per (op, reason) is logged, so it is never silent.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Callable
 
 import torch
@@ -20,6 +21,12 @@ logger = logging.getLogger("deepinfer_nvidia.kernels")
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 _warned: set[tuple[str, str]] = set()
+
+# Programmatic dependent launch (SM90+; ``DEEPINFER_NV_PDL=1``): the wgmma FP8 GEMV is launched with it and
+# requests its weight tiles before waiting on the device for the previous kernel, and RMSNorm (which precedes
+# most of them) lets the next kernel launch as it starts. Off until timed on the H200: written and compiled for
+# sm_90a on the CPU in a session whose device time ran out (docs/performance.md, eighteenth pass).
+PDL = int(os.environ.get("DEEPINFER_NV_PDL", "0"))
 
 
 def on_cuda(*tensors: torch.Tensor | None) -> bool:

@@ -33,6 +33,7 @@ import os
 import torch
 import triton
 
+from deepinfer_nvidia.kernels import _common
 from deepinfer_nvidia.kernels import gluon_moe_swap as _swap
 
 _GLUON = _swap.available()
@@ -50,14 +51,11 @@ if _GLUON:
     _cp_async = _swap._cp_async
     _cta_barrier = _swap._cta_barrier
 
-# rows served (1..max_rows), stages of the cp.async ring, programs per SM to aim for with split-K, whether
-# the path is on (``DEEPINFER_NV_WGMMA_GEMV=0`` turns it off, for A/B runs), and whether launches use
-# programmatic dependent launch (``pdl``, ``DEEPINFER_NV_PDL=1``: the weight prologue overlaps the previous
-# kernel's tail; written and compiled for sm_90a on the CPU, off until timed on the H200: docs/performance.md,
-# eighteenth pass)
+# rows served (1..max_rows), stages of the cp.async ring, programs per SM to aim for with split-K, and whether
+# the path is on (``DEEPINFER_NV_WGMMA_GEMV=0`` turns it off, for A/B runs). Programmatic dependent launch:
+# ``_common.PDL``.
 WGMMA_GEMV_TUNE: dict[str, int] = {"max_rows": 16, "stages": 3, "programs": 4,
-                                   "enabled": int(os.environ.get("DEEPINFER_NV_WGMMA_GEMV", "1")),
-                                   "pdl": int(os.environ.get("DEEPINFER_NV_PDL", "0"))}
+                                   "enabled": int(os.environ.get("DEEPINFER_NV_WGMMA_GEMV", "1"))}
 _SM90: dict[int, bool] = {}  # device index -> capability 9.x (asked once per device)
 
 
@@ -292,7 +290,7 @@ def gemv_wgmma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, b
     split = triton.cdiv(k, k_per)
     if safe is None:
         safe = not scales_allow_fast(s)
-    pdl = bool(tune["pdl"]) if pdl is None else pdl
+    pdl = bool(_common.PDL) if pdl is None else pdl
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     part = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else y
     cnt = _counters(x.device, tiles) if split > 1 else part

@@ -57,11 +57,12 @@ def _loop_body(sass: str) -> list[str]:
 
 
 def missing_tools(kernel_module) -> str | None:
-    """Why this machine cannot count ``kernel_module``'s Gluon kernels (None when it can): Gluon absent from the
-    installed Triton, or a Triton wheel without ``nvdisasm``. The SASS tests skip on it."""
+    """Why this machine cannot count ``kernel_module``'s kernels (None when it can): Gluon absent from the
+    installed Triton (modules with an ``available()``: the Gluon ones), or a Triton wheel without ``nvdisasm``.
+    The SASS tests skip on it."""
     import triton
 
-    if not kernel_module.available():
+    if hasattr(kernel_module, "available") and not kernel_module.available():
         return "triton.experimental.gluon missing"
     if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")):
         return "this triton wheel has no nvdisasm"

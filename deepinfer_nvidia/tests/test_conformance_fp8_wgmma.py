@@ -113,23 +113,29 @@ def test_wgmma_gemv_grouped_through_registry_and_graph_replay(t):
 
 @pytest.mark.parametrize("t", [1, 8, 16])
 @pytest.mark.parametrize("split_programs", [4, 1])
-def test_wgmma_gemv_pdl_chain_eager_and_graphed(t, split_programs):
-    """Programmatic dependent launch (``pdl=True``): a chain of GEMVs where each reads the previous one's output
-    (wq_a -> wq_b shapes, then a GEMV of a tensor an elementwise op just wrote) gives the bits of the plain
-    launches, eagerly and replayed from a CUDA graph with fresh inputs each replay: the weight prologue that runs
-    before ``griddepcontrol.wait`` never reads what the previous kernel writes."""
+def test_wgmma_gemv_pdl_chain_eager_and_graphed(t, split_programs, monkeypatch):
+    """Programmatic dependent launch (``_common.PDL``): RMSNorm releasing the next kernel at its start, then a
+    chain of GEMVs where each reads the previous one's output (wq_a -> wq_b shapes, then a GEMV of a tensor an
+    elementwise op just wrote) gives the bits of the plain launches, eagerly and replayed from a CUDA graph with
+    fresh inputs each replay: the weight prologue that runs before ``griddepcontrol.wait`` never reads what the
+    previous kernel writes."""
+    from deepinfer_nvidia.kernels import _common
     from deepinfer_nvidia.kernels import gluon_fp8_gemv as gg
+    from deepinfer_nvidia.kernels.triton_norm import rms
 
     x, q1, s1 = _operands(t, 1280, 5120, (32, 32), 901 + t)
     _, q2, s2 = _operands(t, 4096, 1280, (32, 32), 902 + t)
     _, q3, s3 = _operands(t, 1024, 4096, (32, 32), 903 + t)
     ws = [(q.cuda(), s.view(torch.uint8).contiguous().cuda()) for q, s in ((q1, s1), (q2, s2), (q3, s3))]
+    norm_w = (torch.rand(5120, generator=_gen(904)) + 0.5).bfloat16().cuda()
 
     def chain(a, pdl):
-        h = gg.gemv_wgmma(a, *ws[0], ws[0][1].shape[1], 32, 32, 132, programs=split_programs, pdl=pdl)
-        h = gg.gemv_wgmma(h, *ws[1], ws[1][1].shape[1], 32, 32, 132, programs=split_programs, pdl=pdl)
+        monkeypatch.setattr(_common, "PDL", int(pdl))
+        h = rms(a, norm_w, 1e-6)
+        h = gg.gemv_wgmma(h, *ws[0], ws[0][1].shape[1], 32, 32, 132, programs=split_programs)
+        h = gg.gemv_wgmma(h, *ws[1], ws[1][1].shape[1], 32, 32, 132, programs=split_programs)
         h = h * 0.5 + 1.0  # a torch kernel between two PDL launches
-        return gg.gemv_wgmma(h, *ws[2], ws[2][1].shape[1], 32, 32, 132, programs=split_programs, pdl=pdl)
+        return gg.gemv_wgmma(h, *ws[2], ws[2][1].shape[1], 32, 32, 132, programs=split_programs)
 
     xc = x.cuda()
     poison()
