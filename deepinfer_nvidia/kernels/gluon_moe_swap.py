@@ -74,6 +74,13 @@ SWAP_MIN_PAIRS = 1
 SWAP_MAX_PAIRS = 98304
 if os.environ.get("DEEPINFER_NV_SWAP_PAIRS"):
     SWAP_MIN_PAIRS, SWAP_MAX_PAIRS = (int(v) for v in os.environ["DEEPINFER_NV_SWAP_PAIRS"].split(","))
+# Split-K for the few-pair launches (batch 1-8): each (block, N tile) is split over K until about
+# SPLIT_PROGRAMS programs per SM are in flight (at most SPLIT_MAX splits, each of at least SPLIT_MIN_TILES K
+# tiles); 0 turns it off. At batch 1 a V4.1 up launch has only 6 blocks x 36 tiles = 216 programs of 40 K tiles
+# each on 132 SMs, so each SM runs one or two serial decode -> wgmma chains. docs/performance.md (nineteenth pass).
+SPLIT_PROGRAMS = 0
+SPLIT_MAX = 4
+SPLIT_MIN_TILES = 4
 
 
 # Per output register r (nibbles r and r+4 of a word): (magnitude shift, shifted right?, sign shift). The
@@ -208,14 +215,18 @@ if _GLUON:
         return gl.expand_dims(gl.load(s_ptr + soff + g0, mask=nm & gl.expand_dims(g0 + rg3 < KG, 0), other=127), 2)
 
     @gluon.jit
-    def _swap_kernel(x_ptr, pair_ptr, bexp_ptr, wa_ptr, sa_ptr, wb_ptr, sb_ptr, wt_ptr, out_ptr, P, E, N, K,
-                     row_bytes, stride_x, limit, NT, TOPK: gl.constexpr, UP: gl.constexpr, BLOCK_M: gl.constexpr,
-                     BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, SAFE: gl.constexpr,
-                     AREG: gl.constexpr, PROBE: gl.constexpr, num_warps: gl.constexpr):
-        """One (expert block, N tile) of ``out = act(x_rows) @ W^T``, W [E, N, K/2] packed e2m1.
+    def _swap_kernel(x_ptr, pair_ptr, bexp_ptr, wa_ptr, sa_ptr, wb_ptr, sb_ptr, wt_ptr, out_ptr, part_ptr, cnt_ptr,
+                     P, E, N, K, row_bytes, stride_x, limit, NT, R, TPS, TOPK: gl.constexpr, UP: gl.constexpr,
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
+                     SAFE: gl.constexpr, AREG: gl.constexpr, PROBE: gl.constexpr, SPLIT: gl.constexpr,
+                     num_warps: gl.constexpr):
+        """One (expert block, K split, N tile) of ``out = act(x_rows) @ W^T``, W [E, N, K/2] packed e2m1.
         UP: x rows are the pairs' tokens of ``x_ptr`` (K order already bit-reversed), W = w1 (``wa``) and w3
-        (``wb``), out = h [blocks*BLOCK_M, N] = clamped SwiGLU, written in the bit-reversed K order of the down
-        kernel. Not UP: x rows are h's rows of this block, W = w2, out = y [P, N] fp32 (times the routing weight)."""
+        (``wb``), out = h [R = blocks*BLOCK_M, N] = clamped SwiGLU, written in the bit-reversed K order of the
+        down kernel. Not UP: x rows are h's rows of this block, W = w2, out = y [P, N] fp32 (times the routing
+        weight). SPLIT > 1: program ``ks`` of a tile covers K tiles ``ks*TPS .. ks*TPS+TPS-1`` and stores its fp32
+        sums to ``part`` ([SPLIT, 2, R, N] up, [SPLIT, P, N] down); the last of the tile's programs to arrive
+        (``cnt``, zeroed int32 per (block, tile), reset here) adds the partials in split order and finishes."""
         G: gl.constexpr = BLOCK_K // 32
         if AREG == 2:  # each thread loads exactly the bytes of its wgmma A fragment (BLOCK_N 64, K 128, 4 warps)
             gl.static_assert(BLOCK_N == 64 and BLOCK_K == 128 and num_warps == 4)
@@ -230,12 +241,18 @@ if _GLUON:
         AOP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
         RING: gl.constexpr = gl.SwizzledSharedLayout(16, 1, 1, [2, 1, 0])
         pid = gl.program_id(0)
-        blk = pid // NT
+        tile = pid % NT  # N tile fastest, then the K split, then the block
+        ks = (pid // NT) % SPLIT
+        blk = pid // (NT * SPLIT)
         e = gl.load(bexp_ptr + blk)
         if e >= E:
             return
         e64 = e.to(gl.int64)
-        KG = K // 32
+        # this program's K tiles: k0 .. k0 + n_k - 1; loads past them are masked (zero-filled, no traffic)
+        k0 = ks * TPS
+        n_k = gl.minimum(gl.cdiv(K, BLOCK_K) - k0, TPS)
+        K_hi = gl.minimum(K, (k0 + n_k) * BLOCK_K)
+        KG = K_hi // 32
         rows_x = blk * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LX))
         if UP:
             pair_x = gl.load(pair_ptr + rows_x)
@@ -245,7 +262,7 @@ if _GLUON:
             xrow = gl.expand_dims(rows_x.to(gl.int64) * stride_x, 1)
             vx = gl.expand_dims(rows_x >= 0, 1)
         ck = gl.expand_dims(gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, LX)), 0)
-        rn3 = (pid % NT) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LS))
+        rn3 = tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LS))
         rg3 = gl.arange(0, G, layout=gl.SliceLayout(0, LS))
         rb3 = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(0, L3)))
         nm = gl.expand_dims(rn3 < N, 1)
@@ -266,13 +283,12 @@ if _GLUON:
             acc_b = warpgroup_mma_init(gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ACC))
         else:
             ring_b = ring_a  # unused: only the up kernel has a second matrix
-        n_k = gl.cdiv(K, BLOCK_K)
         for jp in gl.static_range(STAGES - 1):  # prologue: the first STAGES-1 tiles in flight
-            _issue_tile(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, rg3, xrow, vx, ck, KG, K, jp, jp,
-                        UP, BLOCK_K)
-        ca = _scales(sa_ptr, soff, nm, rg3, 0, KG)
+            _issue_tile(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, rg3, xrow, vx, ck, KG, K_hi,
+                        k0 + jp, jp, UP, BLOCK_K)
+        ca = _scales(sa_ptr, soff, nm, rg3, k0 * G, KG)
         if UP:
-            cb = _scales(sb_ptr, soff, nm, rg3, 0, KG)
+            cb = _scales(sb_ptr, soff, nm, rg3, k0 * G, KG)
         for i in range(n_k):
             # the previous tiles' wgmma are done: their ring slot and the decode buffers may be reused
             if UP:
@@ -281,11 +297,11 @@ if _GLUON:
                 acc_a = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a,))
             _cta_barrier()
             j = i + STAGES - 1
-            _issue_tile(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, rg3, xrow, vx, ck, KG, K, j,
-                        j % STAGES, UP, BLOCK_K)
-            nca = _scales(sa_ptr, soff, nm, rg3, (i + 1) * G, KG)
+            _issue_tile(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, rg3, xrow, vx, ck, KG, K_hi,
+                        k0 + j, j % STAGES, UP, BLOCK_K)
+            nca = _scales(sa_ptr, soff, nm, rg3, (k0 + i + 1) * G, KG)
             if UP:
-                ncb = _scales(sb_ptr, soff, nm, rg3, (i + 1) * G, KG)
+                ncb = _scales(sb_ptr, soff, nm, rg3, (k0 + i + 1) * G, KG)
             async_copy.wait_group(STAGES - 1)
             _cta_barrier()
             si = i % STAGES
@@ -321,25 +337,64 @@ if _GLUON:
                 cb = ncb
             ca = nca
         async_copy.wait_group(0)
-        rn = (pid % NT) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
+        rn = tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
         rows = blk * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ACC))
-        dtype: gl.constexpr = x_ptr.dtype.element_ty
+        nmask = gl.expand_dims(rn < N, 1)
         if UP:
             acc_a, acc_b = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a, acc_b))
-            g = gl.minimum(acc_a.to(dtype).to(gl.float32), limit).to(dtype).to(gl.float32)
-            sg = (g / (1.0 + gl.exp(-g))).to(dtype).to(gl.float32)
-            u = gl.minimum(gl.maximum(acc_b.to(dtype).to(gl.float32), -limit), limit).to(dtype).to(gl.float32)
             hcol = _frag128(rn) if AREG == 2 else _rev3(rn)
-            gl.store(out_ptr + gl.expand_dims(rows.to(gl.int64) * N, 0) + gl.expand_dims(hcol, 1),
-                     (sg * u).to(dtype), mask=gl.expand_dims(rn < N, 1))
+            hoff = gl.expand_dims(rows.to(gl.int64) * N, 0) + gl.expand_dims(hcol, 1)
+            if SPLIT == 1:
+                _up_finish(acc_a, acc_b, out_ptr, hoff, nmask, limit)
+            else:
+                # partial sums of this program's K tiles (real pairs only: padding rows of h become 0 below,
+                # as their zero activations make them without a split)
+                pm = nmask & gl.expand_dims(gl.load(pair_ptr + rows) < P, 0)
+                pa = part_ptr + ks.to(gl.int64) * 2 * R * N + hoff
+                gl.store(pa, acc_a, mask=pm)
+                gl.store(pa + R * N, acc_b, mask=pm)
+                _cta_barrier()
+                if gl.atomic_add(cnt_ptr + blk * NT + tile, 1, sem="acq_rel") == SPLIT - 1:
+                    ta = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ACC)
+                    tb = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ACC)
+                    for sk in range(SPLIT):
+                        pa = part_ptr + sk * 2 * R * N + hoff
+                        ta += gl.load(pa, mask=pm, other=0.0, cache_modifier=".cg")
+                        tb += gl.load(pa + R * N, mask=pm, other=0.0, cache_modifier=".cg")
+                    _up_finish(ta, tb, out_ptr, hoff, nmask, limit)
+                    gl.atomic_xchg(cnt_ptr + blk * NT + tile, 0)
         else:
             acc_a = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a,))
             pair = gl.load(pair_ptr + rows)
             valid = pair < P
-            wt = gl.load(wt_ptr + pair, mask=valid, other=0.0)
-            y = acc_a.to(dtype).to(gl.float32) * gl.expand_dims(wt, 0)
-            gl.store(out_ptr + gl.expand_dims(pair.to(gl.int64) * N, 0) + gl.expand_dims(rn, 1), y,
-                     mask=gl.expand_dims(valid, 0) & gl.expand_dims(rn < N, 1))
+            ym = gl.expand_dims(valid, 0) & nmask
+            yoff = gl.expand_dims(pair.to(gl.int64) * N, 0) + gl.expand_dims(rn, 1)
+            if SPLIT == 1:
+                _down_finish(acc_a, out_ptr, wt_ptr, pair, valid, yoff, ym)
+            else:
+                gl.store(part_ptr + ks.to(gl.int64) * P * N + yoff, acc_a, mask=ym)
+                _cta_barrier()
+                if gl.atomic_add(cnt_ptr + blk * NT + tile, 1, sem="acq_rel") == SPLIT - 1:
+                    total = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ACC)
+                    for sk in range(SPLIT):
+                        total += gl.load(part_ptr + sk * P * N + yoff, mask=ym, other=0.0, cache_modifier=".cg")
+                    _down_finish(total, out_ptr, wt_ptr, pair, valid, yoff, ym)
+                    gl.atomic_xchg(cnt_ptr + blk * NT + tile, 0)
+
+    @gluon.jit
+    def _up_finish(acc_a, acc_b, out_ptr, hoff, nmask, limit):
+        """h = clamped SwiGLU of the fp32 sums, with the reference's bf16 roundings, stored at ``hoff``."""
+        dtype: gl.constexpr = out_ptr.dtype.element_ty
+        g = gl.minimum(acc_a.to(dtype).to(gl.float32), limit).to(dtype).to(gl.float32)
+        sg = (g / (1.0 + gl.exp(-g))).to(dtype).to(gl.float32)
+        u = gl.minimum(gl.maximum(acc_b.to(dtype).to(gl.float32), -limit), limit).to(dtype).to(gl.float32)
+        gl.store(out_ptr + hoff, (sg * u).to(dtype), mask=nmask)
+
+    @gluon.jit
+    def _down_finish(acc, out_ptr, wt_ptr, pair, valid, yoff, ym):
+        """y = bf16(sum) * routing weight (fp32) at the pairs' rows."""
+        wt = gl.load(wt_ptr + pair, mask=valid, other=0.0)
+        gl.store(out_ptr + yoff, acc.to(gl.bfloat16).to(gl.float32) * gl.expand_dims(wt, 0), mask=ym)
 
 
 _SAFE_CACHE: dict[tuple[int, int, int, int], tuple[StorageWeakRef, bool]] = {}
@@ -412,13 +467,41 @@ def permute_k(x: torch.Tensor, fragment: bool) -> torch.Tensor:
     return x.reshape(t, k // 8, 2, 2, 2).permute(0, 1, 4, 3, 2).reshape(t, k)
 
 
+_SMS: dict[int, int] = {}
+
+
+def _sms(device: torch.device) -> int:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SMS:
+        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SMS[idx]
+
+
+def split_for(programs: int, k_tiles: int, sms: int) -> int:
+    """K splits for a launch of ``programs`` (block, N tile) programs of ``k_tiles`` K tiles each: enough to put
+    ``SPLIT_PROGRAMS`` programs on each of ``sms`` SMs, capped by ``SPLIT_MAX`` and ``SPLIT_MIN_TILES``; the
+    count is then evened out so that no split is empty (1 when off or already wide)."""
+    if SPLIT_PROGRAMS <= 0 or programs <= 0:
+        return 1
+    want = min(SPLIT_MAX, -(-SPLIT_PROGRAMS * sms // programs), max(1, k_tiles // SPLIT_MIN_TILES))
+    return _even_split(max(1, want), k_tiles)
+
+
+def _even_split(split: int, k_tiles: int) -> int:
+    """The split count that ``cdiv(k_tiles, cdiv(k_tiles, split))`` tiles per split actually gives."""
+    split = max(1, min(split, k_tiles))
+    return -(-k_tiles // -(-k_tiles // split))
+
+
 def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | None = None,
                block_n: int | None = None, block_k: int | None = None, warps: int | None = None,
                stages: int | None = None, safe: bool | None = None, areg: int | None = None,
-               probe: int = 0) -> torch.Tensor:
+               probe: int = 0, split: tuple[int, int] | None = None) -> torch.Tensor:
     """x [T, D] bf16; weights [T, k] float; ids [T, k] int; w1, w3 [E, F, D/2] uint8 + UE8M0 [E, F, D/32];
     w2 [E, D, F/2] + [E, D, F/32] -> [T, D] bf16. No host synchronisation after the first call per weight
-    stack (CUDA-graph safe). D and F must be multiples of 32; the stacks must already be checked."""
+    stack (CUDA-graph safe). D and F must be multiples of 32; the stacks must already be checked.
+    ``split``: (up, down) K splits (default ``split_for`` of each launch; 1 = none)."""
+    from deepinfer_nvidia.kernels.triton_fp8_gemv import _counters
     from deepinfer_nvidia.kernels.triton_gemm import sum_slices
     from deepinfer_nvidia.kernels.triton_moe import align  # lazy: triton_moe imports this module
     from deepinfer_nvidia.kernels.triton_moe_scaled import expert_shapes
@@ -439,15 +522,28 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
     nb = bexp.numel()
     u8 = [a.view(torch.uint8) for a in (w1, s1, w3, s3, w2, s2)]
     xp = permute_k(x, areg == 2)
-    h = torch.empty(nb * bm, f, dtype=x.dtype, device=x.device)
-    nt1 = triton.cdiv(f, bn)
+    r = nb * bm
+    h = torch.empty(r, f, dtype=x.dtype, device=x.device)
+    nt1, nt2 = triton.cdiv(f, bn), triton.cdiv(d, bn)
+    kt1, kt2 = triton.cdiv(d, bk), triton.cdiv(f, bk)
+    if split is None:  # programs that can hold pairs: at most min(E, P) + P // BLOCK_M blocks (num_blocks - 1)
+        live = max(1, nb - 1)
+        sms = _sms(x.device)
+        split = (split_for(live * nt1, kt1, sms), split_for(live * nt2, kt2, sms))
+    sp1, sp2 = _even_split(split[0], kt1), _even_split(split[1], kt2)
+    if max(nb * nt1, nb * nt2) > (1 << 16):  # the shared counters cover 65536 tiles
+        sp1 = sp2 = 1
     wt = weights.reshape(-1).float().contiguous()
-    _swap_kernel[(nb * nt1,)](xp, pair, bexp, u8[0], u8[1], u8[2], u8[3], wt, h, p, ne, f, d, d // 2, xp.stride(0),
-                              float(limit), nt1, TOPK=k, UP=1, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages,
-                              SAFE=int(safe), AREG=areg, PROBE=probe, num_warps=warps)
+    cnt = _counters(x.device, max(nb * nt1, nb * nt2)) if max(sp1, sp2) > 1 else wt
+    part1 = torch.empty(sp1, 2, r, f, dtype=torch.float32, device=x.device) if sp1 > 1 else wt
+    _swap_kernel[(nb * sp1 * nt1,)](xp, pair, bexp, u8[0], u8[1], u8[2], u8[3], wt, h, part1, cnt, p, ne, f, d,
+                                    d // 2, xp.stride(0), float(limit), nt1, r, triton.cdiv(kt1, sp1), TOPK=k, UP=1,
+                                    BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages, SAFE=int(safe), AREG=areg,
+                                    PROBE=probe, SPLIT=sp1, num_warps=warps)
     y = torch.empty(p, d, dtype=torch.float32, device=x.device)
-    nt2 = triton.cdiv(d, bn)
-    _swap_kernel[(nb * nt2,)](h, pair, bexp, u8[4], u8[5], u8[4], u8[5], wt, y, p, ne, d, f, f // 2, f, float(limit), nt2,
-                              TOPK=k, UP=0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages, SAFE=int(safe),
-                              AREG=areg, PROBE=probe, num_warps=warps)
+    part2 = torch.empty(sp2, p, d, dtype=torch.float32, device=x.device) if sp2 > 1 else wt
+    _swap_kernel[(nb * sp2 * nt2,)](h, pair, bexp, u8[4], u8[5], u8[4], u8[5], wt, y, part2, cnt, p, ne, d, f,
+                                    f // 2, f, float(limit), nt2, r, triton.cdiv(kt2, sp2), TOPK=k, UP=0,
+                                    BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages, SAFE=int(safe), AREG=areg,
+                                    PROBE=probe, SPLIT=sp2, num_warps=warps)
     return sum_slices(y, t, d, k, d, k * d, x.dtype)

@@ -36,14 +36,15 @@ from deepinfer_nvidia.kernels._common import hand_off, next_pow2, on_cuda
 MAX_BLOCK = 8192
 STREAM_BLOCK = 1024
 # Widest digit a counting pass resolves (1, 2 or 4). The [BLOCK, 2^BITS] comparison is held in registers, so
-# wide register blocks take narrower digits (``_bits_for``). 1 keeps the H200-tested bisection (its own loop, with
-# streamed chunks of MAX_BLOCK scores), the default until the digit passes have run on the device: they were
-# written and checked in Triton's CPU interpreter in a session whose device time ran out (docs/performance.md,
-# eighteenth pass; ``pass18.sh topk`` runs their device test and the V4.1 decode rows with them on).
+# wide register blocks take narrower digits (``_bits_for``). 1 keeps the bisection (its own loop, with streamed
+# chunks of MAX_BLOCK scores): on the H200 the 4-bit passes pass conformance but are slower, 14.4 us a call
+# against 9.4 at 1024 scores (docs/performance.md, nineteenth pass: the 16-way compare and its reduction cost
+# more than the 24 passes they save).
 RADIX_BITS = 1
 # Whether ``index.candidate_blocks`` launches its kernels (else core's reference runs on the device: a sort).
-# Off for the same reason as RADIX_BITS > 1.
-CANDIDATES_KERNEL = False
+# On: conformance passed on the H200, and at batch 1 it replaces the sort (21.4 us) and 5 gathers with one 9.4 us
+# select (nineteenth pass).
+CANDIDATES_KERNEL = True
 
 
 def _bits_for(block: int) -> int:

@@ -56,6 +56,8 @@ def main() -> None:
                     "64x64x128x4x3x2,128x64x128x4x2x0", help="block_m x block_n x block_k x warps x stages x areg")
     ap.add_argument("--probes", default="", help="diagnostics only: areg:probe:block_k:stages,... timed at "
                     "T=1 and 64 (probe bits: 1 no async-proxy fence, 2 no wgmma, 4 no decode; results wrong)")
+    ap.add_argument("--splits", default="", help="split-K variants timed with the module's tiles: up/down K "
+                    "splits (e.g. 3/2) or autoN (split_for with SPLIT_PROGRAMS=N); parity checked at full width")
     ap.add_argument("--skip-parity", action="store_true")
     args = ap.parse_args()
     from triton.testing import do_bench
@@ -123,6 +125,20 @@ def main() -> None:
                "swap_own_us": round(own, 1), "swap": {}}
         line = (f"T={t:5d} pairs={t * K:6d} experts={distinct:3d} {mb:8.1f} MB  default {base:8.1f} us"
                 f" ({mb / base:4.2f} TB/s) | swap own tiles {own:8.1f} ({mb / own:4.2f} TB/s)")
+        saved = sw.SPLIT_PROGRAMS
+        for spec in [v for v in args.splits.split(",") if v]:
+            if spec.startswith("auto"):
+                sw.SPLIT_PROGRAMS, split = int(spec[4:]), None
+            else:
+                split = tuple(int(v) for v in spec.split("/"))
+            fn = lambda: sw.swap_mxfp4(x, w, ids, *ws, 10.0, split=split)  # noqa: E731
+            r = _rel(fn(), aten_ops.moe_experts_mxfp4(x, w, ids, *ws, 10.0))
+            if not (r == r and r <= 2e-2):
+                failures.append(("split", t, spec, r))
+            us = _graph_us(fn, do_bench)
+            sw.SPLIT_PROGRAMS = saved
+            row["swap"][f"split {spec}"] = round(us, 1)
+            line += f" | split {spec} {us:8.1f} (rel {r:.0e})"
         for bm, bn, bk, nw, st, ar in variants:
             if t * K >= 16384 and bm < 64 or t * K <= 64 and bm > 16:  # hopeless tiles at these sizes
                 continue
@@ -137,6 +153,8 @@ def main() -> None:
         rows.append(row)
         print(line, flush=True)
     # the pair range where the module's own swap tiles beat the default path (for DEEPINFER_NV_SWAP_PAIRS)
+    if failures:
+        print("FAILURES:", failures)
     wins = [r["pairs"] for r in rows if r["swap_own_us"] < r["default_us"]]
     print(f"swap wins at pairs: {wins}")
     os.makedirs(args.out, exist_ok=True)

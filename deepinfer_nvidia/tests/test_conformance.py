@@ -462,6 +462,33 @@ def test_moe_experts_mxfp4_swap(reg, t, k, route, bm, bk, stages, safe):
     close(out, ref, 3e-2, 3e-2)
 
 
+@pytest.mark.parametrize("t,k,route,bm,split", [(1, 6, "rand", 16, (3, 2)), (1, 6, "rand", 16, (5, 3)),
+                                                  (2, 6, "one", 16, (2, 2)), (8, 6, "rand", 16, (4, 1)),
+                                                  (17, 3, "skew", 32, (1, 3)), (64, 6, "rand", 0, (2, 2))])
+def test_moe_experts_mxfp4_swap_split_k(reg, t, k, route, bm, split):
+    """Split-K swap launches ((up, down) splits over K tiles of 5 and 3 at D=640, F=288: the last split short)
+    against the reference; then replayed three times from one CUDA graph with fresh inputs (the arrival counters
+    must come back to zero each time) against the unsplit launch within the reduction-order tolerance."""
+    from deepinfer_nvidia.kernels import gluon_moe_swap as sw
+
+    if not (sw.available() and torch.cuda.get_device_capability()[0] == 9):
+        pytest.skip("Gluon wgmma path: SM90 with triton.experimental.gluon only")
+    ref, cu = _mxfp4_case(1500 + t * 10 + k, t, k, route, torch.bfloat16)
+    poison()
+    out = sw.swap_mxfp4(*cu, 1.0, block_m=bm or None, split=split)
+    close(out, ref, 3e-2, 3e-2)
+    x = cu[0].clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = sw.swap_mxfp4(x, *cu[1:], 1.0, block_m=bm or None, split=split)
+    for i in range(3):
+        x.copy_(torch.randn(x.shape, generator=_gen(1600 + i)).to(x.dtype))
+        poison()
+        graph.replay()
+        plain = sw.swap_mxfp4(x, *cu[1:], 1.0, block_m=bm or None, split=(1, 1))
+        torch.testing.assert_close(y, plain, rtol=2e-2, atol=2e-2)
+
+
 def test_moe_experts_mxfp4_swap_extreme_scales(reg):
     """Scale bytes over 0..254 (subnormal 2^-127 to 2^127 weights): the wrapper must pick the exact decode and
     match the reference wherever the reference is finite."""

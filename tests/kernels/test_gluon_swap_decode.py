@@ -149,3 +149,28 @@ def test_a_triton_that_cannot_compile_the_kernels_switches_the_path_off(monkeypa
     monkeypatch.setattr(sw, "swap_mxfp4", other)
     with pytest.raises(ValueError, match="a real bug"):  # other errors propagate
         sw.swap_or_none()
+
+
+def test_split_k_policy(monkeypatch):
+    """``split_for``: off by default-off knob, wide launches unsplit, the V4.1 batch-1 launches (6 blocks x 36 up
+    tiles of 40 K tiles, 6 x 80 down tiles of 18) split to about SPLIT_PROGRAMS programs per SM; and for any
+    request the evened count leaves no split empty, the kernel's ranges (k0 = s * TPS, min(K tiles - k0, TPS))
+    covering every K tile once."""
+    from deepinfer_nvidia.kernels import gluon_moe_swap as sw
+
+    monkeypatch.setattr(sw, "SPLIT_PROGRAMS", 0)
+    assert sw.split_for(216, 40, 132) == 1
+    monkeypatch.setattr(sw, "SPLIT_PROGRAMS", 4)
+    monkeypatch.setattr(sw, "SPLIT_MAX", 4)
+    monkeypatch.setattr(sw, "SPLIT_MIN_TILES", 4)
+    assert sw.split_for(216, 40, 132) == 3      # ceil(528 / 216)
+    assert sw.split_for(480, 18, 132) == 2      # ceil(528 / 480)
+    assert sw.split_for(6000, 40, 132) == 1     # already 45 programs per SM
+    assert sw.split_for(7, 40, 132) == 4        # capped by SPLIT_MAX
+    assert sw.split_for(7, 9, 132) == 2         # capped by SPLIT_MIN_TILES (9 // 4)
+    for kt in range(1, 65):
+        for want in range(1, 9):
+            s = sw._even_split(want, kt)
+            tps = -(-kt // s)
+            sizes = [min(kt - i * tps, tps) for i in range(s)]
+            assert 1 <= s <= want and min(sizes) >= 1 and sum(sizes) == kt, (kt, want, s, sizes)

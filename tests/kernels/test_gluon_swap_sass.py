@@ -24,13 +24,14 @@ if missing_tools(gms):
 
 SIG = {"x_ptr": "*bf16", "pair_ptr": "*i32", "bexp_ptr": "*i32", "wa_ptr": "*u8", "sa_ptr": "*u8", "wb_ptr": "*u8",
        "sb_ptr": "*u8", "wt_ptr": "*fp32", "out_ptr": "*bf16", "P": "i32", "E": "i32", "N": "i32", "K": "i32",
-       "row_bytes": "i32", "stride_x": "i32", "limit": "fp32", "NT": "i32"}
+       "part_ptr": "*fp32", "cnt_ptr": "*i32", "row_bytes": "i32", "stride_x": "i32", "limit": "fp32", "NT": "i32",
+       "R": "i32", "TPS": "i32"}
 
 
-def _compile(up: int, areg: int, safe: int, block_m: int = 16, stages: int = 3):
+def _compile(up: int, areg: int, safe: int, block_m: int = 16, stages: int = 3, split: int = 1):
     sig = dict(SIG, out_ptr="*bf16" if up else "*fp32")
     consts = {"TOPK": 6, "UP": up, "BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": 128, "STAGES": stages, "SAFE": safe,
-              "AREG": areg, "PROBE": 0, "num_warps": 4}
+              "AREG": areg, "PROBE": 0, "SPLIT": split, "num_warps": 4}
     return count(gms._swap_kernel, sig, consts, warps=4, div16=frozenset({"N", "K", "row_bytes", "stride_x"}))
 
 
@@ -53,3 +54,20 @@ def test_fragment_decode_loop(up):
 def test_every_mode_compiles(areg, safe, block_m):
     r = _compile(1, areg=areg, safe=safe, block_m=block_m, stages=2 if block_m == 128 else 3)
     assert _has(r["ops"], "HGMMA") and _has(r["ops"], "HMUL2") == 64 * (2 if safe else 1), r["ops"]
+
+
+@pytest.mark.parametrize("up", [1, 0])
+def test_split_k_keeps_the_loop_and_adds_the_arrival_counter(up):
+    """With SPLIT > 1 the K loop is the plain kernel's (same HGMMA and 16-byte copies, at most 2% more
+    instructions: the split only moves the loop's bounds); the epilogue gains one atomic add (the arrival
+    counter) and one exchange (its reset). Without a split neither atomic is emitted."""
+    plain, split = _compile(up, areg=2, safe=0), _compile(up, areg=2, safe=0, split=3)
+    for name in ("HGMMA.64x16x16", "LDGSTS"):
+        assert _has(split["ops"], name) == _has(plain["ops"], name), (name, split["ops"])
+    assert len(split["loop"]) <= 1.02 * len(plain["loop"]), (len(split["loop"]), len(plain["loop"]))
+
+    def atomics(r):
+        return sorted(line.split()[1] for line in r["sass"].splitlines() if "ATOMG" in line)
+
+    assert atomics(plain) == [] and atomics(split) == ["ATOMG.E.ADD.STRONG.GPU", "ATOMG.E.EXCH.STRONG.GPU"], \
+        atomics(split)

