@@ -252,7 +252,8 @@ if _GLUON:
         k0 = ks * TPS
         n_k = gl.minimum(gl.cdiv(K, BLOCK_K) - k0, TPS)
         K_hi = gl.minimum(K, (k0 + n_k) * BLOCK_K)
-        KG = K_hi // 32
+        KG = K // 32  # scale groups a row: the scale stack's row stride
+        KG_hi = K_hi // 32  # the masks' bound
         rows_x = blk * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LX))
         if UP:
             pair_x = gl.load(pair_ptr + rows_x)
@@ -284,11 +285,11 @@ if _GLUON:
         else:
             ring_b = ring_a  # unused: only the up kernel has a second matrix
         for jp in gl.static_range(STAGES - 1):  # prologue: the first STAGES-1 tiles in flight
-            _issue_tile(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, rg3, xrow, vx, ck, KG, K_hi,
+            _issue_tile(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, rg3, xrow, vx, ck, KG_hi, K_hi,
                         k0 + jp, jp, UP, BLOCK_K)
-        ca = _scales(sa_ptr, soff, nm, rg3, k0 * G, KG)
+        ca = _scales(sa_ptr, soff, nm, rg3, k0 * G, KG_hi)
         if UP:
-            cb = _scales(sb_ptr, soff, nm, rg3, k0 * G, KG)
+            cb = _scales(sb_ptr, soff, nm, rg3, k0 * G, KG_hi)
         for i in range(n_k):
             # the previous tiles' wgmma are done: their ring slot and the decode buffers may be reused
             if UP:
@@ -297,11 +298,11 @@ if _GLUON:
                 acc_a = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a,))
             _cta_barrier()
             j = i + STAGES - 1
-            _issue_tile(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, rg3, xrow, vx, ck, KG, K_hi,
+            _issue_tile(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, rg3, xrow, vx, ck, KG_hi, K_hi,
                         k0 + j, j % STAGES, UP, BLOCK_K)
-            nca = _scales(sa_ptr, soff, nm, rg3, (k0 + i + 1) * G, KG)
+            nca = _scales(sa_ptr, soff, nm, rg3, (k0 + i + 1) * G, KG_hi)
             if UP:
-                ncb = _scales(sb_ptr, soff, nm, rg3, (k0 + i + 1) * G, KG)
+                ncb = _scales(sb_ptr, soff, nm, rg3, (k0 + i + 1) * G, KG_hi)
             async_copy.wait_group(STAGES - 1)
             _cta_barrier()
             si = i % STAGES
