@@ -74,12 +74,16 @@ SWAP_MIN_PAIRS = 1
 SWAP_MAX_PAIRS = 98304
 if os.environ.get("DEEPINFER_NV_SWAP_PAIRS"):
     SWAP_MIN_PAIRS, SWAP_MAX_PAIRS = (int(v) for v in os.environ["DEEPINFER_NV_SWAP_PAIRS"].split(","))
-# Split-K for the few-pair launches (batch 1-8): each (block, N tile) is split over K until about
-# SPLIT_PROGRAMS programs per SM are in flight (at most SPLIT_MAX splits, each of at least SPLIT_MIN_TILES K
-# tiles); 0 turns it off. At batch 1 a V4.1 up launch has only 6 blocks x 36 tiles = 216 programs of 40 K tiles
-# each on 132 SMs, so each SM runs one or two serial decode -> wgmma chains. docs/performance.md (nineteenth pass).
-SPLIT_PROGRAMS = 0
-SPLIT_MAX = 4
+# Split-K of the up launch for a few pairs (batch 2-6): each (block, N tile) is split over SPLIT_UP ranges of
+# K tiles when the launch fills between SPLIT_WAVES[0] and SPLIT_WAVES[1] waves of RESIDENT_UP programs per SM
+# (130 registers a thread: 3 resident 4-warp programs). H200, V4.1 widths (docs/performance.md, nineteenth pass):
+# 151.5 -> 126.4 us a layer at 2 tokens (432 programs: 1.09 waves, the second almost empty), 178.7 -> 165.6 at 3,
+# 202.2 -> 196.6 at 4, 314.6 -> 296.7 at 6; none at 1 token (216 programs: 79.2 -> 79.7) or 8 (1836: 338 -> 340).
+# Splitting the down launch lost at every size (1-6 tokens: +2-7%), so it is never split by default.
+# SPLIT_UP = 1 turns it off.
+SPLIT_UP = 3
+SPLIT_WAVES = (1.0, 3.5)
+RESIDENT_UP = 3
 SPLIT_MIN_TILES = 4
 
 
@@ -479,13 +483,13 @@ def _sms(device: torch.device) -> int:
 
 
 def split_for(programs: int, k_tiles: int, sms: int) -> int:
-    """K splits for a launch of ``programs`` (block, N tile) programs of ``k_tiles`` K tiles each: enough to put
-    ``SPLIT_PROGRAMS`` programs on each of ``sms`` SMs, capped by ``SPLIT_MAX`` and ``SPLIT_MIN_TILES``; the
-    count is then evened out so that no split is empty (1 when off or already wide)."""
-    if SPLIT_PROGRAMS <= 0 or programs <= 0:
+    """K splits of an up launch of ``programs`` (block, N tile) programs of ``k_tiles`` K tiles each: SPLIT_UP
+    when they fill SPLIT_WAVES of RESIDENT_UP programs on each of ``sms`` SMs and each split keeps at least
+    SPLIT_MIN_TILES tiles, else 1; evened out so that no split is empty."""
+    waves = programs / max(1, RESIDENT_UP * sms)
+    if SPLIT_UP <= 1 or not SPLIT_WAVES[0] < waves <= SPLIT_WAVES[1]:
         return 1
-    want = min(SPLIT_MAX, -(-SPLIT_PROGRAMS * sms // programs), max(1, k_tiles // SPLIT_MIN_TILES))
-    return _even_split(max(1, want), k_tiles)
+    return _even_split(min(SPLIT_UP, max(1, k_tiles // SPLIT_MIN_TILES)), k_tiles)
 
 
 def _even_split(split: int, k_tiles: int) -> int:
@@ -501,7 +505,7 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
     """x [T, D] bf16; weights [T, k] float; ids [T, k] int; w1, w3 [E, F, D/2] uint8 + UE8M0 [E, F, D/32];
     w2 [E, D, F/2] + [E, D, F/32] -> [T, D] bf16. No host synchronisation after the first call per weight
     stack (CUDA-graph safe). D and F must be multiples of 32; the stacks must already be checked.
-    ``split``: (up, down) K splits (default ``split_for`` of each launch; 1 = none)."""
+    ``split``: (up, down) K splits (default: ``split_for`` of the up launch, the down one unsplit)."""
     from deepinfer_nvidia.kernels.triton_fp8_gemv import _counters
     from deepinfer_nvidia.kernels.triton_gemm import sum_slices
     from deepinfer_nvidia.kernels.triton_moe import align  # lazy: triton_moe imports this module
@@ -529,8 +533,7 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
     kt1, kt2 = triton.cdiv(d, bk), triton.cdiv(f, bk)
     if split is None:  # programs that can hold pairs: at most min(E, P) + P // BLOCK_M blocks (num_blocks - 1)
         live = max(1, nb - 1)
-        sms = _sms(x.device)
-        split = (split_for(live * nt1, kt1, sms), split_for(live * nt2, kt2, sms))
+        split = (split_for(live * nt1, kt1, _sms(x.device)), 1)
     sp1, sp2 = _even_split(split[0], kt1), _even_split(split[1], kt2)
     if max(nb * nt1, nb * nt2) > (1 << 16):  # the shared counters cover 65536 tiles
         sp1 = sp2 = 1

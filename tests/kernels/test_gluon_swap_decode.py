@@ -152,22 +152,22 @@ def test_a_triton_that_cannot_compile_the_kernels_switches_the_path_off(monkeypa
 
 
 def test_split_k_policy(monkeypatch):
-    """``split_for``: off by default-off knob, wide launches unsplit, the V4.1 batch-1 launches (6 blocks x 36 up
-    tiles of 40 K tiles, 6 x 80 down tiles of 18) split to about SPLIT_PROGRAMS programs per SM; and for any
-    request the evened count leaves no split empty, the kernel's ranges (k0 = s * TPS, min(K tiles - k0, TPS))
-    covering every K tile once."""
+    """``split_for`` (the up launch; 132 SMs, 3 resident programs each = 396): the V4.1 launches measured on the
+    H200 split where they gained (2 tokens: 12 blocks x 36 tiles = 432 programs; 6 tokens: 38 x 36 = 1368) and
+    not where they did not (1 token: 216; 8 tokens: 51 x 36 = 1836); SPLIT_UP 1 turns it off; short K keeps
+    SPLIT_MIN_TILES a split. For any request the evened count leaves no split empty, the kernel's ranges
+    (k0 = s * TPS, min(K tiles - k0, TPS)) covering every K tile once."""
     from deepinfer_nvidia.kernels import gluon_moe_swap as sw
 
-    monkeypatch.setattr(sw, "SPLIT_PROGRAMS", 0)
-    assert sw.split_for(216, 40, 132) == 1
-    monkeypatch.setattr(sw, "SPLIT_PROGRAMS", 4)
-    monkeypatch.setattr(sw, "SPLIT_MAX", 4)
+    monkeypatch.setattr(sw, "SPLIT_UP", 3)
+    monkeypatch.setattr(sw, "SPLIT_WAVES", (1.0, 3.5))
+    monkeypatch.setattr(sw, "RESIDENT_UP", 3)
     monkeypatch.setattr(sw, "SPLIT_MIN_TILES", 4)
-    assert sw.split_for(216, 40, 132) == 3      # ceil(528 / 216)
-    assert sw.split_for(480, 18, 132) == 2      # ceil(528 / 480)
-    assert sw.split_for(6000, 40, 132) == 1     # already 45 programs per SM
-    assert sw.split_for(7, 40, 132) == 4        # capped by SPLIT_MAX
-    assert sw.split_for(7, 9, 132) == 2         # capped by SPLIT_MIN_TILES (9 // 4)
+    assert [sw.split_for(n, 40, 132) for n in (216, 396, 432, 1368, 1836)] == [1, 1, 3, 3, 1]
+    assert sw.split_for(432, 9, 132) == 2      # 9 K tiles // 4
+    assert sw.split_for(432, 7, 132) == 1
+    monkeypatch.setattr(sw, "SPLIT_UP", 1)
+    assert sw.split_for(432, 40, 132) == 1
     for kt in range(1, 65):
         for want in range(1, 9):
             s = sw._even_split(want, kt)
