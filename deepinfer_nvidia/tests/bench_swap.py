@@ -47,6 +47,32 @@ def _graph_us(fn, do_bench):
     return do_bench(graph.replay, warmup=20, rep=100) * 1e3
 
 
+def _profile_kernels(fn, tag: str, replays: int = 20) -> None:
+    """GPU time of each kernel of ``fn`` replayed from one CUDA graph ``replays`` times (us a call)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    kernels = sorted((e for e in prof.events() if e.device_time_total > 0 and e.device_type.name == "CUDA"),
+                     key=lambda e: e.time_range.start)
+    per = len(kernels) // replays  # the graph's kernels in launch order, the same in every replay
+    if per == 0:
+        print(f"[profile {tag}] no kernels recorded")
+        return
+    us = [sum(kernels[r * per + i].device_time_total for r in range(replays)) / replays for i in range(per)]
+    print(f"[profile {tag}] kernels {sum(us):.1f} us: " + ", ".join(
+        f"{kernels[i].name[:32]} {us[i]:.1f}" for i in range(per)), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -58,6 +84,8 @@ def main() -> None:
                     "T=1 and 64 (probe bits: 1 no async-proxy fence, 2 no wgmma, 4 no decode; results wrong)")
     ap.add_argument("--splits", default="", help="split-K variants timed with the module's tiles: up/down K "
                     "splits (e.g. 3/2) or autoN (the module's policy with SPLIT_UP=N); parity checked at full width")
+    ap.add_argument("--profile", default="", help="token counts whose default call (split on and off) is "
+                    "replayed under torch.profiler: per-kernel GPU times (align, permute, up, down, sum)")
     ap.add_argument("--skip-parity", action="store_true")
     args = ap.parse_args()
     from triton.testing import do_bench
@@ -89,6 +117,11 @@ def main() -> None:
                 r = _rel(fn(), ref) if probe == 0 else float("nan")
                 line += f" | {spec} {_graph_us(fn, do_bench):8.1f}" + (f" (rel {r:.1e})" if probe == 0 else "")
             print(line, flush=True)
+    for t in [int(v) for v in args.profile.split(",") if v]:
+        ws = (*_packed(E, F, D, g), *_packed(E, F, D, g), *_packed(E, D, F, g))
+        x, w, ids = inputs(t, E, D)
+        for split in (None, (1, 1)):
+            _profile_kernels(lambda: sw.swap_mxfp4(x, w, ids, *ws, 10.0, split=split), f"T={t} split={split}")
     # -- parity -------------------------------------------------------------------------------------
     small = (16, 256, 192)  # E, D, F: K tails of the 128/256 tiles, rows not multiples of the N tile
     for tag, (e, d, f), lo, hi in () if args.skip_parity else (("full", (E, D, F), None, None),
