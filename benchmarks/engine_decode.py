@@ -11,7 +11,9 @@ ignored), and again exactly 1 token. The engine's time per decode step is
 async scheduling that finishes every step before launching the next) runs ``--repeats`` times, the two
 interleaved so both see the same host; medians are reported, with the ratio no-chain / chain and the share
 of steps that were chained. Greedy outputs of the two modes must be identical (checked). ``--logprobs N``: every
-request also asks for N top logprobs (chained steps gather them on the device).
+request also asks for N top logprobs (chained steps gather them on the device). ``--profile-out DIR``: one more
+chained run of the largest batch under ``torch.profiler`` (CPU, and CUDA where present), its op tables (by self
+CPU time, by device time) written to ``DIR/engine_profile.txt``.
 """
 from __future__ import annotations
 
@@ -30,6 +32,27 @@ def _timed_generate(llm, prompts, params) -> tuple[float, list[list[int]]]:
     return time.perf_counter() - t0, [list(o.outputs[0].token_ids) for o in outs]
 
 
+def _profile_run(llm, eng, prompts, params, out_dir: str) -> None:
+    """One chained generate under torch.profiler; op tables to ``out_dir/engine_profile.txt``."""
+    import os
+
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    eng.chain_steps = True
+    with profile(activities=acts) as prof:
+        t, _ = _timed_generate(llm, prompts, params)
+    ka = prof.key_averages()
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "engine_profile.txt"), "w") as fh:
+        fh.write(f"batch {len(prompts)}, {params.max_tokens} tokens, logprobs={params.logprobs}: wall {t * 1e3:.1f} ms "
+                 f"under the profiler\n\n")
+        fh.write(ka.table(sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=60))
+        if torch.cuda.is_available():
+            fh.write("\n\n" + ka.table(sort_by="self_device_time_total", row_limit=30, max_name_column_width=60))
+    print(f"profile: {os.path.join(out_dir, 'engine_profile.txt')}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="native checkpoint dir (default: write a tiny V4 one)")
@@ -42,6 +65,7 @@ def main() -> None:
     ap.add_argument("--logprobs", type=int, default=None,
                     help="every request also asks for this many top logprobs (-1: the whole vocabulary)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--profile-out", default=None, help="write torch.profiler tables of one chained run here")
     a = ap.parse_args()
     from deepinfer_core import LLM, SamplingParams
 
@@ -82,6 +106,9 @@ def main() -> None:
         rows.append(row)
         print(f"batch {b:4d}: chain {ms['chain']:8.3f} ms/step   no-chain {ms['no-chain']:8.3f} ms/step   "
               f"no-chain/chain {row['ratio']:.3f}   chained {chained['chain']} of ~{a.max_tokens} steps", flush=True)
+    if a.profile_out:
+        _profile_run(llm, eng, torch.randint(3, 1000, (sizes[-1], a.prompt_len), generator=g).tolist(), full,
+                     a.profile_out)
     print(f"\nmodel={model} dtype={a.dtype} prompt_len={a.prompt_len} max_tokens={a.max_tokens} logprobs={a.logprobs} "
           f"platform={eng.platform.device_type} graphs={eng.executor.graphs is not None}")
     if a.json:
