@@ -48,8 +48,12 @@ def _profile_run(llm, eng, prompts, params, out_dir: str) -> None:
         fh.write(f"batch {len(prompts)}, {params.max_tokens} tokens, logprobs={params.logprobs}: wall {t * 1e3:.1f} ms "
                  f"under the profiler\n\n")
         fh.write(ka.table(sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=60))
-        if torch.cuda.is_available():
-            fh.write("\n\n" + ka.table(sort_by="self_device_time_total", row_limit=30, max_name_column_width=60))
+        if torch.cuda.is_available():  # sorted here: table()'s device sort key differs between torch versions
+            dev = sorted(((e.key, e.self_device_time_total, e.count) for e in ka if e.self_device_time_total > 0),
+                         key=lambda r: -r[1])
+            total = sum(r[1] for r in dev)
+            fh.write(f"\n\ndevice time {total / 1e3:.1f} ms; the 30 largest (us, calls):\n")
+            fh.writelines(f"{us:12.1f} {n:6d}  {name[:90]}\n" for name, us, n in dev[:30])
     print(f"profile: {os.path.join(out_dir, 'engine_profile.txt')}", flush=True)
 
 
