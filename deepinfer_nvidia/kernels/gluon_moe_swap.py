@@ -19,6 +19,11 @@ bandwidth against ~30 T thread instructions/s, the bandwidth allows about 3.5. H
 3. the K order inside each 128 columns follows the fragment (``_decode_fragment``); ``permute_k`` puts the
    activations in that order and the up kernel writes ``h`` in it for the down kernel.
 
+At 2-6 tokens the up launch is split over K (``SPLIT``; ``split_for`` picks it from the launch's waves): each
+program of a (block, tile) covers a range of K tiles and stores fp32 partials, and the last to arrive (a
+per-tile counter) adds them in split order and finishes, so the result differs from the unsplit launch only in
+the order of the fp32 sums (docs/performance.md, nineteenth pass).
+
 ``AREG=1`` (A through the compiler's layout conversion) and ``AREG=0`` (A stored to shared memory, the first
 version; the 128-pair blocks keep it because the fragment decode spills there) remain, as does ``PROBE``, a
 diagnostic knob that drops the fence, the MMA or the decode to locate time (wrong results by design; only
