@@ -52,6 +52,8 @@ try:  # Gluon is experimental: absent in older Triton, so the path is optional
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared,
+        mbarrier,
+        tma,
         warpgroup_mma,
         warpgroup_mma_init,
         warpgroup_mma_wait,
@@ -59,6 +61,7 @@ try:  # Gluon is experimental: absent in older Triton, so the path is optional
     # Triton 3.6 (the H200's) names the cp.async copy async_copy_global_to_shared; later versions async_load
     _cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
     _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # renamed after 3.6 as well
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared  # and the TMA load
     _GLUON = True
 except ImportError:  # pragma: no cover - depends on the installed triton
     _GLUON = False
@@ -88,6 +91,11 @@ if os.environ.get("DEEPINFER_NV_SWAP_PAIRS"):
 # SPLIT_UP = 1 turns it off.
 SPLIT_UP = 3
 SPLIT_WAVES = (1.0, 3.5)
+# Weight tiles by TMA (one bulk copy and one mbarrier a matrix and stage) instead of 128 threads' 16-byte
+# cp.async and a CTA barrier: written after the nineteenth pass's probes (batch 1's copy pipeline alone moved
+# ~1.9 TB/s), compiled for sm_90a on the CPU, not yet run on a GPU, so off (``pass19.sh tma`` runs its tests
+# and timings). Only where the weight rows are 16-byte aligned and N is a multiple of BLOCK_N.
+SWAP_TMA = False
 RESIDENT_UP = 3
 SPLIT_MIN_TILES = 4
 
@@ -220,6 +228,21 @@ if _GLUON:
         async_copy.commit_group()
 
     @gluon.jit
+    def _issue_tile_tma(ring_a, ring_b, ring_x, wa_desc, wb_desc, bars, x_ptr, xrow, vx, ck, wrow, K, j, stage, pred,
+                        UP: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
+        """K tile ``j`` into ring slot ``stage``: the weight boxes by TMA onto the stage's mbarrier (``pred``
+        False issues nothing, for tiles past this program's range), the activation rows by ``cp.async`` (one
+        commit group, as ``_issue_tile``)."""
+        G: gl.constexpr = BLOCK_K // 32
+        bar = bars.index(stage)
+        mbarrier.expect(bar, BLOCK_N * BLOCK_K // 2 * (2 if UP else 1), pred=pred)
+        _tma_load(wa_desc, [wrow, j * G, 0], bar, ring_a.index(stage), pred=pred)
+        if UP:
+            _tma_load(wb_desc, [wrow, j * G, 0], bar, ring_b.index(stage), pred=pred)
+        _cp_async(ring_x.index(stage), x_ptr + xrow + j * BLOCK_K + ck, mask=vx & (j * BLOCK_K + ck < K))
+        async_copy.commit_group()
+
+    @gluon.jit
     def _scales(s_ptr, soff, nm, rg3, g0, KG):
         return gl.expand_dims(gl.load(s_ptr + soff + g0, mask=nm & gl.expand_dims(g0 + rg3 < KG, 0), other=127), 2)
 
@@ -228,14 +251,17 @@ if _GLUON:
                      P, E, N, K, row_bytes, stride_x, limit, NT, R, TPS, TOPK: gl.constexpr, UP: gl.constexpr,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
                      SAFE: gl.constexpr, AREG: gl.constexpr, PROBE: gl.constexpr, SPLIT: gl.constexpr,
-                     num_warps: gl.constexpr):
+                     TMA: gl.constexpr, wa_desc, wb_desc, num_warps: gl.constexpr):
         """One (expert block, K split, N tile) of ``out = act(x_rows) @ W^T``, W [E, N, K/2] packed e2m1.
         UP: x rows are the pairs' tokens of ``x_ptr`` (K order already bit-reversed), W = w1 (``wa``) and w3
         (``wb``), out = h [R = blocks*BLOCK_M, N] = clamped SwiGLU, written in the bit-reversed K order of the
         down kernel. Not UP: x rows are h's rows of this block, W = w2, out = y [P, N] fp32 (times the routing
         weight). SPLIT > 1: program ``ks`` of a tile covers K tiles ``ks*TPS .. ks*TPS+TPS-1`` and stores its fp32
         sums to ``part`` ([SPLIT, 2, R, N] up, [SPLIT, P, N] down); the last of the tile's programs to arrive
-        (``cnt``, zeroed int32 per (block, tile), reset here) adds the partials in split order and finishes."""
+        (``cnt``, zeroed int32 per (block, tile), reset here) adds the partials in split order and finishes.
+        TMA: the weight tiles arrive by TMA (``wa_desc``/``wb_desc``: W as [E*N, K/32, 16] bytes, boxes
+        [BLOCK_N, G, 16]), one bulk copy and one mbarrier a matrix and stage instead of 128 threads' ``cp.async``;
+        the activations keep ``cp.async`` (their rows are gathered by pair)."""
         G: gl.constexpr = BLOCK_K // 32
         if AREG == 2:  # each thread loads exactly the bytes of its wgmma A fragment (BLOCK_N 64, K 128, 4 warps)
             gl.static_assert(BLOCK_N == 64 and BLOCK_K == 128 and num_warps == 4)
@@ -283,19 +309,34 @@ if _GLUON:
         woff3 = gl.expand_dims(woff, 2) + gl.expand_dims(gl.expand_dims(rb3, 0), 0)
         soff = gl.expand_dims(e64 * N * KG + rn3.to(gl.int64) * KG, 1) + gl.expand_dims(rg3, 0)
 
-        ring_a = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, G, 16], RING)
+        if TMA:  # the same bytes as RING (row-major, unswizzled), written by the TMA unit
+            WRING: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=3)
+        else:
+            WRING: gl.constexpr = RING
+        ring_a = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, G, 16], WRING)
         ring_x = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, BLOCK_K], SM)
         dec_a = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, BLOCK_K], SM)
         acc_a = warpgroup_mma_init(gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ACC))
         if UP:
-            ring_b = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, G, 16], RING)
+            ring_b = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, G, 16], WRING)
             dec_b = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, BLOCK_K], SM)
             acc_b = warpgroup_mma_init(gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ACC))
         else:
             ring_b = ring_a  # unused: only the up kernel has a second matrix
+        wrow = e * N + tile * BLOCK_N  # this tile's first row of W viewed as [E*N, K/32, 16]
+        if TMA:  # one mbarrier a stage; it completes when the stage's weight boxes have landed
+            bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            for sb in gl.static_range(STAGES):
+                mbarrier.init(bars.index(sb), count=1)
+            fence_async_shared()
+            _cta_barrier()
         for jp in gl.static_range(STAGES - 1):  # prologue: the first STAGES-1 tiles in flight
-            _issue_tile(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, rg3, xrow, vx, ck, KG_hi, K_hi,
-                        k0 + jp, jp, UP, BLOCK_K)
+            if TMA:
+                _issue_tile_tma(ring_a, ring_b, ring_x, wa_desc, wb_desc, bars, x_ptr, xrow, vx, ck, wrow, K_hi,
+                                k0 + jp, jp, jp < n_k, UP, BLOCK_N, BLOCK_K)
+            else:
+                _issue_tile(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, rg3, xrow, vx, ck, KG_hi,
+                            K_hi, k0 + jp, jp, UP, BLOCK_K)
         ca = _scales(sa_ptr, soff, nm, rg3, k0 * G, KG_hi)
         if UP:
             cb = _scales(sb_ptr, soff, nm, rg3, k0 * G, KG_hi)
@@ -307,14 +348,21 @@ if _GLUON:
                 acc_a = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a,))
             _cta_barrier()
             j = i + STAGES - 1
-            _issue_tile(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, rg3, xrow, vx, ck, KG_hi, K_hi,
-                        k0 + j, j % STAGES, UP, BLOCK_K)
+            if TMA:
+                fence_async_shared()  # this slot's generic-proxy reads (the last decode) before the TMA rewrites it
+                _issue_tile_tma(ring_a, ring_b, ring_x, wa_desc, wb_desc, bars, x_ptr, xrow, vx, ck, wrow, K_hi,
+                                k0 + j, j % STAGES, j < n_k, UP, BLOCK_N, BLOCK_K)
+            else:
+                _issue_tile(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, rg3, xrow, vx, ck, KG_hi,
+                            K_hi, k0 + j, j % STAGES, UP, BLOCK_K)
             nca = _scales(sa_ptr, soff, nm, rg3, (k0 + i + 1) * G, KG_hi)
             if UP:
                 ncb = _scales(sb_ptr, soff, nm, rg3, (k0 + i + 1) * G, KG_hi)
             async_copy.wait_group(STAGES - 1)
-            _cta_barrier()
             si = i % STAGES
+            if TMA:  # the weight boxes of tile i: the stage's barrier completes once per use of the stage
+                mbarrier.wait(bars.index(si), (i // STAGES) & 1)
+            _cta_barrier()
             xs = ring_x.index(si).permute((1, 0))
             if AREG:  # A from registers (2: decoded straight into the fragment order, 1: the compiler converts)
                 da = gl.convert_layout(_decode_regs(ring_a.index(si).load(L3), ca, BLOCK_N, BLOCK_K, SAFE, AREG), AOP)
@@ -347,6 +395,9 @@ if _GLUON:
                 cb = ncb
             ca = nca
         async_copy.wait_group(0)
+        if TMA:  # every issued box has been waited for (only tiles < n_k are issued)
+            for sb in gl.static_range(STAGES):
+                mbarrier.invalidate(bars.index(sb))
         rn = tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
         rows = blk * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ACC))
         nmask = gl.expand_dims(rn < N, 1)
@@ -477,6 +528,33 @@ def permute_k(x: torch.Tensor, fragment: bool) -> torch.Tensor:
     return x.reshape(t, k // 8, 2, 2, 2).permute(0, 1, 4, 3, 2).reshape(t, k)
 
 
+def tma_fits(w: torch.Tensor, block_n: int, block_k: int) -> bool:
+    """Whether a packed stack ``w [E, N, K/2]`` can feed the TMA weight path with these tiles: N a multiple of
+    ``block_n`` (a box never crosses into the next expert), K/2 bytes a row a multiple of 16 and the base 16-byte
+    aligned (the descriptor's rules), and ``block_k`` a multiple of 32."""
+    e, n, half = w.shape
+    return (_GLUON and n % block_n == 0 and half % 16 == 0 and block_k % 32 == 0 and w.is_contiguous()
+            and w.data_ptr() % 16 == 0)
+
+
+def weight_desc_layout():
+    """The shared layout of a TMA weight box: row-major, unswizzled bytes (the ring's layout)."""
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=3)
+
+
+def _weight_descs(wa: torch.Tensor, wb: torch.Tensor | None, block_n: int, block_k: int):
+    """TMA descriptors of uint8 stacks [E, N, K/2] viewed as [E*N, K/32, 16], boxes [block_n, block_k/32, 16]."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    def desc(w):
+        e, n, half = w.shape
+        return TensorDescriptor.from_tensor(w.view(e * n, half // 16, 16), [block_n, block_k // 32, 16],
+                                            weight_desc_layout())
+
+    da = desc(wa)
+    return da, (desc(wb) if wb is not None else da)
+
+
 _SMS: dict[int, int] = {}
 
 
@@ -506,11 +584,12 @@ def _even_split(split: int, k_tiles: int) -> int:
 def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | None = None,
                block_n: int | None = None, block_k: int | None = None, warps: int | None = None,
                stages: int | None = None, safe: bool | None = None, areg: int | None = None,
-               probe: int = 0, split: tuple[int, int] | None = None) -> torch.Tensor:
+               probe: int = 0, split: tuple[int, int] | None = None, tma: bool | None = None) -> torch.Tensor:
     """x [T, D] bf16; weights [T, k] float; ids [T, k] int; w1, w3 [E, F, D/2] uint8 + UE8M0 [E, F, D/32];
     w2 [E, D, F/2] + [E, D, F/32] -> [T, D] bf16. No host synchronisation after the first call per weight
     stack (CUDA-graph safe). D and F must be multiples of 32; the stacks must already be checked.
-    ``split``: (up, down) K splits (default: ``split_for`` of the up launch, the down one unsplit)."""
+    ``split``: (up, down) K splits (default: ``split_for`` of the up launch, the down one unsplit). ``tma``:
+    weight tiles by TMA (default ``SWAP_TMA``; only where ``tma_fits``)."""
     from deepinfer_nvidia.kernels.triton_fp8_gemv import _counters
     from deepinfer_nvidia.kernels.triton_gemm import sum_slices
     from deepinfer_nvidia.kernels.triton_moe import align  # lazy: triton_moe imports this module
@@ -545,14 +624,20 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
     wt = weights.reshape(-1).float().contiguous()
     cnt = _counters(x.device, max(nb * nt1, nb * nt2)) if max(sp1, sp2) > 1 else wt
     part1 = torch.empty(sp1, 2, r, f, dtype=torch.float32, device=x.device) if sp1 > 1 else wt
+    tma = SWAP_TMA if tma is None else tma
+    tma = bool(tma) and tma_fits(w1, bn, bk) and tma_fits(w2, bn, bk)
+    d1 = _weight_descs(u8[0], u8[2], bn, bk) if tma else (None, None)
+    d2 = _weight_descs(u8[4], None, bn, bk) if tma else (None, None)
     _swap_kernel[(nb * sp1 * nt1,)](xp, pair, bexp, u8[0], u8[1], u8[2], u8[3], wt, h, part1, cnt, p, ne, f, d,
                                     d // 2, xp.stride(0), float(limit), nt1, r, triton.cdiv(kt1, sp1), TOPK=k, UP=1,
                                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages, SAFE=int(safe), AREG=areg,
-                                    PROBE=probe, SPLIT=sp1, num_warps=warps)
+                                    PROBE=probe, SPLIT=sp1, TMA=int(tma), wa_desc=d1[0], wb_desc=d1[1],
+                                    num_warps=warps)
     y = torch.empty(p, d, dtype=torch.float32, device=x.device)
     part2 = torch.empty(sp2, p, d, dtype=torch.float32, device=x.device) if sp2 > 1 else wt
     _swap_kernel[(nb * sp2 * nt2,)](h, pair, bexp, u8[4], u8[5], u8[4], u8[5], wt, y, part2, cnt, p, ne, d, f,
                                     f // 2, f, float(limit), nt2, r, triton.cdiv(kt2, sp2), TOPK=k, UP=0,
                                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages, SAFE=int(safe), AREG=areg,
-                                    PROBE=probe, SPLIT=sp2, num_warps=warps)
+                                    PROBE=probe, SPLIT=sp2, TMA=int(tma), wa_desc=d2[0], wb_desc=d2[1],
+                                    num_warps=warps)
     return sum_slices(y, t, d, k, d, k * d, x.dtype)

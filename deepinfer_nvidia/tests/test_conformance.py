@@ -491,6 +491,44 @@ def test_moe_experts_mxfp4_swap_split_k(reg, t, k, route, bm, split):
         torch.testing.assert_close(y, plain, rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("t,k,route,bm,stages,split", [(1, 6, "rand", 16, 3, None), (1, 6, "rand", 16, 6, None),
+                                                         (2, 6, "rand", 16, 3, (3, 1)), (8, 6, "one", 16, 2, None),
+                                                         (17, 3, "skew", 32, 4, (2, 2)), (300, 6, "rand", 64, 3, None),
+                                                         (64, 6, "rand", 0, 0, None)])
+def test_moe_experts_mxfp4_swap_tma(reg, t, k, route, bm, stages, split):
+    """The swap path with its weight tiles by TMA (``tma=True``) against the reference and against the cp.async
+    launch (reduction order identical: equal within bf16 rounding of the same sums), at D=640, F=320 (TMA needs
+    N a multiple of 64; K tails of the 128-column tiles in the down launch); 2-6 stages, split-K launches, and one
+    CUDA graph replayed with fresh inputs (the mbarrier phases start over each launch)."""
+    from deepinfer_core.kernels.ops.moe import experts_mxfp4
+    from deepinfer_nvidia.kernels import gluon_moe_swap as sw
+
+    if not (sw.available() and torch.cuda.get_device_capability()[0] == 9):
+        pytest.skip("Gluon wgmma path: SM90 with triton.experimental.gluon only")
+    e, d, f = 16, 640, 320
+    ws = _mxfp4_stacks(e, d, f, 610)
+    g = _gen(1700 + t * 10 + k)
+    x = torch.randn(t, d, generator=g).bfloat16()
+    ids, w = _routing(t, k, e, route, g)
+    ref = experts_mxfp4(x, w, ids, *ws, 1.0)
+    cu = [a.cuda() for a in [x, w, ids] + ws]
+    assert all(sw.tma_fits(cu[i].view(torch.uint8), 64, 128) for i in (3, 5, 7))
+    kw = dict(block_m=bm or None, stages=stages or None, split=split)
+    poison()
+    out = sw.swap_mxfp4(*cu, 1.0, tma=True, **kw)
+    close(out, ref, 3e-2, 3e-2)
+    torch.testing.assert_close(out, sw.swap_mxfp4(*cu, 1.0, tma=False, **kw), rtol=0, atol=0)
+    xs = cu[0].clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = sw.swap_mxfp4(xs, *cu[1:], 1.0, tma=True, **kw)
+    for i in range(3):
+        xs.copy_(torch.randn(xs.shape, generator=_gen(1800 + i)).to(xs.dtype))
+        poison()
+        graph.replay()
+        torch.testing.assert_close(y, sw.swap_mxfp4(xs, *cu[1:], 1.0, tma=False, **kw), rtol=0, atol=0)
+
+
 def test_moe_experts_mxfp4_swap_extreme_scales(reg):
     """Scale bytes over 0..254 (subnormal 2^-127 to 2^127 weights): the wrapper must pick the exact decode and
     match the reference wherever the reference is finite."""

@@ -174,3 +174,20 @@ def test_split_k_policy(monkeypatch):
             tps = -(-kt // s)
             sizes = [min(kt - i * tps, tps) for i in range(s)]
             assert 1 <= s <= want and min(sizes) >= 1 and sum(sizes) == kt, (kt, want, s, sizes)
+
+
+def test_tma_weight_descriptors():
+    """The TMA path's host side: a packed stack [E, N, K/2] is described as [E*N, K/32, 16] bytes with boxes
+    [64, 4, 16] (one 128-column tile of 64 rows, the bytes of the cp.async ring's slot); ``tma_fits`` refuses N not
+    a multiple of the tile (a box would cross into the next expert) and rows whose bytes are not a multiple of 16."""
+    from deepinfer_nvidia.kernels import gluon_moe_swap as sw
+
+    w = torch.zeros(3, 128, 320, dtype=torch.uint8)
+    da, db = sw._weight_descs(w, None, 64, 128)
+    assert db is da
+    assert list(da.shape) == [384, 20, 16] and list(da.strides) == [320, 16, 1] and list(da.block_shape) == [64, 4, 16]
+    assert da.base.data_ptr() == w.data_ptr()
+    assert sw.tma_fits(w, 64, 128)
+    assert not sw.tma_fits(torch.zeros(3, 96, 320, dtype=torch.uint8), 64, 128)     # N = 96
+    assert not sw.tma_fits(torch.zeros(3, 128, 40, dtype=torch.uint8), 64, 128)     # 40-byte rows
+    assert not sw.tma_fits(w[:, :, :160], 64, 128)                                  # not contiguous

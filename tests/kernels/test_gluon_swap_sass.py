@@ -12,6 +12,8 @@ refactor could silently lose (docs/performance.md, eleventh pass), so they are a
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 
 triton = pytest.importorskip("triton")
@@ -28,10 +30,20 @@ SIG = {"x_ptr": "*bf16", "pair_ptr": "*i32", "bexp_ptr": "*i32", "wa_ptr": "*u8"
        "R": "i32", "TPS": "i32"}
 
 
-def _compile(up: int, areg: int, safe: int, block_m: int = 16, stages: int = 3, split: int = 1):
+def _desc_type(block_n: int = 64, block_k: int = 128) -> str:
+    """The type string of a TMA weight descriptor argument (uint8 boxes [block_n, block_k/32, 16])."""
+    lay = gms.weight_desc_layout()
+    return f"tensordesc<u8[{block_n},{block_k // 32},16],{lay!r}>"
+
+
+def _compile(up: int, areg: int, safe: int, block_m: int = 16, stages: int = 3, split: int = 1, tma: int = 0):
     sig = dict(SIG, out_ptr="*bf16" if up else "*fp32")
     consts = {"TOPK": 6, "UP": up, "BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": 128, "STAGES": stages, "SAFE": safe,
-              "AREG": areg, "PROBE": 0, "SPLIT": split, "num_warps": 4}
+              "AREG": areg, "PROBE": 0, "SPLIT": split, "TMA": tma, "num_warps": 4}
+    if tma:
+        sig.update(wa_desc=_desc_type(), wb_desc=_desc_type())
+    else:
+        consts.update(wa_desc=None, wb_desc=None)
     return count(gms._swap_kernel, sig, consts, warps=4, div16=frozenset({"N", "K", "row_bytes", "stride_x"}))
 
 
@@ -66,8 +78,27 @@ def test_split_k_keeps_the_loop_and_adds_the_arrival_counter(up):
         assert _has(split["ops"], name) == _has(plain["ops"], name), (name, split["ops"])
     assert len(split["loop"]) <= 1.02 * len(plain["loop"]), (len(split["loop"]), len(plain["loop"]))
 
-    def atomics(r):
-        return sorted(line.split()[1] for line in r["sass"].splitlines() if "ATOMG" in line)
+    def atomics(r):  # opcodes of the ATOMG lines, predicates (``@P5``) dropped
+        return sorted(re.search(r"(ATOMG\S*)", line).group(1) for line in r["sass"].splitlines() if "ATOMG" in line)
 
     assert atomics(plain) == [] and atomics(split) == ["ATOMG.E.ADD.STRONG.GPU", "ATOMG.E.EXCH.STRONG.GPU"], \
         atomics(split)
+
+
+@pytest.mark.parametrize("up", [1, 0])
+def test_tma_weight_tiles(up):
+    """``TMA=1``: the weight tiles move by TMA (``UTMALDG.3D``: one a matrix for each of the STAGES-1 prologue tiles
+    and once more in the loop) into the same unswizzled bytes, so the fragment reads (``LDS.128``) and the
+    ``HGMMA`` are the cp.async kernel's; only the activation rows stay ``cp.async`` (fewer 16-byte copies); the
+    loop waits on the stage's mbarrier (``SYNCS.PHASECHK``). The plain kernel issues no TMA."""
+    plain, tma = _compile(up, areg=2, safe=0), _compile(up, areg=2, safe=0, tma=1)
+
+    def n(r, op):
+        return len(re.findall(rf"\b{re.escape(op)}\b", r["sass"]))
+
+    mats = 2 if up else 1
+    assert n(plain, "UTMALDG.3D") == 0 and n(tma, "UTMALDG.3D") == 3 * mats, n(tma, "UTMALDG.3D")
+    for op in ("LDS.128", "HGMMA.64x16x16.F32.BF16"):
+        assert n(tma, op) == n(plain, op), (op, n(tma, op), n(plain, op))
+    assert 0 < n(tma, "LDGSTS.E.BYPASS.128") < n(plain, "LDGSTS.E.BYPASS.128")
+    assert n(tma, "SYNCS.PHASECHK.TRANS64.TRYWAIT") >= 1
