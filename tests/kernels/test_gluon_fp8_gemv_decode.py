@@ -128,3 +128,30 @@ def test_scale_check_sees_a_new_stack_in_freed_memory():
         bad = torch.full((64, 64), 150, dtype=torch.uint8)
         assert not gg.scales_allow_fast(bad.view(torch.uint8))
         del bad
+
+
+@pytest.mark.parametrize("tma", [True, False])
+def test_tma_wiring_of_the_gemv_launch(monkeypatch, tma):
+    """``gemv_wgmma(tma=True)`` passes TMA=1 and q's descriptor ([N, K/32, 32] bytes, boxes [64, 4, 32]);
+    ``tma=False`` passes neither. The kernel is recorded, not launched (no GPU here)."""
+    from deepinfer_nvidia.kernels import gluon_fp8_gemv as gg
+
+    calls = []
+
+    class Rec:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: calls.append((grid, args, kw))
+
+    monkeypatch.setattr(gg, "_wgmma_gemv_kernel", Rec())
+    x = torch.randn(2, 512).bfloat16()
+    q = torch.randint(0, 120, (256, 512), dtype=torch.uint8).view(torch.float8_e4m3fn)
+    s = torch.full((2, 4), 127, dtype=torch.uint8)
+    gg.gemv_wgmma(x, q, s, 4, 128, 128, 132, tma=tma, safe=False, pdl=False)
+    (_, _, kw), = calls
+    assert kw["TMA"] == int(tma)
+    if tma:
+        d = kw["q_desc"]
+        assert d.base.data_ptr() == q.data_ptr()
+        assert list(d.shape) == [256, 16, 32] and list(d.block_shape) == [64, 4, 32]
+    else:
+        assert kw["q_desc"] is None

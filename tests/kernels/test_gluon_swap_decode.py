@@ -191,3 +191,47 @@ def test_tma_weight_descriptors():
     assert not sw.tma_fits(torch.zeros(3, 96, 320, dtype=torch.uint8), 64, 128)     # N = 96
     assert not sw.tma_fits(torch.zeros(3, 128, 40, dtype=torch.uint8), 64, 128)     # 40-byte rows
     assert not sw.tma_fits(w[:, :, :160], 64, 128)                                  # not contiguous
+
+
+class _Recorder:
+    """Stands in for a Gluon kernel: ``kernel[grid](*args, **kw)`` records the call instead of launching."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kw: self.calls.append((grid, args, kw))
+
+
+@pytest.mark.parametrize("f,tma", [(128, True), (96, True), (128, False)])
+def test_tma_wiring_of_the_swap_launches(monkeypatch, f, tma):
+    """``swap_mxfp4(tma=True)`` passes TMA=1 and each launch's descriptors (up: w1 and w3, down: w2 twice) when
+    the stacks fit, and falls back to TMA=0 without descriptors when one does not (F = 96: not a multiple of the
+    64-row tile); the kernels are recorded, not launched (no GPU here)."""
+    from deepinfer_core.kernels.ops.quant import quant_mxfp4
+    from deepinfer_nvidia.kernels import gluon_moe_swap as sw
+    from deepinfer_nvidia.kernels import triton_gemm
+
+    rec = _Recorder()
+    monkeypatch.setattr(sw, "_swap_kernel", rec)
+    monkeypatch.setattr(triton_gemm, "sum_slices", lambda y, t, d, *a: torch.zeros(t, d))
+    g = torch.Generator().manual_seed(0)
+    e, d = 4, 256
+
+    def stack(n, k):
+        q = [quant_mxfp4(torch.randn(n, k, generator=g)) for _ in range(e)]
+        return [torch.stack([a for a, _ in q]), torch.stack([b for _, b in q])]
+
+    ws = stack(f, d) + stack(f, d) + stack(d, f)
+    x = torch.randn(2, d, generator=g).bfloat16()
+    ids = torch.tensor([[0, 1], [1, 3]])
+    sw.swap_mxfp4(x, torch.rand(2, 2), ids, *ws, 1.0, split=(1, 1), tma=tma)
+    (_, _, up), (_, _, down) = rec.calls
+    fits = tma and f % 64 == 0
+    assert up["TMA"] == down["TMA"] == int(fits)
+    if not fits:
+        assert up["wa_desc"] is up["wb_desc"] is down["wa_desc"] is None
+        return
+    assert up["wa_desc"].base.data_ptr() == ws[0].data_ptr() and up["wb_desc"].base.data_ptr() == ws[2].data_ptr()
+    assert list(up["wa_desc"].shape) == [e * f, d // 32, 16] and list(down["wa_desc"].shape) == [e * d, f // 32, 16]
+    assert down["wb_desc"] is down["wa_desc"]
