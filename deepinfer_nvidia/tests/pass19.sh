@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Nineteenth pass: OUT=dir bash deepinfer_nvidia/tests/pass19.sh [STAGES]
-#   conf     the swap-AB MXFP4 expert tests (split-K launches and their graph replays, 2-8 stages), top-k, candidates
+#   conf     the swap-AB MXFP4 expert tests (split-K, TMA, graph replays, 2-8 stages), top-k, candidates
 #   swap     bench_swap at 1-64 tokens: explicit (up/down) K splits and split_for at 3, 4 and 6 programs per SM
 #   sweep    the V4.1 decode rows (batch $BATCHES, default 1,2,4,8,64; graphed and pipelined), the module's split
 #   base     the same rows with the up launch's split off (gluon_moe_swap.SPLIT_UP=1)
@@ -34,8 +34,8 @@ if has stages; then
 fi
 if has tma; then
   stamp tma
-  timeout "${CONF_S:-150}" python3 -m pytest -q deepinfer_nvidia/tests/test_conformance.py -k "swap_tma" \
-    deepinfer_nvidia/tests/test_conformance_fp8_wgmma.py 2>&1 | tail -4 | tee "$OUT/conformance_tma.txt"
+  timeout "${CONF_S:-150}" python3 -m pytest -q deepinfer_nvidia/tests/test_conformance.py \
+    deepinfer_nvidia/tests/test_conformance_fp8_wgmma.py -k "tma" 2>&1 | tail -4 | tee "$OUT/conformance_tma.txt"
   timeout "${SWAP_S:-200}" python3 -m deepinfer_nvidia.tests.bench_swap --out "$OUT/tma" --tokens 1,2,8,64 \
     --skip-parity --variants "" --tma 3,4,6 --profile 1 2>&1 | quiet | tee "$OUT/tma.txt" \
     | grep -E "^T=|profile|FAIL|Error"
