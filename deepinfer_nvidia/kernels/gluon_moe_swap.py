@@ -625,7 +625,7 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
     cnt = _counters(x.device, max(nb * nt1, nb * nt2)) if max(sp1, sp2) > 1 else wt
     part1 = torch.empty(sp1, 2, r, f, dtype=torch.float32, device=x.device) if sp1 > 1 else wt
     tma = SWAP_TMA if tma is None else tma
-    tma = bool(tma) and tma_fits(w1, bn, bk) and tma_fits(w2, bn, bk)
+    tma = bool(tma) and all(tma_fits(w, bn, bk) for w in (w1, w3, w2))
     d1 = _weight_descs(u8[0], u8[2], bn, bk) if tma else (None, None)
     d2 = _weight_descs(u8[4], None, bn, bk) if tma else (None, None)
     _swap_kernel[(nb * sp1 * nt1,)](xp, pair, bexp, u8[0], u8[1], u8[2], u8[3], wt, h, part1, cnt, p, ne, f, d,
