@@ -35,6 +35,7 @@ import triton
 
 from deepinfer_nvidia.kernels import _common
 from deepinfer_nvidia.kernels import gluon_moe_swap as _swap
+from deepinfer_nvidia.kernels.mxfp4_word_decode import _bf16x2_mul
 
 _GLUON = _swap.available()
 if _GLUON:
@@ -92,7 +93,7 @@ def decode_word_reference(word: int, scale_bits: int, safe: bool = True) -> list
     w = b[0] | (b[2] << 8) | (b[1] << 16) | (b[3] << 24)  # prmt 0x3120
     a0 = ((w << 4) & 0x07F007F0) | ((w << 8) & 0x80008000)
     a1 = ((w >> 4) & 0x07F007F0) | (w & 0x80008000)
-    mul = _swap._bf16x2_mul
+    mul = _bf16x2_mul
     return [mul(mul(a, 0x7B807B80), scale_bits) if safe else mul(a, scale_bits) for a in (a0, a1)]
 
 

@@ -46,6 +46,8 @@ import torch
 import triton
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from deepinfer_nvidia.kernels.mxfp4_word_decode import _word_asm
+
 try:  # Gluon is experimental: absent in older Triton, so the path is optional
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -98,48 +100,6 @@ SPLIT_WAVES = (1.0, 3.5)
 SWAP_TMA = False
 RESIDENT_UP = 3
 SPLIT_MIN_TILES = 4
-
-
-# Per output register r (nibbles r and r+4 of a word): (magnitude shift, shifted right?, sign shift). The
-# magnitude bits of nibble r land on bf16 bits 6-8 (r+4: 22-24), its sign bit on 15 (r+4: 31).
-_PAIR_SHIFTS = ((6, False, 12), (2, False, 8), (2, True, 4), (6, True, 0))
-
-
-def _pair_asm(shift_a: int, right: bool, shift_b: int, out: int, safe: bool) -> str:
-    """PTX for one output register: nibbles j and j+4 of word $4 -> bf16x2 (exact) times the scale $5."""
-    a = f"shr.b32 a, $4, {shift_a}; " if right else f"shl.b32 a, $4, {shift_a}; "
-    b = f"shl.b32 b, $4, {shift_b}; " if shift_b else "mov.b32 b, $4; "
-    scale = f"mul.rn.bf16x2 a, a, c; mul.rn.bf16x2 ${out}, a, $5; " if safe else f"mul.rn.bf16x2 ${out}, a, $5; "
-    return a + b + "and.b32 b, b, 0x80008000; lop3.b32 a, a, 0x01C001C0, b, 0xEA; " + scale
-
-
-def _word_asm(safe: bool) -> str:
-    """4 packed bytes (8 e2m1 nibbles) -> registers (e0,e4) (e1,e5) | (e2,e6) (e3,e7) as scaled bf16x2.
-    Nibble j sits at bits 4j..4j+3: its magnitude goes to bits 6-8 and its sign to bit 15 (j+4: 22-24, 31)."""
-    head = "{ .reg .b32 a, b, c; mov.b32 c, 0x7E807E80; "  # c = 2^126 in both bf16 halves
-    return head + "".join(_pair_asm(*shifts, out, safe) for out, shifts in enumerate(_PAIR_SHIFTS)) + "}"
-
-
-def _bf16x2_mul(x: int, y: int) -> int:
-    """Both bf16 halves of two 32-bit words multiplied with round-to-nearest-even (torch's bf16 rounding)."""
-    out = 0
-    for h in (0, 16):
-        vx, vy = (torch.tensor([(v >> h) & 0xFFFF], dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
-                  for v in (x, y))
-        out |= ((vx * vy).to(torch.bfloat16).view(torch.int16).item() & 0xFFFF) << h
-    return out
-
-
-def decode_word_reference(word: int, scale_bits: int, safe: bool = True) -> list[int]:
-    """Pure-Python model of ``_word_asm`` on one 32-bit word (CPU tests): its 4 output registers.
-    ``scale_bits``: the bf16x2 scale operand the kernel passes (2^(s-127), or 2^(s-1) when not ``safe``)."""
-    regs = []
-    for shift_a, right, shift_b in _PAIR_SHIFTS:
-        a = (word >> shift_a) if right else (word << shift_a) & 0xFFFFFFFF
-        b = (word << shift_b) & 0xFFFFFFFF
-        v = (a & 0x01C001C0) | (b & 0x80008000)
-        regs.append(_bf16x2_mul(_bf16x2_mul(v, 0x7E807E80), scale_bits) if safe else _bf16x2_mul(v, scale_bits))
-    return regs
 
 
 def available() -> bool:
@@ -555,16 +515,6 @@ def _weight_descs(wa: torch.Tensor, wb: torch.Tensor | None, block_n: int, block
     return da, (desc(wb) if wb is not None else da)
 
 
-_SMS: dict[int, int] = {}
-
-
-def _sms(device: torch.device) -> int:
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SMS:
-        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SMS[idx]
-
-
 def split_for(programs: int, k_tiles: int, sms: int) -> int:
     """K splits of an up launch of ``programs`` (block, N tile) programs of ``k_tiles`` K tiles each: SPLIT_UP
     when they fill SPLIT_WAVES of RESIDENT_UP programs on each of ``sms`` SMs and each split keeps at least
@@ -591,7 +541,7 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
     ``split``: (up, down) K splits (default: ``split_for`` of the up launch, the down one unsplit). ``tma``:
     weight tiles by TMA (default ``SWAP_TMA``; only where ``tma_fits``)."""
     from deepinfer_nvidia.kernels.triton_fp8_gemv import _counters
-    from deepinfer_nvidia.kernels.triton_gemm import sum_slices
+    from deepinfer_nvidia.kernels.triton_gemm import _sm_count, sum_slices
     from deepinfer_nvidia.kernels.triton_moe import align  # lazy: triton_moe imports this module
     from deepinfer_nvidia.kernels.triton_moe_scaled import expert_shapes
 
@@ -617,7 +567,7 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
     kt1, kt2 = triton.cdiv(d, bk), triton.cdiv(f, bk)
     if split is None:  # programs that can hold pairs: at most min(E, P) + P // BLOCK_M blocks (num_blocks - 1)
         live = max(1, nb - 1)
-        split = (split_for(live * nt1, kt1, _sms(x.device)), 1)
+        split = (split_for(live * nt1, kt1, _sm_count(x.device)), 1)
     sp1, sp2 = _even_split(split[0], kt1), _even_split(split[1], kt2)
     if max(nb * nt1, nb * nt2) > (1 << 16):  # the shared counters cover 65536 tiles
         sp1 = sp2 = 1

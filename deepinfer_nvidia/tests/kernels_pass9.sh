@@ -31,6 +31,7 @@ for s in $STAGES; do
     swap) timeout "${SWAP_S:-240}" python3 -m deepinfer_nvidia.tests.bench_swap --out "$OUT" ${SWAP_ARGS:-} 2>&1 \
             | tee "$OUT/bench_swap.txt" | grep -vE "^  T=.*rel [0-9.e-]+$" | tail -40 ;;
     new) timeout "${NEW_S:-150}" python3 -m pytest -q -p no:cacheprovider deepinfer_nvidia/tests/test_conformance.py \
+            deepinfer_nvidia/tests/test_conformance_moe_swap.py \
             -k "${NEW_K:-swap or gemv or align}" 2>&1 | tee "$OUT/conformance_new.txt" | tail -8 ;;
     parity) timeout "${PARITY_S:-120}" python3 -m deepinfer_nvidia.tests.parity_tiny 2>&1 | tee "$OUT/parity.txt" | tail -15 ;;
     conf) timeout "${CONF_S:-200}" python3 -m pytest -q -p no:cacheprovider deepinfer_nvidia/tests/test_conformance.py \

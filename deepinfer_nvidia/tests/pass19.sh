@@ -17,7 +17,7 @@ export PYTHONUNBUFFERED=1 DEEPINFER_ACCELERATOR=nvidia
 source "$(dirname "$0")/pass_lib.sh"
 if has conf; then
   stamp conf
-  timeout "${CONF_S:-150}" python3 -m pytest -q deepinfer_nvidia/tests/test_conformance.py -k "swap or candidate" \
+  timeout "${CONF_S:-150}" python3 -m pytest -q deepinfer_nvidia/tests/test_conformance_moe_swap.py \
     deepinfer_nvidia/tests/test_conformance_topk.py 2>&1 | tail -4 | tee "$OUT/conformance_swap.txt"
 fi
 if has swap; then
@@ -34,7 +34,7 @@ if has stages; then
 fi
 if has tma; then
   stamp tma
-  timeout "${CONF_S:-150}" python3 -m pytest -q deepinfer_nvidia/tests/test_conformance.py \
+  timeout "${CONF_S:-150}" python3 -m pytest -q deepinfer_nvidia/tests/test_conformance_moe_swap.py \
     deepinfer_nvidia/tests/test_conformance_fp8_wgmma.py -k "tma" 2>&1 | tail -4 | tee "$OUT/conformance_tma.txt"
   timeout "${SWAP_S:-200}" python3 -m deepinfer_nvidia.tests.bench_swap --out "$OUT/tma" --tokens 1,2,8,64 \
     --skip-parity --variants "" --tma 3,4,6 --profile 1 2>&1 | quiet | tee "$OUT/tma.txt" \

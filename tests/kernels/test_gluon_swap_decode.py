@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from deepinfer_core.kernels.ops.quant import E2M1_VALUES
-from deepinfer_nvidia.kernels.gluon_moe_swap import _word_asm, decode_word_reference
+from deepinfer_nvidia.kernels.mxfp4_word_decode import _word_asm, decode_word_reference
 
 # register r holds (low half, high half) = natural elements (ORDER[r][0], ORDER[r][1]) of the word's 8 nibbles
 ORDER = ((0, 4), (1, 5), (2, 6), (3, 7))
