@@ -36,6 +36,7 @@ import triton
 from deepinfer_nvidia.kernels import _common
 from deepinfer_nvidia.kernels import gluon_moe_swap as _swap
 from deepinfer_nvidia.kernels.mxfp4_word_decode import _bf16x2_mul
+from deepinfer_nvidia.kernels.triton_pdl import gluon_grid_dependency
 
 _GLUON = _swap.available()
 if _GLUON:
@@ -53,6 +54,7 @@ if _GLUON:
     _cp_async = _swap._cp_async
     _cta_barrier = _swap._cta_barrier
     _tma_load = _swap._tma_load
+    _grid_dependency = gluon_grid_dependency
 
 # rows served (1..max_rows), stages of the cp.async ring, programs per SM to aim for with split-K, and whether
 # the path is on (``DEEPINFER_NV_WGMMA_GEMV=0`` turns it off, for A/B runs). Programmatic dependent launch:
@@ -161,17 +163,6 @@ if _GLUON:
         _tma_load(q_desc, [n0, kc0 + j * 4, 0], bar, ring_w.index(stage), pred=live)
         _cp_async(ring_x.index(stage), x_ptrs + j * 128, mask=xmask & live)
         async_copy.commit_group()
-
-    @gluon.jit
-    def _grid_dependency(WAIT: gl.constexpr):
-        """Programmatic dependent launch (SM90+): WAIT blocks until the previous kernel of the stream has completed
-        and its writes are visible; else signal that the next kernel may launch. Both are no-ops in a launch
-        without the programmatic attribute."""
-        if WAIT:
-            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-        else:
-            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-                                      is_pure=False, pack=1)
 
     @gluon.jit
     def _wgmma_gemv_kernel(x_ptr, q_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, stride_x, s_cols, NG, k_per_split,

@@ -47,6 +47,7 @@ import triton
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from deepinfer_nvidia.kernels.mxfp4_word_decode import _word_asm
+from deepinfer_nvidia.kernels.triton_pdl import gluon_grid_dependency as _grid_dependency, pdl_launch
 
 try:  # Gluon is experimental: absent in older Triton, so the path is optional
     from triton.experimental import gluon
@@ -211,7 +212,7 @@ if _GLUON:
                      P, E, N, K, row_bytes, stride_x, limit, NT, R, TPS, TOPK: gl.constexpr, UP: gl.constexpr,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
                      SAFE: gl.constexpr, AREG: gl.constexpr, PROBE: gl.constexpr, SPLIT: gl.constexpr,
-                     TMA: gl.constexpr, wa_desc, wb_desc, num_warps: gl.constexpr):
+                     TMA: gl.constexpr, wa_desc, wb_desc, num_warps: gl.constexpr, PDL: gl.constexpr = 0):
         """One (expert block, K split, N tile) of ``out = act(x_rows) @ W^T``, W [E, N, K/2] packed e2m1.
         UP: x rows are the pairs' tokens of ``x_ptr`` (K order already bit-reversed), W = w1 (``wa``) and w3
         (``wb``), out = h [R = blocks*BLOCK_M, N] = clamped SwiGLU, written in the bit-reversed K order of the
@@ -222,6 +223,9 @@ if _GLUON:
         TMA: the weight tiles arrive by TMA (``wa_desc``/``wb_desc``: W as [E*N, K/32, 16] bytes, boxes
         [BLOCK_N, G, 16]), one bulk copy and one mbarrier a matrix and stage instead of 128 threads' ``cp.async``;
         the activations keep ``cp.async`` (their rows are gathered by pair)."""
+        if PDL:  # programmatic dependent launch (triton_pdl): wait for the previous kernel, release the next
+            _grid_dependency(True)
+            _grid_dependency(False)
         G: gl.constexpr = BLOCK_K // 32
         if AREG == 2:  # each thread loads exactly the bytes of its wgmma A fragment (BLOCK_N 64, K 128, 4 warps)
             gl.static_assert(BLOCK_N == 64 and BLOCK_K == 128 and num_warps == 4)
@@ -582,12 +586,12 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
                                     d // 2, xp.stride(0), float(limit), nt1, r, triton.cdiv(kt1, sp1), TOPK=k, UP=1,
                                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages, SAFE=int(safe), AREG=areg,
                                     PROBE=probe, SPLIT=sp1, TMA=int(tma), wa_desc=d1[0], wb_desc=d1[1],
-                                    num_warps=warps)
+                                    num_warps=warps, **pdl_launch())
     y = torch.empty(p, d, dtype=torch.float32, device=x.device)
     part2 = torch.empty(sp2, p, d, dtype=torch.float32, device=x.device) if sp2 > 1 else wt
     _swap_kernel[(nb * sp2 * nt2,)](h, pair, bexp, u8[4], u8[5], u8[4], u8[5], wt, y, part2, cnt, p, ne, d, f,
                                     f // 2, f, float(limit), nt2, r, triton.cdiv(kt2, sp2), TOPK=k, UP=0,
                                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages, SAFE=int(safe), AREG=areg,
                                     PROBE=probe, SPLIT=sp2, TMA=int(tma), wa_desc=d2[0], wb_desc=d2[1],
-                                    num_warps=warps)
+                                    num_warps=warps, **pdl_launch())
     return sum_slices(y, t, d, k, d, k * d, x.dtype)

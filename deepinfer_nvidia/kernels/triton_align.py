@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from deepinfer_nvidia.kernels.triton_pdl import pdl_enter, pdl_launch
 
 # Largest pair count served by the one-launch kernel (the torch form above it): batch 256 x 6 slots fits.
 ALIGN_MAX_PAIRS = 2048
@@ -27,9 +28,10 @@ ALIGN_MAX_PAIRS = 2048
 
 @triton.jit
 def _align_sort_kernel(ids_ptr, scratch_ptr, pair_ptr, bexp_ptr, P, E, NROWS, NB, BLOCK_M: tl.constexpr,
-                       PB: tl.constexpr, EB: tl.constexpr):
+                       PB: tl.constexpr, EB: tl.constexpr, PDL: tl.constexpr = 0):
     """Keys ``e * PB + i`` sorted put the pairs in (expert, routing order), so the k-th sorted pair's row is
     its expert's padded start + (k - its expert's unpadded start)."""
+    pdl_enter(PDL)
     i = tl.arange(0, PB)
     m = i < P
     e = tl.load(ids_ptr + i, mask=m, other=E).to(tl.int32)  # padding keys sort after every real pair
@@ -62,5 +64,5 @@ def align_small(ids: torch.Tensor, experts: int, block_m: int, nb: int) -> tuple
     eb = max(16, triton.next_power_of_2(experts))
     scratch = torch.empty(2 * eb, dtype=torch.int32, device=flat.device)
     _align_sort_kernel[(1,)](flat, scratch, pair, bexp, p, experts, nb * block_m, nb, BLOCK_M=block_m, PB=pb, EB=eb,
-                             num_warps=8 if pb >= 512 else 4)
+                             num_warps=8 if pb >= 512 else 4, **pdl_launch())
     return pair, bexp

@@ -32,6 +32,7 @@ import triton.language as tl
 
 from deepinfer_core.kernels.ops.attention import sparse_attention_sink
 from deepinfer_nvidia.kernels._common import FLOATS, dot_precision, hand_off, next_pow2, on_cuda
+from deepinfer_nvidia.kernels.triton_pdl import pdl_enter, pdl_launch
 
 _LOG2E = 1.4426950408889634
 
@@ -62,7 +63,8 @@ def _attend(q, kv_ptr, idx_ptr, t, n_slots, n_lo, n_hi, D, qk_scale, m_i, l_i, a
 def _attn_kernel(q_ptr, kva_ptr, idxa_ptr, kvb_ptr, idxb_ptr, sink_ptr, o_ptr, ml_ptr,
                  H, D, Na, Nb, qk_scale, per_split,
                  HAS_B: tl.constexpr, SPLITS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_D: tl.constexpr, PREC: tl.constexpr):
+                 BLOCK_D: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_enter(PDL)
     t = tl.program_id(0)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     sp = tl.program_id(2)
@@ -101,8 +103,10 @@ def _attn_kernel(q_ptr, kva_ptr, idxa_ptr, kvb_ptr, idxb_ptr, sink_ptr, o_ptr, m
 
 
 @triton.jit
-def _merge_kernel(part_ptr, ml_ptr, o_ptr, T, H, D, SPLITS: tl.constexpr, BLOCK_D: tl.constexpr):
+def _merge_kernel(part_ptr, ml_ptr, o_ptr, T, H, D, SPLITS: tl.constexpr, BLOCK_D: tl.constexpr,
+                  PDL: tl.constexpr = 0):
     """o[t, h] = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s over the splits."""
+    pdl_enter(PDL)
     t = tl.program_id(0)
     h = tl.program_id(1)
     d = tl.arange(0, BLOCK_D)
@@ -204,14 +208,14 @@ def sparse_sink(q: torch.Tensor, kv_a: torch.Tensor, idx_a: torch.Tensor, kv_b: 
     if splits == 1:
         _attn_kernel[(t, hb, 1)](q, kv_a, idx_a, kvb, idxb, sinks.float().contiguous(), out, out, h, d, na, nb,
                                  qk_scale, per_split, HAS_B=has_b, SPLITS=1, BLOCK_H=bh, BLOCK_N=bn,
-                                 BLOCK_D=block_d, PREC=prec, **opts)
+                                 BLOCK_D=block_d, PREC=prec, **opts, **pdl_launch())
         return out
     part = torch.empty(splits, t, h, d, dtype=torch.float32, device=q.device)
     ml = torch.empty(splits, t, h, 2, dtype=torch.float32, device=q.device)
     _attn_kernel[(t, hb, splits)](q, kv_a, idx_a, kvb, idxb, sinks.float().contiguous(), part, ml, h, d, na, nb,
                                   qk_scale, per_split, HAS_B=has_b, SPLITS=splits, BLOCK_H=bh, BLOCK_N=bn,
-                                  BLOCK_D=block_d, PREC=prec, **opts)
-    _merge_kernel[(t, h)](part, ml, out, t, h, d, SPLITS=splits, BLOCK_D=block_d, num_warps=4)
+                                  BLOCK_D=block_d, PREC=prec, **opts, **pdl_launch())
+    _merge_kernel[(t, h)](part, ml, out, t, h, d, SPLITS=splits, BLOCK_D=block_d, num_warps=4, **pdl_launch())
     return out
 
 

@@ -27,6 +27,7 @@ import triton.language as tl
 
 from deepinfer_core.kernels.ops.cache import check_write_rows, write_rows as write_rows_reference
 from deepinfer_nvidia.kernels._common import hand_off, next_pow2, on_cuda
+from deepinfer_nvidia.kernels.triton_pdl import pdl_enter, pdl_launch
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _INTS = (torch.int64, torch.int32)
@@ -39,7 +40,8 @@ _MAX_BLOCK = 1024
 @triton.jit
 def _write_rows_kernel(cache_ptr, slots_ptr, rows_ptr, keep_ptr, n_rows, n_slots, row_len, cache_stride,
                        slots_stride, rows_stride, keep_stride, HAS_KEEP: tl.constexpr, ROWS: tl.constexpr,
-                       BLOCK: tl.constexpr):
+                       BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_enter(PDL)
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # the rows (of K) this program stores
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # the columns (of the flattened row E)
     rmask = r < n_rows
@@ -113,5 +115,5 @@ def _launch(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, keep: 
     keep_arg = keep.view(torch.uint8) if keep is not None else slots  # bool read as bytes; unused without keep
     _write_rows_kernel[grid](cache, slots, rows, keep_arg, k, cache.shape[0], row_len, cache.stride(0),
                              slots.stride(0), rows.stride(0), keep_arg.stride(0),
-                             HAS_KEEP=keep is not None, ROWS=per, BLOCK=block, num_warps=4)
+                             HAS_KEEP=keep is not None, ROWS=per, BLOCK=block, num_warps=4, **pdl_launch())
     return cache

@@ -23,6 +23,7 @@ import triton.language as tl
 
 from deepinfer_core.kernels.ops.engram import SCALE_GROUP, gate as gate_reference, gather_rows
 from deepinfer_nvidia.kernels._common import FLOATS, hand_off, next_pow2, on_cuda
+from deepinfer_nvidia.kernels.triton_pdl import pdl_enter, pdl_launch
 
 _FP8 = (torch.float8_e4m3fn,)
 _UE8M0 = (torch.uint8, torch.float8_e8m0fnu)
@@ -101,7 +102,8 @@ def gather(table: torch.Tensor, scale: torch.Tensor | None, ids: torch.Tensor, o
 
 @triton.jit
 def _engram_gate_kernel(r_ptr, kv_ptr, qw_ptr, kw_ptr, out_ptr, D, eps, clamp, inv_sqrt_d, N: tl.constexpr,
-                 BLOCK: tl.constexpr):
+                 BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     cm = cols < D
@@ -150,5 +152,6 @@ def gate(residual: torch.Tensor, kv: torch.Tensor, q_weight: torch.Tensor, k_wei
         return out
     block = next_pow2(d)
     _engram_gate_kernel[(t,)](r, kvc, q_weight.contiguous(), k_weight.contiguous(), out, d, float(eps),
-                              float(clamp), float(d) ** -0.5, N=n, BLOCK=block, num_warps=8 if block >= 2048 else 4)
+                              float(clamp), float(d) ** -0.5, N=n, BLOCK=block, num_warps=8 if block >= 2048 else 4,
+                              **pdl_launch())
     return out

@@ -38,6 +38,7 @@ from deepinfer_core.kernels.ops.quant import MXFP4_GROUP, QuantFormatError, fp8_
 from deepinfer_nvidia.kernels import gluon_fp8_gemv, triton_fp8_fine, triton_fp8_gemv
 from deepinfer_nvidia.kernels.triton_scales import ue8m0
 from deepinfer_nvidia.kernels._common import FLOATS, dot_precision, hand_off, on_cuda
+from deepinfer_nvidia.kernels.triton_pdl import pdl_enter, pdl_launch
 
 _SMS = 132  # H200; only used to size split-K, a wrong value costs speed, never correctness
 
@@ -168,8 +169,9 @@ def _tiles(m: int, n: int, k: int, dtype: torch.dtype, device, k_align: int):
 
 
 @triton.jit
-def _sum_slices_kernel(src_ptr, dst_ptr, N, S, stride_s, stride_m, BLOCK: tl.constexpr):
+def _sum_slices_kernel(src_ptr, dst_ptr, N, S, stride_s, stride_m, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
     """dst[m, n] = sum_{s < S} src[s * stride_s + m * stride_m + n] (fp32, s in order), cast to dst's dtype."""
+    pdl_enter(PDL)
     m = tl.program_id(0).to(tl.int64)
     rn = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = rn < N
@@ -187,7 +189,7 @@ def sum_slices(src: torch.Tensor, m: int, n: int, s: int, stride_s: int, stride_
     if m and n:
         block = min(1024, max(128, 1 << (int(n) - 1).bit_length()))
         _sum_slices_kernel[(m, triton.cdiv(n, block))](src, out, n, s, stride_s, stride_m, BLOCK=block,
-                                                       num_warps=4)
+                                                       num_warps=4, **pdl_launch())
     return out
 
 

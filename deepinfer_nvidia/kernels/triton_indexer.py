@@ -19,6 +19,7 @@ import triton.language as tl
 from deepinfer_core.kernels.ops.indexer import indexer_scores
 from deepinfer_nvidia.kernels import triton_indexer_tiled as _tiled
 from deepinfer_nvidia.kernels._common import FLOATS, dot_precision, hand_off, next_pow2, on_cuda
+from deepinfer_nvidia.kernels.triton_pdl import pdl_enter, pdl_launch
 
 # Query tokens from which the token-tiled kernel runs (a decode batch's tokens see different sequences).
 TILED_MIN_T = 256
@@ -27,7 +28,8 @@ TILED_MIN_T = 256
 @triton.jit
 def _scores_kernel(q_ptr, w_ptr, k_ptr, cand_ptr, out_ptr, H, D, N, score_scale,
                    CHUNKS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                   PREC: tl.constexpr):
+                   PREC: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_enter(PDL)
     t = tl.program_id(0)
     h = tl.arange(0, BLOCK_H)
     d = tl.arange(0, BLOCK_D)
@@ -78,7 +80,7 @@ def _checked(q, weights, keys, cand, score_scale, tiled: bool) -> torch.Tensor:
     chunks = 4 if n >= 4 * bn else 1
     grid = (t, triton.cdiv(n, bn * chunks))
     _scores_kernel[grid](q, w, keys, cand, out, h, d, n, float(score_scale), CHUNKS=chunks, BLOCK_H=bh, BLOCK_N=bn,
-                         BLOCK_D=bd, PREC=dot_precision(q.dtype), num_warps=4)
+                         BLOCK_D=bd, PREC=dot_precision(q.dtype), num_warps=4, **pdl_launch())
     return out
 
 

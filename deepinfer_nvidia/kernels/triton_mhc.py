@@ -34,12 +34,14 @@ import triton.language as tl
 
 from deepinfer_core.kernels.ops.mhc import mhc_head_pre, mhc_mix
 from deepinfer_nvidia.kernels._common import FLOATS, hand_off, next_pow2, on_cuda
+from deepinfer_nvidia.kernels.triton_pdl import pdl_enter, pdl_launch
 
 
 @triton.jit
 def _proj_kernel(x_ptr, fn_ptr, part_ptr, ss_ptr, T, K, R, k_per_split,
                  NR: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr = "ieee",
-                 SPLIT_FN: tl.constexpr = False):
+                 SPLIT_FN: tl.constexpr = False, PDL: tl.constexpr = 0):
+    pdl_enter(PDL)
     pid_t = tl.program_id(0)
     sp = tl.program_id(1)
     rt = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -82,7 +84,8 @@ def _proj_kernel(x_ptr, fn_ptr, part_ptr, ss_ptr, T, K, R, k_per_split,
 
 @triton.jit
 def _gate_kernel(part_ptr, ss_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, T, K, n, norm_eps, hc_eps,
-                 iters, NR: tl.constexpr, NP: tl.constexpr, SPLITS: tl.constexpr):
+                 iters, NR: tl.constexpr, NP: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_enter(PDL)
     t = tl.program_id(0)
     s = tl.arange(0, SPLITS)
     ss = tl.sum(tl.load(ss_ptr + s * T + t), axis=0)
@@ -224,10 +227,11 @@ def mix(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: tor
     ss = torch.empty(splits, t, dtype=torch.float32, device=dev)
     opts = {"num_warps": warps} if stages is None else {"num_warps": warps, "num_stages": stages}
     _proj_kernel[(tiles, splits)](x, fn.contiguous(), part, ss, t, kdim, rows, k_per, NR=nr, BLOCK_T=bt,
-                                  BLOCK_K=bk, PRECISION="tf32x3" if prefill else "ieee", SPLIT_FN=split_fn, **opts)
+                                  BLOCK_K=bk, PRECISION="tf32x3" if prefill else "ieee", SPLIT_FN=split_fn, **opts,
+                                  **pdl_launch())
     _gate_kernel[(t,)](part, ss, base.contiguous(), scale.contiguous(), pre, post, comb, t, kdim, n,
                        float(norm_eps), float(hc_eps), int(sinkhorn_iters), NR=nr, NP=max(2, n), SPLITS=splits,
-                       num_warps=gate_warps)
+                       num_warps=gate_warps, **pdl_launch())
     return pre, post, comb
 
 
@@ -240,7 +244,8 @@ def mix_bi(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: 
 # -- mhc.head_pre: the final head's collapse weights (the reference runs ~7 small ops) ----------------------
 @triton.jit
 def _head_gate_kernel(part_ptr, ss_ptr, base_ptr, scale_ptr, out_ptr, T, K, n, norm_eps, hc_eps,
-                      NR: tl.constexpr, NP: tl.constexpr, SPLITS: tl.constexpr):
+                      NR: tl.constexpr, NP: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_enter(PDL)
     t = tl.program_id(0)
     s = tl.arange(0, SPLITS)
     r = 1.0 / tl.sqrt(tl.sum(tl.load(ss_ptr + s * T + t), axis=0) / K + norm_eps)
@@ -284,17 +289,18 @@ def head_pre(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale
     part = torch.empty(splits, t, nr, dtype=torch.float32, device=residual.device)
     ss = torch.empty(splits, t, dtype=torch.float32, device=residual.device)
     _proj_kernel[(triton.cdiv(t, bt), splits)](residual.contiguous(), fn.contiguous(), part, ss, t, kdim, n, k_per,
-                                               NR=nr, BLOCK_T=bt, BLOCK_K=bk, num_warps=4)
+                                               NR=nr, BLOCK_T=bt, BLOCK_K=bk, num_warps=4, **pdl_launch())
     _head_gate_kernel[(t,)](part, ss, base.contiguous(), scale.reshape(1).contiguous(), out, t, kdim, n,
                             float(norm_eps), float(hc_eps), NR=nr, NP=max(2, next_pow2(n)), SPLITS=splits,
-                            num_warps=1)
+                            num_warps=1, **pdl_launch())
     return out
 
 
 # -- mhc.collapse / mhc.expand: one launch each (the references run 4 and ~8 small ops) ---------------
 @triton.jit
-def _collapse_kernel(r_ptr, pre_ptr, out_ptr, n, D, NP: tl.constexpr, BLOCK_D: tl.constexpr):
+def _collapse_kernel(r_ptr, pre_ptr, out_ptr, n, D, NP: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = 0):
     """out[t, d] = sum_k pre[t, k] * R[t, k, d] (fp32, k in order), one program per (token, D tile)."""
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     rd = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     k = tl.arange(0, NP)
@@ -307,8 +313,10 @@ def _collapse_kernel(r_ptr, pre_ptr, out_ptr, n, D, NP: tl.constexpr, BLOCK_D: t
 
 
 @triton.jit
-def _expand_kernel(r_ptr, y_ptr, post_ptr, comb_ptr, out_ptr, n, D, NP: tl.constexpr, BLOCK_D: tl.constexpr):
+def _expand_kernel(r_ptr, y_ptr, post_ptr, comb_ptr, out_ptr, n, D, NP: tl.constexpr, BLOCK_D: tl.constexpr,
+                   PDL: tl.constexpr = 0):
     """out[t, j, d] = post[t, j] * y[t, d] + sum_i comb[t, i, j] * R[t, i, d] (fp32)."""
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     rd = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     i = tl.arange(0, NP)
@@ -350,7 +358,7 @@ def collapse(residual: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     if t and d:
         bd = min(1024, next_pow2(d))
         _collapse_kernel[(t, triton.cdiv(d, bd))](residual.contiguous(), pre.contiguous(), out, n, d,
-                                                  NP=max(2, next_pow2(n)), BLOCK_D=bd, num_warps=4)
+                                                  NP=max(2, next_pow2(n)), BLOCK_D=bd, num_warps=4, **pdl_launch())
     return out
 
 
@@ -375,5 +383,5 @@ def expand(residual: torch.Tensor, y: torch.Tensor, post: torch.Tensor, comb: to
         bd = min(512, next_pow2(d))
         _expand_kernel[(t, triton.cdiv(d, bd))](residual.contiguous(), y.contiguous(), post.contiguous(),
                                                 comb.contiguous(), out, n, d, NP=max(2, next_pow2(n)), BLOCK_D=bd,
-                                                num_warps=4)
+                                                num_warps=4, **pdl_launch())
     return out

@@ -10,18 +10,16 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents
 
 from deepinfer_core.kernels.ops.norm import rms_norm, rms_norm_unweighted
-from deepinfer_nvidia.kernels import _common
 from deepinfer_nvidia.kernels._common import FLOATS, hand_off, next_pow2, on_cuda
+from deepinfer_nvidia.kernels.triton_pdl import pdl_enter, pdl_launch
 
 
 @triton.jit
 def _rms_kernel(x_ptr, w_ptr, y_ptr, n_rows, n_cols, eps, HAS_W: tl.constexpr,
-                ROWS: tl.constexpr, BLOCK: tl.constexpr, RELEASE: tl.constexpr):
-    if RELEASE:  # a kernel launched with programmatic dependent launch may start (it waits for our writes)
-        gdc_launch_dependents()
+                ROWS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_enter(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
     rmask = rows < n_rows
@@ -54,7 +52,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor
     warps = 4 if block * rows_per <= 4096 else 8
     grid = (triton.cdiv(rows, rows_per),)
     _rms_kernel[grid](x2, w if w is not None else x2, y, rows, n, float(eps), HAS_W=w is not None,
-                      ROWS=rows_per, BLOCK=block, RELEASE=int(_common.PDL), num_warps=warps)
+                      ROWS=rows_per, BLOCK=block, num_warps=warps, **pdl_launch())
     return y.view(x.shape)
 
 

@@ -14,13 +14,15 @@ import triton.language as tl
 
 from deepinfer_core.kernels.ops.rope import apply_rope
 from deepinfer_nvidia.kernels._common import FLOATS, hand_off, next_pow2, on_cuda
+from deepinfer_nvidia.kernels.triton_pdl import pdl_enter, pdl_launch
 
 _TWO_PI = 6.283185307179586
 
 
 @triton.jit
 def _rope_kernel(x_ptr, y_ptr, pos_ptr, f_ptr, n_rows, D, HALF: tl.constexpr, INVERSE: tl.constexpr,
-                 ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr):
+                 ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_enter(PDL)
     t = tl.program_id(0)
     rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
     rmask = rows < n_rows
@@ -79,5 +81,5 @@ def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, inver
     grid = (t, triton.cdiv(rows, rows_per))
     _rope_kernel[grid](xc, y, positions.contiguous(), inv_freq.contiguous(), rows, d, HALF=half,
                        INVERSE=bool(inverse), ROWS=rows_per, BLOCK_D=block_d, BLOCK_H=next_pow2(half),
-                       num_warps=4)
+                       num_warps=4, **pdl_launch())
     return y

@@ -29,6 +29,7 @@ import triton.language as tl
 
 from deepinfer_core.kernels.ops.moe import route_hash as ref_hash, route_topk as ref_topk
 from deepinfer_nvidia.kernels._common import FLOATS, hand_off, next_pow2, on_cuda
+from deepinfer_nvidia.kernels.triton_pdl import pdl_enter, pdl_launch
 
 _MAX_E = 4096
 _MAX_K = 32
@@ -56,7 +57,8 @@ def _sqrtsoftplus(x):
 
 @triton.jit
 def _topk_kernel(x_ptr, b_ptr, w_ptr, ids_ptr, E, x_stride, scaling,
-                 K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+                 K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, BLOCK_E)
     valid = e < E
@@ -139,7 +141,7 @@ def route_topk(logits: torch.Tensor, bias: torch.Tensor, top_k: int, scaling: fl
     x = logits if logits.stride(1) == 1 else logits.contiguous()
     block = next_pow2(e)
     _topk_kernel[(t,)](x, bias.contiguous(), w, ids, e, x.stride(0), float(scaling), K=top_k, BLOCK_E=block,
-                       BLOCK_K=next_pow2(top_k), num_warps=_warps(block))
+                       BLOCK_K=next_pow2(top_k), num_warps=_warps(block), **pdl_launch())
     return w, ids
 
 

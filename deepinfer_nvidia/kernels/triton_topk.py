@@ -30,6 +30,7 @@ import triton.language as tl
 from deepinfer_core.kernels.ops.candidates import candidate_blocks
 from deepinfer_core.kernels.ops.indexer import topk_positions
 from deepinfer_nvidia.kernels._common import hand_off, next_pow2, on_cuda
+from deepinfer_nvidia.kernels.triton_pdl import pdl_enter, pdl_launch
 
 # Rows up to this many scores stay in registers for the counting passes; longer rows are streamed in chunks of
 # STREAM_BLOCK.
@@ -94,7 +95,8 @@ def _count_ge_each(s_ptr, row, N, cand, key0, valid0, BLOCK: tl.constexpr, SINGL
 
 @triton.jit
 def _topk_kernel(s_ptr, out_ptr, N, K, stride_s, BLOCK: tl.constexpr, SINGLE: tl.constexpr,
-                 BLOCK_K: tl.constexpr, BITS: tl.constexpr):
+                 BLOCK_K: tl.constexpr, BITS: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_enter(PDL)
     r = tl.program_id(0).to(tl.int64)
     row = r * stride_s
     orow = out_ptr + r * K
@@ -165,7 +167,7 @@ def topk_positions_triton(scores: torch.Tensor, k: int, force_kernel: bool = Fal
     block = next_pow2(n) if single else min(STREAM_BLOCK if RADIX_BITS > 1 else MAX_BLOCK, MAX_BLOCK)
     bits = _bits_for(block)
     _topk_kernel[(t,)](s, out, n, kk, s.stride(0), BLOCK=block, SINGLE=single, BLOCK_K=min(1024, next_pow2(kk)),
-                       BITS=bits, num_warps=8 if block >= 4096 or block << bits >= 8192 else 4)
+                       BITS=bits, num_warps=8 if block >= 4096 or block << bits >= 8192 else 4, **pdl_launch())
     return out
 
 

@@ -36,10 +36,11 @@ def _desc_type(block_n: int = 64, block_k: int = 128) -> str:
     return f"tensordesc<u8[{block_n},{block_k // 32},16],{lay!r}>"
 
 
-def _compile(up: int, areg: int, safe: int, block_m: int = 16, stages: int = 3, split: int = 1, tma: int = 0):
+def _compile(up: int, areg: int, safe: int, block_m: int = 16, stages: int = 3, split: int = 1, tma: int = 0,
+             pdl: int = 0):
     sig = dict(SIG, out_ptr="*bf16" if up else "*fp32")
     consts = {"TOPK": 6, "UP": up, "BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": 128, "STAGES": stages, "SAFE": safe,
-              "AREG": areg, "PROBE": 0, "SPLIT": split, "TMA": tma, "num_warps": 4}
+              "AREG": areg, "PROBE": 0, "SPLIT": split, "TMA": tma, "num_warps": 4, "PDL": pdl}
     if tma:
         sig.update(wa_desc=_desc_type(), wb_desc=_desc_type())
     else:
@@ -102,3 +103,18 @@ def test_tma_weight_tiles(up):
         assert n(tma, op) == n(plain, op), (op, n(tma, op), n(plain, op))
     assert 0 < n(tma, "LDGSTS.E.BYPASS.128") < n(plain, "LDGSTS.E.BYPASS.128")
     assert n(tma, "SYNCS.PHASECHK.TRANS64.TRYWAIT") >= 1
+
+
+@pytest.mark.parametrize("up", [1, 0])
+def test_pdl_waits_then_releases_before_any_load(up):
+    """Launched with programmatic dependent launch (``triton_pdl``), every program first waits for the previous
+    kernel (ACQBULK), then lets the next launch (PREEXIT), before its first load; the loop is unchanged."""
+    def opcodes(r):
+        return [re.sub(r"^\s+/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?", "", line).split()[0]
+                for line in r["sass"].splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
+    plain, with_pdl = _compile(up, 2, 1), _compile(up, 2, 1, pdl=1)
+    assert not {"ACQBULK", "PREEXIT"} & set(opcodes(plain))
+    ops = opcodes(with_pdl)
+    first_load = min(i for i, o in enumerate(ops) if o.startswith(("LDG", "LDGSTS")))
+    assert ops.count("ACQBULK") == 1 and ops.index("ACQBULK") < ops.index("PREEXIT") < first_load
+    assert with_pdl["ops"] == plain["ops"]

@@ -1,0 +1,118 @@
+"""Programmatic dependent launch in the step's Triton and Gluon kernels (``triton_pdl``), checked without a GPU.
+
+The rule each PDL kernel follows (``triton_pdl`` says why it keeps the chain correct): its first statement is
+``pdl_enter(PDL)`` (Gluon: ``gluon_grid_dependency(True)`` then ``(False)``), and each of its launches passes
+``**pdl_launch()``. The source test holds every kernel in ``deepinfer_nvidia/kernels`` to it; the SASS tests
+compile a few for sm_90a and find the wait (``ACQBULK``) before the release (``PREEXIT``), both before the
+first global load or store, and neither without PDL. Numerics under PDL: the device tests
+(``deepinfer_nvidia/tests/test_conformance_pdl.py``)."""
+from __future__ import annotations
+
+import ast
+import pathlib
+import re
+
+import pytest
+
+triton = pytest.importorskip("triton")
+pdl = pytest.importorskip("deepinfer_nvidia.kernels.triton_pdl")
+
+from deepinfer_nvidia.kernels import _common  # noqa: E402
+
+KERNELS = pathlib.Path(pdl.__file__).parent
+
+
+def _jit_functions(tree: ast.Module):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in node.decorator_list):
+            yield node
+
+
+def _body_without_docstring(fn: ast.FunctionDef) -> list[ast.stmt]:
+    body = fn.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
+        body = body[1:]
+    return body
+
+
+def _pdl_kernels() -> dict[str, list[tuple[str, ast.Module]]]:
+    found: dict[str, list[tuple[str, ast.Module]]] = {}
+    for path in sorted(KERNELS.glob("*.py")):
+        if path.name == "triton_pdl.py":  # the helpers themselves
+            continue
+        tree = ast.parse(path.read_text())
+        for fn in _jit_functions(tree):
+            if any(a.arg == "PDL" for a in fn.args.args + fn.args.kwonlyargs):
+                found.setdefault(path.name, []).append((fn.name, tree))
+    return found
+
+
+def test_step_kernels_take_part():
+    names = {n for kernels in _pdl_kernels().values() for n, _ in kernels}
+    for kernel in ("_rms_kernel", "_rope_kernel", "_proj_kernel", "_gate_kernel", "_collapse_kernel",
+                   "_expand_kernel", "_attn_kernel", "_merge_kernel", "_topk_kernel", "_scores_kernel",
+                   "_align_sort_kernel", "_sum_slices_kernel", "_write_rows_kernel", "_swap_kernel",
+                   "_wgmma_gemv_kernel", "_engram_gate_kernel"):
+        assert kernel in names, kernel
+
+
+def test_every_pdl_kernel_waits_first_and_every_launch_passes_the_option():
+    for fname, kernels in _pdl_kernels().items():
+        for name, tree in kernels:
+            fn = next(f for f in _jit_functions(tree) if f.name == name)
+            first = ast.unparse(_body_without_docstring(fn)[0])
+            if name == "_wgmma_gemv_kernel":  # requests weights (never written) before its wait: its own test
+                continue
+            assert first in ("pdl_enter(PDL)", "if PDL:\n    _grid_dependency(True)\n    _grid_dependency(False)"), \
+                (fname, name, first)
+            launches = [c for c in ast.walk(tree) if isinstance(c, ast.Call) and isinstance(c.func, ast.Subscript)
+                        and ast.unparse(c.func.value) == name]
+            assert launches, (fname, name)
+            for call in launches:
+                text = ast.unparse(call)
+                assert "pdl_launch()" in text or "launch_pdl" in text, (fname, name, text[:200])
+
+
+def test_pdl_launch_follows_the_switch(monkeypatch):
+    monkeypatch.setattr(_common, "PDL", 0)
+    assert pdl.pdl_launch() == {}
+    monkeypatch.setattr(_common, "PDL", 1)
+    monkeypatch.setattr(pdl, "_interpreting", lambda: False)
+    assert pdl.pdl_launch() == {"PDL": 1, "launch_pdl": True}
+    monkeypatch.setattr(pdl, "_interpreting", lambda: True)
+    assert pdl.pdl_launch() == {}
+
+
+def _opcodes(sass: str) -> list[str]:
+    return [re.sub(r"^\s+/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?", "", line).split()[0]
+            for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
+
+
+def _cases():
+    from deepinfer_nvidia.kernels import triton_gemm, triton_mhc, triton_norm
+    return {
+        "rms": (triton_norm._rms_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "n_rows": "i32",
+                                          "n_cols": "i32", "eps": "fp32"},
+                {"HAS_W": 1, "ROWS": 2, "BLOCK": 4096}, 8),
+        "collapse": (triton_mhc._collapse_kernel, {"r_ptr": "*bf16", "pre_ptr": "*fp32", "out_ptr": "*bf16",
+                                                   "n": "i32", "D": "i32"}, {"NP": 4, "BLOCK_D": 1024}, 4),
+        "sum_slices": (triton_gemm._sum_slices_kernel, {"src_ptr": "*fp32", "dst_ptr": "*bf16", "N": "i32",
+                                                        "S": "i32", "stride_s": "i32", "stride_m": "i32"},
+                       {"BLOCK": 1024}, 4),
+    }
+
+
+@pytest.mark.parametrize("case", ["rms", "collapse", "sum_slices"])
+def test_wait_then_release_before_any_global_access(case):
+    from deepinfer_nvidia.tests.sass_count import count, missing_tools
+
+    from deepinfer_nvidia.kernels import triton_norm
+    if missing_tools(triton_norm):
+        pytest.skip(missing_tools(triton_norm))
+    fn, sig, consts, warps = _cases()[case]
+    plain = _opcodes(count(fn, sig, dict(consts, PDL=0), warps=warps)["sass"])
+    assert not {"ACQBULK", "PREEXIT"} & set(plain)
+    ops = _opcodes(count(fn, sig, dict(consts, PDL=1), warps=warps)["sass"])
+    assert ops.count("ACQBULK") == 1 and ops.count("PREEXIT") == 1, ops
+    first_access = min(i for i, o in enumerate(ops) if o.startswith(("LDG", "STG", "LD.", "ST.")))
+    assert ops.index("ACQBULK") < ops.index("PREEXIT") < first_access, ops[:first_access + 1]
