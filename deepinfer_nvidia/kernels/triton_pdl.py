@@ -20,6 +20,9 @@ interpreter (CPU tests) never gets the launch option.
 """
 from __future__ import annotations
 
+import functools
+
+import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -42,10 +45,18 @@ def _interpreting() -> bool:
     return bool(getattr(runtime, "interpret", False))
 
 
+@functools.lru_cache(maxsize=None)
+def _hopper_or_later(device: int) -> bool:
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def pdl_launch() -> dict:
     """Launch keywords for a kernel that starts with ``pdl_enter(PDL)``: ``{"PDL": 1, "launch_pdl": True}``
-    when ``_common.PDL`` is on (and not under Triton's interpreter), else ``{}`` (the kernel's PDL=0 default)."""
-    if not _common.PDL or _interpreting():
+    when ``_common.PDL`` is on, the current device is SM90 or later and Triton is not interpreting, else ``{}``
+    (the kernel's PDL=0 default)."""
+    if not _common.PDL or _interpreting() or not torch.cuda.is_available():
+        return {}
+    if not _hopper_or_later(torch.cuda.current_device()):
         return {}
     return {"PDL": 1, "launch_pdl": True}
 

@@ -78,7 +78,13 @@ def test_pdl_launch_follows_the_switch(monkeypatch):
     assert pdl.pdl_launch() == {}
     monkeypatch.setattr(_common, "PDL", 1)
     monkeypatch.setattr(pdl, "_interpreting", lambda: False)
+    monkeypatch.setattr(pdl.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(pdl.torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(pdl, "_hopper_or_later", lambda device: True)
     assert pdl.pdl_launch() == {"PDL": 1, "launch_pdl": True}
+    monkeypatch.setattr(pdl, "_hopper_or_later", lambda device: False)  # Ampere: no programmatic launches
+    assert pdl.pdl_launch() == {}
+    monkeypatch.setattr(pdl, "_hopper_or_later", lambda device: True)
     monkeypatch.setattr(pdl, "_interpreting", lambda: True)
     assert pdl.pdl_launch() == {}
 
