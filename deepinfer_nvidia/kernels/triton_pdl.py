@@ -67,8 +67,9 @@ try:  # Gluon (experimental, absent in older Triton): the same two instructions 
 except ImportError:  # pragma: no cover - depends on the installed triton
     gluon = None
 
-gluon_grid_dependency = None
-if gluon is not None:
+if gluon is None:
+    gluon_grid_dependency = None
+else:
     @gluon.jit
     def gluon_grid_dependency(WAIT: gl.constexpr):
         """Programmatic dependent launch (SM90+): WAIT blocks until the previous kernel of the stream has completed
