@@ -65,8 +65,6 @@ WGMMA_GEMV_TUNE: dict[str, int] = {"max_rows": 16, "stages": 3, "programs": 4,
 # with the swap experts' TMA path (docs/performance.md, nineteenth pass), compiled for sm_90a on the CPU, not yet
 # run on a GPU, so off.
 GEMV_TMA = False
-# K tiles ahead that each program loads its scales (1-3, registers; ``gluon_moe_swap.SCALE_AHEAD`` says why).
-SCALE_AHEAD = 1
 _SM90: dict[int, bool] = {}  # device index -> capability 9.x (asked once per device)
 
 
@@ -170,7 +168,7 @@ if _GLUON:
     def _wgmma_gemv_kernel(x_ptr, q_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, stride_x, s_cols, NG, k_per_split,
                            BN_BLK: gl.constexpr, BK_BLK: gl.constexpr, SPLIT: gl.constexpr, BLOCK_M: gl.constexpr,
                            STAGES: gl.constexpr, SAFE: gl.constexpr, PDL: gl.constexpr, TMA: gl.constexpr, q_desc,
-                           num_warps: gl.constexpr, AHEAD: gl.constexpr = 1):
+                           num_warps: gl.constexpr):
         """Program (row tile of 64 weight rows, K split): ``y[m, n] = sum_k x[m, k] * bf16(q[n, k] * s)``.
         x [M, K] bf16 (natural order: the tile loads gather ``permute_x``'s order); q [N, K] e4m3 bytes; s UE8M0 bytes
         [ceil(N / BN_BLK), s_cols]; y [M, N] bf16; part [SPLIT, M, N] fp32 and cnt (zeroed int32 per row tile)
@@ -249,14 +247,7 @@ if _GLUON:
                     _issue_tma(ring_w, ring_x, q_desc, bars, x_ptrs, xmask, n0, kc0, jp, jp, n_k)
                 else:
                     _issue(ring_w, ring_x, w_ptrs, x_ptrs, wmask, xmask, jp, jp, n_k)
-        # scales AHEAD tiles ahead, in registers (one ahead left each step waiting a memory latency: twentieth pass)
         sc = gl.expand_dims(gl.load(s_ptr + s_row + s_col // BK_BLK, mask=smask, other=127), 2)
-        sc1 = sc
-        sc2 = sc
-        if AHEAD >= 2:
-            sc1 = gl.expand_dims(gl.load(s_ptr + s_row + (s_col + 128) // BK_BLK, mask=smask & (1 < n_k), other=127), 2)
-        if AHEAD >= 3:
-            sc2 = gl.expand_dims(gl.load(s_ptr + s_row + (s_col + 256) // BK_BLK, mask=smask & (2 < n_k), other=127), 2)
         for i in range(n_k):
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             _cta_barrier()  # every warp's wgmma of tile i-1 is done: its ring slot may be refilled
@@ -266,8 +257,8 @@ if _GLUON:
                 _issue_tma(ring_w, ring_x, q_desc, bars, x_ptrs, xmask, n0, kc0, j, j % STAGES, n_k)
             else:
                 _issue(ring_w, ring_x, w_ptrs, x_ptrs, wmask, xmask, j, j % STAGES, n_k)
-            nsc = gl.expand_dims(gl.load(s_ptr + s_row + (s_col + (i + AHEAD) * 128) // BK_BLK,
-                                         mask=smask & (i + AHEAD < n_k), other=127), 2)
+            nsc = gl.expand_dims(gl.load(s_ptr + s_row + (s_col + (i + 1) * 128) // BK_BLK,
+                                         mask=smask & (i + 1 < n_k), other=127), 2)
             async_copy.wait_group(STAGES - 1)
             si = i % STAGES
             if TMA:  # tile i's weight box: the stage's barrier completes once per use of the stage
@@ -276,15 +267,7 @@ if _GLUON:
             _cta_barrier()
             a = gl.convert_layout(_decode(ring_w.index(si).load(_FRAG), sc, SAFE), AOP)
             acc = warpgroup_mma(a, ring_x.index(si).permute((1, 0)), acc, is_async=True)
-            if AHEAD == 1:
-                sc = nsc
-            elif AHEAD == 2:
-                sc = sc1
-                sc1 = nsc
-            else:
-                sc = sc1
-                sc1 = sc2
-                sc2 = nsc
+            sc = nsc
         async_copy.wait_group(0)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         if TMA:  # every issued box has been waited for (only tiles < n_k are issued)
@@ -344,8 +327,7 @@ def weight_desc(q: torch.Tensor):
 
 def gemv_wgmma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, bn_blk: int, bk_blk: int, sms: int,
                ng: int | None = None, stages: int | None = None, programs: int | None = None,
-               safe: bool | None = None, pdl: bool | None = None, tma: bool | None = None,
-               ahead: int | None = None) -> torch.Tensor:
+               safe: bool | None = None, pdl: bool | None = None, tma: bool | None = None) -> torch.Tensor:
     """y [M, N] bf16 = x [M, K] @ dequant(q [N, K] e4m3, s)^T for M <= max_rows (``takes`` must hold); s the
     UE8M0 bytes [ceil(N / bn_blk), s_cols]. Keyword arguments: tuning knobs (defaults ``WGMMA_GEMV_TUNE``)."""
     from deepinfer_nvidia.kernels.triton_fp8_gemv import _counters
@@ -364,9 +346,6 @@ def gemv_wgmma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, b
         safe = not scales_allow_fast(s)
     pdl = bool(_common.PDL) if pdl is None else pdl
     tma = GEMV_TMA if tma is None else tma
-    ahead = int(SCALE_AHEAD if ahead is None else ahead)
-    if not 1 <= ahead <= 3:
-        raise ValueError(f"gemv_wgmma: ahead must be 1, 2 or 3, got {ahead}")
     q8 = q.view(torch.uint8)
     desc = weight_desc(q8) if tma and tma_fits(q8) else None
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
@@ -376,6 +355,6 @@ def gemv_wgmma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, b
                                        xp.stride(0), s_cols, ng or n, k_per, BN_BLK=bn_blk, BK_BLK=bk_blk, SPLIT=split,
                                        BLOCK_M=8 if m <= 8 else 16, STAGES=stages or tune["stages"],
                                        SAFE=int(safe), PDL=int(pdl), TMA=int(desc is not None), q_desc=desc,
-                                       num_warps=4, AHEAD=ahead,
+                                       num_warps=4,
                                        **({"launch_pdl": True} if pdl else {}))
     return y

@@ -99,10 +99,6 @@ SPLIT_WAVES = (1.0, 3.5)
 # ~1.9 TB/s), compiled for sm_90a on the CPU, not yet run on a GPU, so off (``pass19.sh tma`` runs its tests
 # and timings). Only where the weight rows are 16-byte aligned and N is a multiple of BLOCK_N.
 SWAP_TMA = False
-# Tiles ahead that each program loads its UE8M0 scales (1-3; registers, not the ring). Written in the twentieth
-# pass after the probes: with one tile ahead every step waits a loaded memory latency (~1.2-1.3 us a 128-column
-# step at 1 token, whatever the ring depth); on once the device says so.
-SCALE_AHEAD = 1
 RESIDENT_UP = 3
 SPLIT_MIN_TILES = 4
 
@@ -216,8 +212,7 @@ if _GLUON:
                      P, E, N, K, row_bytes, stride_x, limit, NT, R, TPS, TOPK: gl.constexpr, UP: gl.constexpr,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
                      SAFE: gl.constexpr, AREG: gl.constexpr, PROBE: gl.constexpr, SPLIT: gl.constexpr,
-                     TMA: gl.constexpr, wa_desc, wb_desc, num_warps: gl.constexpr, PDL: gl.constexpr = 0,
-                     AHEAD: gl.constexpr = 1):
+                     TMA: gl.constexpr, wa_desc, wb_desc, num_warps: gl.constexpr, PDL: gl.constexpr = 0):
         """One (expert block, K split, N tile) of ``out = act(x_rows) @ W^T``, W [E, N, K/2] packed e2m1.
         UP: x rows are the pairs' tokens of ``x_ptr`` (K order already bit-reversed), W = w1 (``wa``) and w3
         (``wb``), out = h [R = blocks*BLOCK_M, N] = clamped SwiGLU, written in the bit-reversed K order of the
@@ -306,24 +301,9 @@ if _GLUON:
             else:
                 _issue_tile(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, rg3, xrow, vx, ck, KG_hi,
                             K_hi, k0 + jp, jp, UP, BLOCK_K)
-        # scales AHEAD tiles ahead (plain loads into registers, rotated below): one tile ahead leaves each step
-        # waiting a loaded memory latency for its scales (twentieth pass)
         ca = _scales(sa_ptr, soff, nm, rg3, k0 * G, KG_hi)
-        ca1 = ca
-        ca2 = ca
-        if AHEAD >= 2:
-            ca1 = _scales(sa_ptr, soff, nm, rg3, (k0 + 1) * G, KG_hi)
-        if AHEAD >= 3:
-            ca2 = _scales(sa_ptr, soff, nm, rg3, (k0 + 2) * G, KG_hi)
-        cb = ca
-        cb1 = ca
-        cb2 = ca
         if UP:
             cb = _scales(sb_ptr, soff, nm, rg3, k0 * G, KG_hi)
-            if AHEAD >= 2:
-                cb1 = _scales(sb_ptr, soff, nm, rg3, (k0 + 1) * G, KG_hi)
-            if AHEAD >= 3:
-                cb2 = _scales(sb_ptr, soff, nm, rg3, (k0 + 2) * G, KG_hi)
         for i in range(n_k):
             # the previous tiles' wgmma are done: their ring slot and the decode buffers may be reused
             if UP:
@@ -339,10 +319,9 @@ if _GLUON:
             else:
                 _issue_tile(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, rg3, xrow, vx, ck, KG_hi,
                             K_hi, k0 + j, j % STAGES, UP, BLOCK_K)
-            nca = _scales(sa_ptr, soff, nm, rg3, (k0 + i + AHEAD) * G, KG_hi)
-            ncb = nca
+            nca = _scales(sa_ptr, soff, nm, rg3, (k0 + i + 1) * G, KG_hi)
             if UP:
-                ncb = _scales(sb_ptr, soff, nm, rg3, (k0 + i + AHEAD) * G, KG_hi)
+                ncb = _scales(sb_ptr, soff, nm, rg3, (k0 + i + 1) * G, KG_hi)
             async_copy.wait_group(STAGES - 1)
             si = i % STAGES
             if TMA:  # the weight boxes of tile i: the stage's barrier completes once per use of the stage
@@ -376,21 +355,9 @@ if _GLUON:
                     acc_a = warpgroup_mma_init(acc_a)
                     if UP:
                         acc_b = warpgroup_mma_init(acc_b)
-            if AHEAD == 1:
-                ca = nca
+            if UP:
                 cb = ncb
-            elif AHEAD == 2:
-                ca = ca1
-                ca1 = nca
-                cb = cb1
-                cb1 = ncb
-            else:
-                ca = ca1
-                ca1 = ca2
-                ca2 = nca
-                cb = cb1
-                cb1 = cb2
-                cb2 = ncb
+            ca = nca
         async_copy.wait_group(0)
         if TMA:  # every issued box has been waited for (only tiles < n_k are issued)
             for sb in gl.static_range(STAGES):
@@ -571,14 +538,12 @@ def _even_split(split: int, k_tiles: int) -> int:
 def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | None = None,
                block_n: int | None = None, block_k: int | None = None, warps: int | None = None,
                stages: int | None = None, safe: bool | None = None, areg: int | None = None,
-               probe: int = 0, split: tuple[int, int] | None = None, tma: bool | None = None,
-               ahead: int | None = None) -> torch.Tensor:
+               probe: int = 0, split: tuple[int, int] | None = None, tma: bool | None = None) -> torch.Tensor:
     """x [T, D] bf16; weights [T, k] float; ids [T, k] int; w1, w3 [E, F, D/2] uint8 + UE8M0 [E, F, D/32];
     w2 [E, D, F/2] + [E, D, F/32] -> [T, D] bf16. No host synchronisation after the first call per weight
     stack (CUDA-graph safe). D and F must be multiples of 32; the stacks must already be checked.
     ``split``: (up, down) K splits (default: ``split_for`` of the up launch, the down one unsplit). ``tma``:
-    weight tiles by TMA (default ``SWAP_TMA``; only where ``tma_fits``). ``ahead``: scale tiles in flight
-    (default ``SCALE_AHEAD``)."""
+    weight tiles by TMA (default ``SWAP_TMA``; only where ``tma_fits``)."""
     from deepinfer_nvidia.kernels.triton_fp8_gemv import _counters
     from deepinfer_nvidia.kernels.triton_gemm import _sm_count, sum_slices
     from deepinfer_nvidia.kernels.triton_moe import align  # lazy: triton_moe imports this module
@@ -614,9 +579,6 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
     cnt = _counters(x.device, max(nb * nt1, nb * nt2)) if max(sp1, sp2) > 1 else wt
     part1 = torch.empty(sp1, 2, r, f, dtype=torch.float32, device=x.device) if sp1 > 1 else wt
     tma = SWAP_TMA if tma is None else tma
-    ahead = int(SCALE_AHEAD if ahead is None else ahead)
-    if not 1 <= ahead <= 3:
-        raise ValueError(f"swap_mxfp4: ahead must be 1, 2 or 3, got {ahead}")
     tma = bool(tma) and all(tma_fits(w, bn, bk) for w in (w1, w3, w2))
     d1 = _weight_descs(u8[0], u8[2], bn, bk) if tma else (None, None)
     d2 = _weight_descs(u8[4], None, bn, bk) if tma else (None, None)
@@ -624,12 +586,12 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
                                     d // 2, xp.stride(0), float(limit), nt1, r, triton.cdiv(kt1, sp1), TOPK=k, UP=1,
                                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages, SAFE=int(safe), AREG=areg,
                                     PROBE=probe, SPLIT=sp1, TMA=int(tma), wa_desc=d1[0], wb_desc=d1[1],
-                                    num_warps=warps, AHEAD=ahead, **pdl_launch())
+                                    num_warps=warps, **pdl_launch())
     y = torch.empty(p, d, dtype=torch.float32, device=x.device)
     part2 = torch.empty(sp2, p, d, dtype=torch.float32, device=x.device) if sp2 > 1 else wt
     _swap_kernel[(nb * sp2 * nt2,)](h, pair, bexp, u8[4], u8[5], u8[4], u8[5], wt, y, part2, cnt, p, ne, d, f,
                                     f // 2, f, float(limit), nt2, r, triton.cdiv(kt2, sp2), TOPK=k, UP=0,
                                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages, SAFE=int(safe), AREG=areg,
                                     PROBE=probe, SPLIT=sp2, TMA=int(tma), wa_desc=d2[0], wb_desc=d2[1],
-                                    num_warps=warps, AHEAD=ahead, **pdl_launch())
+                                    num_warps=warps, **pdl_launch())
     return sum_slices(y, t, d, k, d, k * d, x.dtype)

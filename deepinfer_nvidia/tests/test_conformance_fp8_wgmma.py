@@ -184,30 +184,3 @@ def test_wgmma_gemv_tma(t, n, k, knobs):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(y, gg.gemv_wgmma(static, qc, sc, sc.shape[1], 128, 128, 132, tma=False, **knobs)), seed
-
-
-@pytest.mark.parametrize("t", [1, 16])
-@pytest.mark.parametrize("n,k,blk", [(1280, 5120, 128), (64, 128, 128), (32768, 1280, 128), (2304, 5120, 32)])
-@pytest.mark.parametrize("knobs", [{}, {"programs": 64, "stages": 2}, {"programs": 1, "stages": 4}])
-@pytest.mark.parametrize("ahead", [2, 3])
-def test_wgmma_gemv_scales_ahead(t, n, k, blk, knobs, ahead):
-    """Scales loaded 2-3 K tiles ahead (``ahead``, ``SCALE_AHEAD``): the reference's values and the one-ahead
-    launch's bits, with split-K ranges of one to many tiles; a graph replayed with fresh inputs under PDL."""
-    from deepinfer_nvidia.kernels import gluon_fp8_gemv as gg
-
-    x, q, s = _operands(t, n, k, (blk, blk), 5 * t + n + k + ahead)
-    ref = _ref(x, q, s, (blk, blk))
-    xc, qc, sc = x.cuda(), q.cuda(), s.view(torch.uint8).contiguous().cuda()
-    poison()
-    out = gg.gemv_wgmma(xc, qc, sc, sc.shape[1], blk, blk, 132, ahead=ahead, **knobs)
-    close(out, ref.bfloat16(), 2e-2, 2e-2)
-    assert torch.equal(out, gg.gemv_wgmma(xc, qc, sc, sc.shape[1], blk, blk, 132, ahead=1, **knobs))
-    static = xc.clone()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y = gg.gemv_wgmma(static, qc, sc, sc.shape[1], blk, blk, 132, ahead=ahead, pdl=True, **knobs)
-    for seed in range(2):
-        static.copy_(torch.randn(t, k, generator=_gen(970 + seed)).bfloat16().cuda())
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(y, gg.gemv_wgmma(static, qc, sc, sc.shape[1], blk, blk, 132, ahead=1, **knobs)), seed

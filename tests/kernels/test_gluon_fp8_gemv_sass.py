@@ -23,7 +23,7 @@ SIG = {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*u8", "y_ptr": "*bf16", "part
 @pytest.mark.parametrize("split,block_m,blk,safe", [(4, 8, 32, 0), (4, 16, 128, 0), (2, 8, 32, 1)])
 def test_loop(split, block_m, blk, safe):
     consts = {"BN_BLK": blk, "BK_BLK": blk, "SPLIT": split, "BLOCK_M": block_m, "STAGES": 3, "SAFE": safe,
-              "PDL": 0, "TMA": 0, "q_desc": None, "num_warps": 4, "AHEAD": 1}
+              "PDL": 0, "TMA": 0, "q_desc": None, "num_warps": 4}
     r = count(gg._wgmma_gemv_kernel, SIG, consts, warps=4, div16=frozenset({"N", "K", "stride_x", "k_per_split"}))
     ops, n = r["ops"], len(r["loop"])
 
@@ -46,7 +46,7 @@ def test_programmatic_dependent_launch_orders_the_prologue():
     import re
 
     consts = {"BN_BLK": 32, "BK_BLK": 32, "SPLIT": 4, "BLOCK_M": 8, "STAGES": 3, "SAFE": 0, "TMA": 0,
-              "q_desc": None, "num_warps": 4, "AHEAD": 1}
+              "q_desc": None, "num_warps": 4}
     div16 = frozenset({"N", "K", "stride_x", "k_per_split"})
     plain = count(gg._wgmma_gemv_kernel, SIG, {**consts, "PDL": 0}, warps=4, div16=div16)
     pdl = count(gg._wgmma_gemv_kernel, SIG, {**consts, "PDL": 1}, warps=4, div16=div16)
@@ -88,7 +88,7 @@ def test_tma_weight_tiles(pdl):
     after it."""
     desc = f"tensordesc<u8[64,4,32],{gg._swap.weight_desc_layout()!r}>"
     consts = {"BN_BLK": 128, "BK_BLK": 128, "SPLIT": 2, "BLOCK_M": 8, "STAGES": 3, "SAFE": 0, "PDL": pdl,
-              "num_warps": 4, "AHEAD": 1}
+              "num_warps": 4}
     div16 = frozenset({"N", "K", "stride_x", "k_per_split"})
     plain = count(gg._wgmma_gemv_kernel, SIG, {**consts, "TMA": 0, "q_desc": None}, warps=4, div16=div16)
     tma = count(gg._wgmma_gemv_kernel, {**SIG, "q_desc": desc}, {**consts, "TMA": 1}, warps=4, div16=div16)
@@ -103,23 +103,3 @@ def test_tma_weight_tiles(pdl):
         wait = ops.index("ACQBULK")
         assert [o for o in ops[:wait] if o == "UTMALDG.3D"] == ["UTMALDG.3D"] * (consts["STAGES"] - 1), ops[:wait]
         assert all(i > wait for i, o in enumerate(ops) if o == "LDGSTS.E"), "an activation copy before the wait"
-
-
-@pytest.mark.parametrize("blk", [128, 32])
-def test_scales_ahead_keep_the_loop(blk):
-    """``AHEAD`` 2 and 3 (``SCALE_AHEAD``): the scales of K tile i + AHEAD are loaded in step i; the loop's copies,
-    wgmma and loads are the same kinds and counts as with one tile ahead."""
-    def compile_ahead(ahead):
-        consts = {"BN_BLK": blk, "BK_BLK": blk, "SPLIT": 4, "BLOCK_M": 8, "STAGES": 3, "SAFE": 0, "PDL": 0,
-                  "TMA": 0, "q_desc": None, "num_warps": 4, "AHEAD": ahead}
-        return count(gg._wgmma_gemv_kernel, SIG, consts, warps=4, div16=frozenset({"N", "K", "stride_x",
-                                                                                   "k_per_split"}))
-
-    def kinds(r):
-        return {k: v for k, v in r["ops"].items() if k.startswith(("LDG", "HGMMA", "LDGSTS"))}
-
-    base = compile_ahead(1)
-    for ahead in (2, 3):
-        r = compile_ahead(ahead)
-        assert kinds(r) == kinds(base), (ahead, kinds(r), kinds(base))
-        assert r["registers"] <= base["registers"] + 8 * ahead, (ahead, r["registers"], base["registers"])

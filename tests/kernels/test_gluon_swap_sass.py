@@ -40,8 +40,7 @@ def _compile(up: int, areg: int, safe: int, block_m: int = 16, stages: int = 3, 
              pdl: int = 0):
     sig = dict(SIG, out_ptr="*bf16" if up else "*fp32")
     consts = {"TOPK": 6, "UP": up, "BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": 128, "STAGES": stages, "SAFE": safe,
-              "AREG": areg, "PROBE": 0, "SPLIT": split, "TMA": tma, "num_warps": 4, "PDL": pdl,
-              "AHEAD": 1}
+              "AREG": areg, "PROBE": 0, "SPLIT": split, "TMA": tma, "num_warps": 4, "PDL": pdl}
     if tma:
         sig.update(wa_desc=_desc_type(), wb_desc=_desc_type())
     else:
@@ -119,24 +118,3 @@ def test_pdl_waits_then_releases_before_any_load(up):
     first_load = min(i for i, o in enumerate(ops) if o.startswith(("LDG", "LDGSTS")))
     assert ops.count("ACQBULK") == 1 and ops.index("ACQBULK") < ops.index("PREEXIT") < first_load
     assert with_pdl["ops"] == plain["ops"]
-
-
-@pytest.mark.parametrize("up", [1, 0])
-def test_scales_ahead_keep_the_loop(up):
-    """``AHEAD`` 2 and 3 (``SCALE_AHEAD``: the UE8M0 scales loaded that many K tiles ahead, in registers): the loop
-    keeps its weight copies, wgmma and scale loads (one set a step, issued earlier), with a few more registers."""
-    def compile_ahead(ahead):
-        sig = dict(SIG, out_ptr="*bf16" if up else "*fp32")
-        consts = {"TOPK": 6, "UP": up, "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "STAGES": 3, "SAFE": 1,
-                  "AREG": 2, "PROBE": 0, "SPLIT": 1, "TMA": 0, "num_warps": 4, "PDL": 0, "AHEAD": ahead,
-                  "wa_desc": None, "wb_desc": None}
-        return count(gms._swap_kernel, sig, consts, warps=4, div16=frozenset({"N", "K", "row_bytes", "stride_x"}))
-
-    def kinds(r):
-        return {k: v for k, v in r["ops"].items() if k.startswith(("LDG", "HGMMA", "LDGSTS", "ATOM"))}
-
-    base = compile_ahead(1)
-    for ahead in (2, 3):
-        r = compile_ahead(ahead)
-        assert kinds(r) == kinds(base), (ahead, kinds(r), kinds(base))
-        assert r["registers"] <= base["registers"] + 8 * ahead, (ahead, r["registers"], base["registers"])
