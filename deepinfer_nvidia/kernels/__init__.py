@@ -45,6 +45,9 @@ IMPLS: tuple[tuple, ...] = (
     # Engram: one program per table row (gather) or per token (gate, fixed reduction order)
     ("engram.gather", "triton", f"{_K}.triton_engram:gather", f"{_K}.triton_engram:supports_gather", True),
     ("engram.gate", "triton", f"{_K}.triton_engram:gate", f"{_K}.triton_engram:supports_gate", True),
+    # exact integer hashing, one program per (token, layer)
+    ("engram.hash_ids", "triton", f"{_K}.triton_engram_hash:hash_ids", f"{_K}.triton_engram_hash:supports_hash",
+     True),
     # a masked row copy (every KV / state cache write): no reduction, each element stored on its own
     ("cache.write_rows", "triton", f"{_K}.triton_cache:write_rows", f"{_K}.triton_cache:supports", True),
     # exact integer index math, but not flagged (no row test): batch-invariant mode runs the references

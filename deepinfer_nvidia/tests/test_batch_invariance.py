@@ -247,6 +247,20 @@ def test_engram_rows(reg, dtype):
                lambda g: (torch.randn(4, 4096, generator=g), torch.randn(5 * 4096, generator=g)))
 
 
+
+def test_engram_hash_rows(reg):
+    """engram.hash_ids: one token's 24 hash ids (V4.1's primes and multipliers) equal in any batch."""
+    from deepinfer_models.deepseek_v41.engram_hash import engram_multipliers, engram_offsets, engram_primes
+
+    primes = engram_primes(2, 4, 8, 1_000_000)
+    p, o = torch.tensor(primes).cuda(), torch.tensor(engram_offsets(primes)).cuda()
+    m = torch.tensor(engram_multipliers((3, 11), 4, 129280)).cuda()
+    tm = torch.randint(0, 129280, (129280,), generator=torch.Generator().manual_seed(11)).cuda()
+    hash_ids = reg.impl("engram.hash_ids", "triton")
+    check_rows(lambda rows: hash_ids(torch.stack([r[0] for r in rows]).cuda(),
+                                     torch.stack([r[1] for r in rows]).cuda(), tm, 5, m, p, o),
+               lambda g: (torch.randint(0, 129280, (4,), generator=g), torch.rand(4, generator=g) > 0.1))
+
 # -- cache writes -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_write_rows_rows(reg, dtype):
@@ -325,7 +339,7 @@ def test_every_invariant_entry_has_a_row_test():
                ("norm.rms_unweighted", "triton"), ("rope.interleaved", "triton"),
                ("moe.experts_mxfp4", "triton_bi"), ("moe.experts_fp8", "triton_bi"), ("moe.experts", "triton_bi"),
                ("cache.write_rows", "triton"), ("engram.gather", "triton"), ("engram.gate", "triton"),
-               ("mhc.head_pre", "triton")}
+               ("engram.hash_ids", "triton"), ("mhc.head_pre", "triton")}
     # row checks in their own files: test_conformance_route_compress.py::test_rows_are_batch_invariant,
     # test_conformance_topk.py::test_topk_graph_and_row_invariance
     covered |= {("moe.route_topk", "triton"), ("moe.route_hash", "triton"), ("compress.softmax_pool", "triton"),

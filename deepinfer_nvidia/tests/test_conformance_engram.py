@@ -49,3 +49,38 @@ def test_gate_model_width(t, dtype):
     torch.testing.assert_close(out.cpu().float(), ref.float(), atol=tol, rtol=tol)
     one = te.gate(r[-1:].cuda(), kv[-1:].cuda(), qw.cuda(), kw.cuda(), 1e-6, 1e-6)
     assert torch.equal(one, out[-1:])  # batch-invariant as registered
+
+
+@pytest.mark.parametrize("t", [1, 37, 8192])
+def test_hash_ids_model_width(t):
+    """``engram.hash_ids`` (``triton_engram_hash.py``) with V4.1's shapes (2 Engram layers, 4-grams, 8 heads: 24
+    columns), its real primes and multipliers, invalid columns anywhere: equal to the reference, poisoned output,
+    and a CUDA graph replayed with a fresh window."""
+    from deepinfer_core.kernels.ops.engram import hash_ids
+    from deepinfer_models.deepseek_v41.engram_hash import engram_multipliers, engram_offsets, engram_primes
+    from deepinfer_nvidia.kernels import triton_engram_hash as th
+
+    primes = engram_primes(2, 4, 8, 1_000_000)
+    p, o = torch.tensor(primes), torch.tensor(engram_offsets(primes))
+    m = torch.tensor(engram_multipliers((3, 11), 4, 129280))
+    g = torch.Generator().manual_seed(t)
+    tm = torch.randint(0, 129280, (129280,), generator=g)
+
+    def window_valid(seed):
+        gg = torch.Generator().manual_seed(seed)
+        return torch.randint(0, 129280, (t, 4), generator=gg), torch.rand(t, 4, generator=gg) > 0.1
+
+    w, v = window_valid(t)
+    cu = [x.cuda() for x in (tm, m, p, o)]
+    _poison()
+    out = th.hash_ids(w.cuda(), v.cuda(), cu[0], 5, *cu[1:])
+    assert torch.equal(out.cpu(), hash_ids(w, v, tm, 5, m, p, o))
+    wc, vc = w.cuda(), v.cuda()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = th.hash_ids(wc, vc, cu[0], 5, *cu[1:])
+    w2, v2 = window_valid(t + 1)
+    wc.copy_(w2)
+    vc.copy_(v2)
+    graph.replay()
+    assert torch.equal(y.cpu(), hash_ids(w2, v2, tm, 5, m, p, o))
