@@ -61,9 +61,9 @@ if _GLUON:
 # ``_common.PDL``.
 WGMMA_GEMV_TUNE: dict[str, int] = {"max_rows": 16, "stages": 3, "programs": 4,
                                    "enabled": int(os.environ.get("DEEPINFER_NV_WGMMA_GEMV", "1"))}
-# Weight tiles by TMA ([64 rows, 128 bytes] boxes, one mbarrier a stage) instead of 128 threads' cp.async: written
-# with the swap experts' TMA path (docs/performance.md, nineteenth pass), compiled for sm_90a on the CPU, not yet
-# run on a GPU, so off.
+# Weight tiles by TMA ([64 rows, 128 bytes] boxes, one mbarrier a stage) instead of 128 threads' cp.async:
+# bit-equal on the H200, slower (a V4.1 layer's GEMVs in rings 133 -> 142 us at one row: docs/performance.md,
+# twentieth pass), so off.
 GEMV_TMA = False
 _SM90: dict[int, bool] = {}  # device index -> capability 9.x (asked once per device)
 

@@ -95,9 +95,9 @@ if os.environ.get("DEEPINFER_NV_SWAP_PAIRS"):
 SPLIT_UP = 3
 SPLIT_WAVES = (1.0, 3.5)
 # Weight tiles by TMA (one bulk copy and one mbarrier a matrix and stage) instead of 128 threads' 16-byte
-# cp.async and a CTA barrier: written after the nineteenth pass's probes (batch 1's copy pipeline alone moved
-# ~1.9 TB/s), compiled for sm_90a on the CPU, not yet run on a GPU, so off (``pass19.sh tma`` runs its tests
-# and timings). Only where the weight rows are 16-byte aligned and N is a multiple of BLOCK_N.
+# cp.async and a CTA barrier. Bit-equal on the H200 but no faster (79.4 -> 79.2 us a layer at 1 token, 2-9% slower
+# at 2-64: docs/performance.md, twentieth pass), so off. Only where the weight rows are 16-byte aligned and N is a
+# multiple of BLOCK_N.
 SWAP_TMA = False
 RESIDENT_UP = 3
 SPLIT_MIN_TILES = 4
