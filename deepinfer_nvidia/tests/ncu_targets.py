@@ -43,15 +43,15 @@ def swap_target(tokens: int, experts: int = 384, d: int = 5120, f: int = 2304, t
 
 
 def gemv_target(rows: int, n: int, k: int):
-    """One wgmma FP8 GEMV (128x128 UE8M0 block scales) of [n, k] at ``rows`` rows."""
+    """One wgmma FP8 GEMV of [n, k] at ``rows`` rows with V4.1's 32x32 UE8M0 block scales."""
     from deepinfer_nvidia.kernels import gluon_fp8_gemv as gg
 
     g = torch.Generator(device="cuda").manual_seed(1)
     q = torch.randint(0, 126, (n, k), generator=g, device="cuda", dtype=torch.uint8).view(torch.float8_e4m3fn)
-    s = torch.randint(120, 126, (n // 128, k // 128), generator=g, device="cuda", dtype=torch.uint8)
+    s = torch.randint(120, 126, (n // 32, k // 32), generator=g, device="cuda", dtype=torch.uint8)
     x = torch.randn(rows, k, generator=g, device="cuda").bfloat16()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    return lambda: gg.gemv_wgmma(x, q, s, s.shape[1], 128, 128, sms)
+    return lambda: gg.gemv_wgmma(x, q, s, s.shape[1], 32, 32, sms)
 
 
 def main() -> None:
