@@ -45,21 +45,22 @@ def _interpreting() -> bool:
     return bool(getattr(runtime, "interpret", False))
 
 
-@functools.lru_cache(maxsize=None)
-def _hopper_or_later(device: int) -> bool:
-    return torch.cuda.get_device_capability(device)[0] >= 9
+@functools.lru_cache(maxsize=1)
+def _platform_ok() -> bool:
+    """Triton compiles for a GPU (not the interpreter) and the process's CUDA device is SM90 or later. Asked once:
+    ``pdl_launch`` runs at every launch of an eager step."""
+    return (not _interpreting() and torch.cuda.is_available()
+            and torch.cuda.get_device_capability(torch.cuda.current_device())[0] >= 9)
+
+
+_ON = {"PDL": 1, "launch_pdl": True}
 
 
 def pdl_launch() -> dict:
     """Launch keywords for a kernel that starts with ``pdl_enter(PDL)``: ``{"PDL": 1, "launch_pdl": True}``
-    when ``_common.PDL`` is on, the current device is SM90 or later and Triton is not interpreting, else ``{}``
-    (the kernel's PDL=0 default)."""
-    if not _common.PDL or _interpreting() or not torch.cuda.is_available():
-        return {}
-    if not _hopper_or_later(torch.cuda.current_device()):
-        return {}
-    return {"PDL": 1, "launch_pdl": True}
-
+    when ``_common.PDL`` is on, the device is SM90 or later and Triton is not interpreting, else ``{}`` (the
+    kernel's PDL=0 default)."""
+    return dict(_ON) if _common.PDL and _platform_ok() else {}
 
 try:  # Gluon (experimental, absent in older Triton): the same two instructions for the Gluon kernels
     from triton.experimental import gluon

@@ -74,19 +74,26 @@ def test_every_pdl_kernel_waits_first_and_every_launch_passes_the_option():
 
 
 def test_pdl_launch_follows_the_switch(monkeypatch):
+    monkeypatch.setattr(_common, "PDL", 1)
+    monkeypatch.setattr(pdl, "_platform_ok", lambda: True)
+    assert pdl.pdl_launch() == {"PDL": 1, "launch_pdl": True}
     monkeypatch.setattr(_common, "PDL", 0)
     assert pdl.pdl_launch() == {}
     monkeypatch.setattr(_common, "PDL", 1)
-    monkeypatch.setattr(pdl, "_interpreting", lambda: False)
-    monkeypatch.setattr(pdl.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(pdl.torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(pdl, "_hopper_or_later", lambda device: True)
-    assert pdl.pdl_launch() == {"PDL": 1, "launch_pdl": True}
-    monkeypatch.setattr(pdl, "_hopper_or_later", lambda device: False)  # Ampere: no programmatic launches
+    monkeypatch.setattr(pdl, "_platform_ok", lambda: False)  # interpreter, no GPU, or before SM90
     assert pdl.pdl_launch() == {}
-    monkeypatch.setattr(pdl, "_hopper_or_later", lambda device: True)
-    monkeypatch.setattr(pdl, "_interpreting", lambda: True)
-    assert pdl.pdl_launch() == {}
+
+
+def test_platform_check_on_this_machine():
+    pdl._platform_ok.cache_clear()
+    try:
+        import torch
+
+        want = (not pdl._interpreting() and torch.cuda.is_available()
+                and torch.cuda.get_device_capability()[0] >= 9)
+        assert pdl._platform_ok() == want
+    finally:
+        pdl._platform_ok.cache_clear()
 
 
 def _opcodes(sass: str) -> list[str]:
