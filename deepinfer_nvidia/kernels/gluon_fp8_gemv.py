@@ -33,10 +33,9 @@ import os
 import torch
 import triton
 
-from deepinfer_nvidia.kernels import _common
 from deepinfer_nvidia.kernels import gluon_moe_swap as _swap
 from deepinfer_nvidia.kernels.mxfp4_word_decode import _bf16x2_mul
-from deepinfer_nvidia.kernels.triton_pdl import gluon_grid_dependency
+from deepinfer_nvidia.kernels.triton_pdl import gluon_grid_dependency, pdl_launch
 
 _GLUON = _swap.available()
 if _GLUON:
@@ -58,7 +57,7 @@ if _GLUON:
 
 # rows served (1..max_rows), stages of the cp.async ring, programs per SM to aim for with split-K, and whether
 # the path is on (``DEEPINFER_NV_WGMMA_GEMV=0`` turns it off, for A/B runs). Programmatic dependent launch:
-# ``_common.PDL``.
+# ``triton_pdl.pdl_launch`` (``_common.PDL``).
 WGMMA_GEMV_TUNE: dict[str, int] = {"max_rows": 16, "stages": 3, "programs": 4,
                                    "enabled": int(os.environ.get("DEEPINFER_NV_WGMMA_GEMV", "1"))}
 # Weight tiles by TMA ([64 rows, 128 bytes] boxes, one mbarrier a stage) instead of 128 threads' cp.async:
@@ -344,7 +343,7 @@ def gemv_wgmma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, b
     split = triton.cdiv(k, k_per)
     if safe is None:
         safe = not scales_allow_fast(s)
-    pdl = bool(_common.PDL) if pdl is None else pdl
+    pdl = bool(pdl_launch()) if pdl is None else pdl  # the step's shared switch (SM90+, DEEPINFER_NV_PDL)
     tma = GEMV_TMA if tma is None else tma
     q8 = q.view(torch.uint8)
     desc = weight_desc(q8) if tma and tma_fits(q8) else None

@@ -37,8 +37,7 @@ def _hash_kernel(win_ptr, valid_ptr, map_ptr, mult_ptr, prime_ptr, off_ptr, out_
     w = tl.load(win_ptr + t * N + s, mask=sm, other=0)
     invalid = tl.load(valid_ptr + t * N + s, mask=sm, other=1) == 0
     # blocked[s]: some column s' <= s is invalid (the reference's cumulative product of valid)
-    s2 = tl.arange(0, NP)
-    upto = s2[None, :] <= s[:, None]
+    upto = s[None, :] <= s[:, None]  # [s, s']
     blocked = tl.max(tl.where(upto & invalid[None, :], 1, 0), axis=1) > 0
     mapped = tl.load(map_ptr + tl.minimum(tl.maximum(w, 0), V - 1), mask=sm, other=0)
     v = tl.where(blocked, pad_id, mapped)

@@ -15,8 +15,9 @@ that waits for it also waits for every kernel before. Kernels without PDL (torch
 overlap but not the correctness: a PDL launch after them is an ordinary launch, and they start after a PDL
 kernel completes.
 
-``_common.PDL`` (``DEEPINFER_NV_PDL=1``) switches it on for the launches that pass ``**pdl_launch()``; the
-interpreter (CPU tests) never gets the launch option.
+``_common.PDL`` (on by default; ``DEEPINFER_NV_PDL=0`` turns it off) switches it for the launches that pass
+``**pdl_launch()`` (the wgmma GEMV takes its default from it too); the interpreter (CPU tests) and devices before
+SM90 never get the launch option.
 """
 from __future__ import annotations
 
