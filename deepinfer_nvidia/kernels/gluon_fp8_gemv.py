@@ -58,7 +58,9 @@ if _GLUON:
 # rows served (1..max_rows), stages of the cp.async ring, programs per SM to aim for with split-K, and whether
 # the path is on (``DEEPINFER_NV_WGMMA_GEMV=0`` turns it off, for A/B runs). Programmatic dependent launch:
 # ``triton_pdl.pdl_launch`` (``_common.PDL``).
-WGMMA_GEMV_TUNE: dict[str, int] = {"max_rows": 16, "stages": 3, "programs": 4,
+# ``resident``: programs of the 3-stage ring that fit on an SM at once (30.7 KB of shared memory, 71 registers: 7);
+# when > 0 the split is halved until the launch fits in one wave of them (0: no cap; ``split_k_tiles``).
+WGMMA_GEMV_TUNE: dict[str, int] = {"max_rows": 16, "stages": 3, "programs": 4, "resident": 7,
                                    "enabled": int(os.environ.get("DEEPINFER_NV_WGMMA_GEMV", "1"))}
 # Weight tiles by TMA ([64 rows, 128 bytes] boxes, one mbarrier a stage) instead of 128 threads' cp.async:
 # bit-equal on the H200, slower (a V4.1 layer's GEMVs in rings 133 -> 142 us at one row: docs/performance.md,
@@ -324,9 +326,24 @@ def weight_desc(q: torch.Tensor):
     return TensorDescriptor.from_tensor(q.view(n, k // 32, 32), [64, 4, 32], _swap.weight_desc_layout())
 
 
+def split_k_tiles(tiles: int, k_tiles: int, sms: int, programs: int, resident: int) -> int:
+    """K tiles per program of a launch of ``tiles`` 64-row tiles over ``k_tiles`` 128-column tiles: the split
+    doubles until ``programs`` per SM (at most 64 splits, none empty), then halves while the launch needs more
+    than one wave of ``resident`` programs per SM (0: no cap). H200, V4.1's wq_b [32768, 1280] at 1 row
+    (docs/performance.md, twenty-first pass): 2 splits = 1024 programs (1.11 waves of 7) in 18.3 us a call in a
+    ring, 1 split = 512 in 15.6."""
+    split = 1
+    while tiles * split < programs * sms and split * 2 <= min(k_tiles, 64):
+        split *= 2
+    while resident and split > 1 and tiles * split > resident * sms:  # a second wave costs a whole program
+        split //= 2
+    return -(-k_tiles // split)
+
+
 def gemv_wgmma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, bn_blk: int, bk_blk: int, sms: int,
                ng: int | None = None, stages: int | None = None, programs: int | None = None,
-               safe: bool | None = None, pdl: bool | None = None, tma: bool | None = None) -> torch.Tensor:
+               safe: bool | None = None, pdl: bool | None = None, tma: bool | None = None,
+               resident: int | None = None) -> torch.Tensor:
     """y [M, N] bf16 = x [M, K] @ dequant(q [N, K] e4m3, s)^T for M <= max_rows (``takes`` must hold); s the
     UE8M0 bytes [ceil(N / bn_blk), s_cols]. Keyword arguments: tuning knobs (defaults ``WGMMA_GEMV_TUNE``)."""
     from deepinfer_nvidia.kernels.triton_fp8_gemv import _counters
@@ -335,11 +352,8 @@ def gemv_wgmma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, b
     tune = WGMMA_GEMV_TUNE
     xp = x if x.stride(1) == 1 and x.stride(0) % 2 == 0 else x.contiguous()  # the kernel gathers permute_x's order
     tiles = triton.cdiv(n, 64)
-    k_tiles = k // 128
-    split = 1
-    while tiles * split < (programs or tune["programs"]) * sms and split * 2 <= min(k_tiles, 64):
-        split *= 2
-    k_per = triton.cdiv(k_tiles, split) * 128
+    k_per = split_k_tiles(tiles, k // 128, sms, programs or tune["programs"],
+                          tune["resident"] if resident is None else resident) * 128
     split = triton.cdiv(k, k_per)
     if safe is None:
         safe = not scales_allow_fast(s)

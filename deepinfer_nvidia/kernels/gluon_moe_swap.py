@@ -19,7 +19,7 @@ bandwidth against ~30 T thread instructions/s, the bandwidth allows about 3.5. H
 3. the K order inside each 128 columns follows the fragment (``_decode_fragment``); ``permute_k`` puts the
    activations in that order and the up kernel writes ``h`` in it for the down kernel.
 
-At 2-6 tokens the up launch is split over K (``SPLIT``; ``split_for`` picks it from the launch's waves): each
+At 2-6 tokens the up launch is split over K (``SPLIT``; ``gluon_swap_split.split_for`` picks it from the waves): each
 program of a (block, tile) covers a range of K tiles and stores fp32 partials, and the last to arrive (a
 per-tile counter) adds them in split order and finishes, so the result differs from the unsplit launch only in
 the order of the fp32 sums (docs/performance.md, nineteenth pass).
@@ -46,6 +46,7 @@ import torch
 import triton
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from deepinfer_nvidia.kernels import gluon_swap_split as policy
 from deepinfer_nvidia.kernels.mxfp4_word_decode import _word_asm
 from deepinfer_nvidia.kernels.triton_pdl import gluon_grid_dependency as _grid_dependency, pdl_launch
 
@@ -85,22 +86,12 @@ SWAP_MIN_PAIRS = 1
 SWAP_MAX_PAIRS = 98304
 if os.environ.get("DEEPINFER_NV_SWAP_PAIRS"):
     SWAP_MIN_PAIRS, SWAP_MAX_PAIRS = (int(v) for v in os.environ["DEEPINFER_NV_SWAP_PAIRS"].split(","))
-# Split-K of the up launch for a few pairs (batch 2-6): each (block, N tile) is split over SPLIT_UP ranges of
-# K tiles when the launch fills between SPLIT_WAVES[0] and SPLIT_WAVES[1] waves of RESIDENT_UP programs per SM
-# (130 registers a thread: 3 resident 4-warp programs). H200, V4.1 widths (docs/performance.md, nineteenth pass):
-# 151.5 -> 126.4 us a layer at 2 tokens (432 programs: 1.09 waves, the second almost empty), 178.7 -> 165.6 at 3,
-# 202.2 -> 196.6 at 4, 314.6 -> 296.7 at 6; none at 1 token (216 programs: 79.2 -> 79.7) or 8 (1836: 338 -> 340).
-# Splitting the down launch lost at every size (1-6 tokens: +2-7%), so it is never split by default.
-# SPLIT_UP = 1 turns it off.
-SPLIT_UP = 3
-SPLIT_WAVES = (1.0, 3.5)
+# Split-K of the up launch at a few pairs and its register cap: ``gluon_swap_split`` (policy and knobs).
 # Weight tiles by TMA (one bulk copy and one mbarrier a matrix and stage) instead of 128 threads' 16-byte
 # cp.async and a CTA barrier. Bit-equal on the H200 but no faster (79.4 -> 79.2 us a layer at 1 token, 2-9% slower
 # at 2-64: docs/performance.md, twentieth pass), so off. Only where the weight rows are 16-byte aligned and N is a
 # multiple of BLOCK_N.
 SWAP_TMA = False
-RESIDENT_UP = 3
-SPLIT_MIN_TILES = 4
 
 
 def available() -> bool:
@@ -519,31 +510,17 @@ def _weight_descs(wa: torch.Tensor, wb: torch.Tensor | None, block_n: int, block
     return da, (desc(wb) if wb is not None else da)
 
 
-def split_for(programs: int, k_tiles: int, sms: int) -> int:
-    """K splits of an up launch of ``programs`` (block, N tile) programs of ``k_tiles`` K tiles each: SPLIT_UP
-    when they fill SPLIT_WAVES of RESIDENT_UP programs on each of ``sms`` SMs and each split keeps at least
-    SPLIT_MIN_TILES tiles, else 1; evened out so that no split is empty."""
-    waves = programs / max(1, RESIDENT_UP * sms)
-    if SPLIT_UP <= 1 or not SPLIT_WAVES[0] < waves <= SPLIT_WAVES[1]:
-        return 1
-    return _even_split(min(SPLIT_UP, max(1, k_tiles // SPLIT_MIN_TILES)), k_tiles)
-
-
-def _even_split(split: int, k_tiles: int) -> int:
-    """The split count that ``cdiv(k_tiles, cdiv(k_tiles, split))`` tiles per split actually gives."""
-    split = max(1, min(split, k_tiles))
-    return -(-k_tiles // -(-k_tiles // split))
-
-
 def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | None = None,
                block_n: int | None = None, block_k: int | None = None, warps: int | None = None,
                stages: int | None = None, safe: bool | None = None, areg: int | None = None,
-               probe: int = 0, split: tuple[int, int] | None = None, tma: bool | None = None) -> torch.Tensor:
+               probe: int = 0, split: tuple[int, int] | None = None, tma: bool | None = None,
+               maxnreg: int | None = None) -> torch.Tensor:
     """x [T, D] bf16; weights [T, k] float; ids [T, k] int; w1, w3 [E, F, D/2] uint8 + UE8M0 [E, F, D/32];
     w2 [E, D, F/2] + [E, D, F/32] -> [T, D] bf16. No host synchronisation after the first call per weight
     stack (CUDA-graph safe). D and F must be multiples of 32; the stacks must already be checked.
-    ``split``: (up, down) K splits (default: ``split_for`` of the up launch, the down one unsplit). ``tma``:
-    weight tiles by TMA (default ``SWAP_TMA``; only where ``tma_fits``)."""
+    ``split``: (up, down) K splits (default: ``policy.split_for`` of the up launch, the down one unsplit). ``tma``:
+    weight tiles by TMA (default ``SWAP_TMA``; only where ``tma_fits``). ``maxnreg``: the up kernel's register
+    cap (default ``gluon_swap_split.UP_MAXNREG``)."""
     from deepinfer_nvidia.kernels.triton_fp8_gemv import _counters
     from deepinfer_nvidia.kernels.triton_gemm import _sm_count, sum_slices
     from deepinfer_nvidia.kernels.triton_moe import align  # lazy: triton_moe imports this module
@@ -571,8 +548,8 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
     kt1, kt2 = triton.cdiv(d, bk), triton.cdiv(f, bk)
     if split is None:  # programs that can hold pairs: at most min(E, P) + P // BLOCK_M blocks (num_blocks - 1)
         live = max(1, nb - 1)
-        split = (split_for(live * nt1, kt1, _sm_count(x.device)), 1)
-    sp1, sp2 = _even_split(split[0], kt1), _even_split(split[1], kt2)
+        split = (policy.split_for(live * nt1, kt1, _sm_count(x.device)), 1)
+    sp1, sp2 = policy.even_split(split[0], kt1), policy.even_split(split[1], kt2)
     if max(nb * nt1, nb * nt2) > (1 << 16):  # the shared counters cover 65536 tiles
         sp1 = sp2 = 1
     wt = weights.reshape(-1).float().contiguous()
@@ -586,7 +563,7 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
                                     d // 2, xp.stride(0), float(limit), nt1, r, triton.cdiv(kt1, sp1), TOPK=k, UP=1,
                                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages, SAFE=int(safe), AREG=areg,
                                     PROBE=probe, SPLIT=sp1, TMA=int(tma), wa_desc=d1[0], wb_desc=d1[1],
-                                    num_warps=warps, **pdl_launch())
+                                    num_warps=warps, **pdl_launch(), **policy.up_options(maxnreg))
     y = torch.empty(p, d, dtype=torch.float32, device=x.device)
     part2 = torch.empty(sp2, p, d, dtype=torch.float32, device=x.device) if sp2 > 1 else wt
     _swap_kernel[(nb * sp2 * nt2,)](h, pair, bexp, u8[4], u8[5], u8[4], u8[5], wt, y, part2, cnt, p, ne, d, f,

@@ -38,7 +38,8 @@ def main() -> None:
                     help="block_n x block_k x programs-per-SM x warps [x min K tiles per split], for rows <= "
                          "--gemv-rows")
     ap.add_argument("--gemv-rows", type=int, default=8)
-    ap.add_argument("--wgmma-programs", default="4,16", help="programs per SM of the wgmma GEMV candidates "
+    ap.add_argument("--wgmma-programs", default="4,16", help="programs per SM of the wgmma GEMV candidates, "
+                    "optionally with the one-wave cap of resident programs per SM (4r7) "
                     "(rows <= its max_rows; twelfth pass)")
     ap.add_argument("--wgmma-stages", default="", help="cp.async ring depths of the wgmma GEMV candidates "
                     "(crossed with --wgmma-programs; empty: WGMMA_GEMV_TUNE's)")
@@ -102,15 +103,16 @@ def main() -> None:
                             a, qq, ss, sb, 32, 32, True, sms, block_n=bn, block_k=bk, programs=pg, warps=nw,
                             min_iters=mi or None))
             if m <= gg.WGMMA_GEMV_TUNE["max_rows"] and gg.takes(x, qc, 32, 32, True):
-                for pg in [int(v) for v in args.wgmma_programs.split(",") if v]:
+                for pg, rs in [(int(v.split("r")[0]), int(v.split("r")[1]) if "r" in v else 0)
+                               for v in args.wgmma_programs.split(",") if v]:
                     for st in [int(v) for v in args.wgmma_stages.split(",") if v] or [0]:
                         for pd in [int(v) for v in args.wgmma_pdl.split(",") if v]:
                             for tm in [int(v) for v in args.wgmma_tma.split(",") if v]:
                                 cands[f"wgmma p{pg}" + (f"s{st}" if st else "") + ("pdl" if pd else "")
-                                      + ("tma" if tm else "")] = (
-                                    lambda a, qq, ss, pg=pg, st=st, pd=pd, tm=tm: gg.gemv_wgmma(
+                                      + ("tma" if tm else "") + (f"r{rs}" if rs else "")] = (
+                                    lambda a, qq, ss, pg=pg, st=st, pd=pd, tm=tm, rs=rs: gg.gemv_wgmma(
                                         a, qq, ss, sb, 32, 32, sms, programs=pg, stages=st or None, pdl=bool(pd),
-                                        tma=bool(tm)))
+                                        tma=bool(tm), resident=rs))
             cands["provider"] = lambda a, qq, ss: tg.gemm_fp8_block(a, qq, ss.view(torch.float8_e8m0fnu),  # noqa: E731
                                                                     (32, 32))
             # ring: enough weight copies that they do not stay in L2 (50 MB on the H200), all in one graph, so

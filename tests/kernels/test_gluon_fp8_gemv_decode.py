@@ -155,3 +155,19 @@ def test_tma_wiring_of_the_gemv_launch(monkeypatch, tma):
         assert list(d.shape) == [256, 16, 32] and list(d.block_shape) == [64, 4, 32]
     else:
         assert kw["q_desc"] is None
+
+
+def test_split_fits_one_wave_of_resident_programs():
+    """``split_k_tiles`` on 132 SMs at 4 programs an SM: V4.1's GEMVs keep their splits except wq_b, whose
+    2 splits (1024 programs) would need 1.11 waves of 7 resident programs; every split covers K once."""
+    cases = {"wq_a": (20, 40, 2), "wq_b": (512, 10, 10), "wkv": (8, 40, 2), "wo_a": (16, 32, 1), "wo_b": (80, 64, 8),
+             "idx_wq_b": (64, 10, 2), "shared_w13": (36, 40, 3), "shared_w2": (80, 18, 3)}
+    for name, (tiles, k_tiles, per) in cases.items():
+        assert gg.split_k_tiles(tiles, k_tiles, 132, 4, 7) == per, name
+    assert gg.split_k_tiles(512, 10, 132, 4, 0) == 5  # no cap: 2 splits of 5 tiles
+    for tiles in (1, 7, 64, 300, 1000):
+        for k_tiles in (1, 3, 10, 40, 130):
+            per = gg.split_k_tiles(tiles, k_tiles, 132, 4, 7)
+            split = -(-k_tiles // per)
+            assert 1 <= per <= k_tiles and (split - 1) * per < k_tiles <= split * per
+            assert split == 1 or tiles * split <= 7 * 132

@@ -155,25 +155,43 @@ def test_split_k_policy(monkeypatch):
     """``split_for`` (the up launch; 132 SMs, 3 resident programs each = 396): the V4.1 launches measured on the
     H200 split where they gained (2 tokens: 12 blocks x 36 tiles = 432 programs; 6 tokens: 38 x 36 = 1368) and
     not where they did not (1 token: 216; 8 tokens: 51 x 36 = 1836); SPLIT_UP 1 turns it off; short K keeps
-    SPLIT_MIN_TILES a split. For any request the evened count leaves no split empty, the kernel's ranges
-    (k0 = s * TPS, min(K tiles - k0, TPS)) covering every K tile once."""
-    from deepinfer_nvidia.kernels import gluon_moe_swap as sw
+    SPLIT_MIN_TILES a split. ``SPLIT_FILL`` splits launches under one wave into as many ranges as fit in it
+    (216 programs: 2 at 4 resident programs an SM, 1 at 3). For any request the evened count leaves no split
+    empty, the kernel's ranges (k0 = s * TPS, min(K tiles - k0, TPS)) covering every K tile once."""
+    from deepinfer_nvidia.kernels import gluon_swap_split as sp
 
-    monkeypatch.setattr(sw, "SPLIT_UP", 3)
-    monkeypatch.setattr(sw, "SPLIT_WAVES", (1.0, 3.5))
-    monkeypatch.setattr(sw, "RESIDENT_UP", 3)
-    monkeypatch.setattr(sw, "SPLIT_MIN_TILES", 4)
-    assert [sw.split_for(n, 40, 132) for n in (216, 396, 432, 1368, 1836)] == [1, 1, 3, 3, 1]
-    assert sw.split_for(432, 9, 132) == 2      # 9 K tiles // 4
-    assert sw.split_for(432, 7, 132) == 1
-    monkeypatch.setattr(sw, "SPLIT_UP", 1)
-    assert sw.split_for(432, 40, 132) == 1
+    monkeypatch.setattr(sp, "SPLIT_UP", 3)
+    monkeypatch.setattr(sp, "SPLIT_WAVES", (1.0, 3.5))
+    monkeypatch.setattr(sp, "RESIDENT_UP", 3)
+    monkeypatch.setattr(sp, "SPLIT_MIN_TILES", 4)
+    monkeypatch.setattr(sp, "SPLIT_FILL", False)
+    assert [sp.split_for(n, 40, 132) for n in (216, 396, 432, 1368, 1836)] == [1, 1, 3, 3, 1]
+    assert sp.split_for(432, 9, 132) == 2      # 9 K tiles // 4
+    assert sp.split_for(432, 7, 132) == 1
+    monkeypatch.setattr(sp, "SPLIT_FILL", True)
+    assert [sp.split_for(n, 40, 132) for n in (36, 100, 216, 396, 432)] == [3, 3, 1, 1, 3]
+    monkeypatch.setattr(sp, "RESIDENT_UP", 4)
+    assert [sp.split_for(n, 40, 132) for n in (216, 264, 265, 528, 600)] == [2, 2, 1, 1, 3]
+    assert sp.split_for(100, 7, 132) == 1      # 7 K tiles: no range of 4
+    monkeypatch.setattr(sp, "SPLIT_UP", 1)
+    assert sp.split_for(432, 40, 132) == 1
+    assert sp.split_for(36, 40, 132) == 1
     for kt in range(1, 65):
         for want in range(1, 9):
-            s = sw._even_split(want, kt)
+            s = sp.even_split(want, kt)
             tps = -(-kt // s)
             sizes = [min(kt - i * tps, tps) for i in range(s)]
             assert 1 <= s <= want and min(sizes) >= 1 and sum(sizes) == kt, (kt, want, s, sizes)
+
+
+def test_up_register_cap_option(monkeypatch):
+    """``up_options``: the compile option only when a cap is set (argument first, then ``UP_MAXNREG``)."""
+    from deepinfer_nvidia.kernels import gluon_swap_split as sp
+
+    monkeypatch.setattr(sp, "UP_MAXNREG", None)
+    assert sp.up_options() == {} and sp.up_options(128) == {"maxnreg": 128}
+    monkeypatch.setattr(sp, "UP_MAXNREG", 128)
+    assert sp.up_options() == {"maxnreg": 128} and sp.up_options(120) == {"maxnreg": 120}
 
 
 def test_tma_weight_descriptors():
