@@ -65,6 +65,8 @@ IMPLS: tuple[tuple, ...] = (
     ("gemm.fp8_block_grouped", "triton", f"{_K}.triton_gemm:gemm_fp8_block_grouped",
      f"{_K}.triton_gemm:supports_fp8_grouped"),
     ("gemm.mxfp4", "triton", f"{_K}.triton_gemm:gemm_mxfp4", f"{_K}.triton_gemm:supports_mxfp4"),
+    # gemm.dense: the split-K GEMV at 1-4 rows and small weights (fp32 sums in a per-split order), cuBLAS otherwise
+    ("gemm.dense", "triton", f"{_K}.triton_dense_gemv:gemm_dense", f"{_K}.triton_dense_gemv:supports_dense"),
     ("gemm.dense", "aten", f"{_K}.aten_ops:gemm_dense", f"{_K}.aten_ops:supports_dense"),
     ("moe.experts", "aten", f"{_K}.aten_ops:moe_experts", f"{_K}.aten_ops:supports_experts"),
     ("moe.experts_fp8", "triton", f"{_K}.triton_moe:moe_experts_fp8", f"{_K}.triton_moe:supports"),

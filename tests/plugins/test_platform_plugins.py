@@ -155,15 +155,16 @@ def test_plugin_modules_import_no_vendor_library():
 
 
 def test_nvidia_default_providers_take_cublas_for_what_triton_does_not_cover(monkeypatch):
-    """Resolved with the platform's default order (as the engine resolves a model's kernels), gemm.dense and
-    moe.experts take the ``aten`` entries (cuBLAS, grouped GEMM), not their references' 8-row GEMM tiles, and
-    Triton still wins where it has an entry; in batch-invariant mode ``aten`` (not invariant) is never chosen."""
+    """Resolved with the platform's default order (as the engine resolves a model's kernels), moe.experts takes
+    the ``aten`` entry (grouped GEMM), not its reference's 8-row GEMM tiles, and Triton wins where it has an
+    entry: gemm.dense's, whose launch hands every case but 1-4 rows of a small weight to cuBLAS
+    (``aten_ops.gemm_dense``); in batch-invariant mode ``aten`` (not invariant) is never chosen."""
     monkeypatch.delenv("DEEPINFER_KERNELS", raising=False)  # the suite forces references elsewhere
     reg = KernelRegistry()
     register_builtin_ops(reg)
     nvidia_kernels.register(reg)
     order = NvidiaPlatform.default_providers
-    assert reg.resolve("gemm.dense", order, batch_invariant=False)[0] == "aten"
+    assert reg.resolve("gemm.dense", order, batch_invariant=False)[0] == "triton"
     assert reg.resolve("moe.experts", order, batch_invariant=False)[0] == "aten"
     assert reg.resolve("moe.experts_mxfp4", order, batch_invariant=False)[0] == "triton"
     assert reg.resolve("engram.gate", order, batch_invariant=False)[0] == "triton"

@@ -1,0 +1,139 @@
+"""``gemm.dense`` at decode sizes: a split-K Triton GEMV for 1-4 rows and small weights, cuBLAS otherwise.
+
+Why (docs/performance.md, twenty-first pass). In the V4.1 slice's batch-1 step the small float projections that
+``gemm.dense`` serves (the MoE router [384, 5120] and the compressors' ``wkv`` / ``wgate`` [d, 5120], fp32) ran as
+15 cuBLAS launches, ~83 us of kernel time for ~5-10 MB each (~1.5 TB/s). cuBLAS kernels also sit outside the
+programmatic-dependent-launch chain (``triton_pdl``): the kernel after one cannot launch until it completes.
+This kernel starts with ``pdl_enter`` like the step's other Triton kernels, and each program loads its whole
+weight tile (16 rows x 512 fp32 columns: 32 KB, 64 values a thread) with one burst of independent loads, so a
+5-10 MB matrix is in flight at once across a few hundred programs.
+
+Numerics are the reference's (``y = x @ w.to(x.dtype)^T``): the weight is rounded to x's dtype first, the products
+and sums are fp32, and y is rounded to x's dtype once. Only the order of the fp32 sums differs from cuBLAS's
+(a fixed tree per tile, then the K splits added in split order by the last program of each row tile to arrive),
+so the result does not depend on timing, but it does depend on the split, which follows the weight shape and the
+row count: this provider is not batch-invariant (``gemm_dense_bi`` is).
+
+Rows above ``GEMV_MAX_ROWS``, weights above ``GEMV_MAX_ELEMS`` elements (the vocabulary head: cuBLAS streams it at
+the copy bandwidth already) and operands the kernel does not cover go to ``aten_ops.gemm_dense``.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from deepinfer_core.kernels.ops.gemm import _check_x, dense
+from deepinfer_nvidia.kernels._common import FLOATS, hand_off, next_pow2, on_cuda
+from deepinfer_nvidia.kernels.triton_pdl import pdl_enter, pdl_launch
+
+# rows served (``DEEPINFER_NV_DENSE_GEMV_ROWS=0`` hands every call to cuBLAS, for A/B runs)
+GEMV_MAX_ROWS = int(os.environ.get("DEEPINFER_NV_DENSE_GEMV_ROWS", "4"))
+GEMV_MAX_ELEMS = 1 << 26  # 64 M weight elements (256 MB of fp32)
+BLOCK_N = 16
+TILE_ELEMS = 8192  # BLOCK_M x BLOCK_N x BLOCK_K products a tile: 64 a thread of 4 warps (BLOCK_K 512 at 1 row)
+MAX_SPLIT = 16  # the last program adds at most this many partials (an unrolled loop of independent loads)
+PROGRAMS = 4  # programs per SM to aim for with the K split
+
+
+@triton.jit
+def _dense_gemv_kernel(x_ptr, w_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, stride_x, stride_w, k_per_split,
+                       SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       PDL: tl.constexpr = 0):
+    """Program (row tile of BLOCK_N weight rows, K split): ``y[m, n] = sum_k x[m, k] * w[n, k]`` over this split's
+    K range, m < M <= BLOCK_M. x [M, K] (row stride ``stride_x``), w [N, K] (row stride ``stride_w``), y [M, N] in
+    x's dtype; part [SPLIT, M, N] fp32 and cnt (zeroed int32 per row tile, reset here) when SPLIT > 1."""
+    pdl_enter(PDL)
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rm = tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mmask = rm < M
+    nmask = rn < N
+    k_lo = pid_k * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        kmask = rk < k_hi
+        w = tl.load(w_ptr + rn[:, None].to(tl.int64) * stride_w + rk[None, :], mask=nmask[:, None] & kmask[None, :],
+                    other=0.0)
+        x = tl.load(x_ptr + rm[:, None].to(tl.int64) * stride_x + rk[None, :], mask=mmask[:, None] & kmask[None, :],
+                    other=0.0)
+        wv = w.to(x_ptr.dtype.element_ty).to(tl.float32)  # the reference casts w to x's dtype first
+        acc += tl.sum(x.to(tl.float32)[:, None, :] * wv[None, :, :], axis=2)
+    out = rm[:, None] * N + rn[None, :]
+    omask = mmask[:, None] & nmask[None, :]
+    if SPLIT == 1:
+        tl.store(y_ptr + out, acc.to(y_ptr.dtype.element_ty), mask=omask)
+    else:
+        tl.store(part_ptr + pid_k * M * N + out, acc, mask=omask)
+        tl.debug_barrier()  # every thread's partial is stored before the arrival is counted
+        if tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel") == SPLIT - 1:
+            total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for sk in tl.static_range(SPLIT):  # split order, whichever program arrived last
+                total += tl.load(part_ptr + sk * M * N + out, mask=omask, other=0.0, cache_modifier=".cg")
+            tl.store(y_ptr + out, total.to(y_ptr.dtype.element_ty), mask=omask)
+            tl.atomic_xchg(cnt_ptr + pid_n, 0)
+
+
+def plan(m: int, n: int, k: int, sms: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_K, K split) for an [m <= GEMV_MAX_ROWS, k] x [n, k]^T launch on ``sms`` SMs: tiles of
+    TILE_ELEMS products (BLOCK_M x BLOCK_N x BLOCK_K), then the smallest split up to MAX_SPLIT that gives PROGRAMS per SM,
+    evened out so that no split is empty."""
+    bm = next_pow2(m)
+    bk = max(16, TILE_ELEMS // (bm * BLOCK_N))
+    k_tiles = triton.cdiv(k, bk)
+    want = triton.cdiv(PROGRAMS * sms, triton.cdiv(n, BLOCK_N))
+    split = max(1, min(MAX_SPLIT, k_tiles, want))
+    per = triton.cdiv(k_tiles, split)
+    return bm, bk, triton.cdiv(k_tiles, per)
+
+
+def takes(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Operands this kernel serves (the rest go to cuBLAS): 1..GEMV_MAX_ROWS rows of a float x, a float 2-D w of
+    at most GEMV_MAX_ELEMS elements with unit column stride, K a multiple of 4 (16-byte fp32 rows)."""
+    return (x.dim() == 2 and w.dim() == 2 and 1 <= x.shape[0] <= GEMV_MAX_ROWS and x.dtype in FLOATS
+            and w.dtype in FLOATS and w.numel() <= GEMV_MAX_ELEMS and w.shape[1] == x.shape[1]
+            and w.shape[1] % 4 == 0 and w.stride(1) == 1 and w.shape[0] > 0)
+
+
+def supports_dense(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """CUDA x (fp32/bf16/fp16) and a float w: the kernel's operands, cuBLAS for the others."""
+    return on_cuda(x, w) and x.dtype in FLOATS and w.is_floating_point()
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, sms: int) -> torch.Tensor:
+    """The kernel's launch for ``takes`` operands (CUDA, or CPU tensors under Triton's interpreter: tests)."""
+    from deepinfer_nvidia.kernels.triton_fp8_gemv import _counters
+
+    m, (n, k) = x.shape[0], w.shape
+    x = x if x.stride(1) == 1 else x.contiguous()
+    bm, bk, split = plan(m, n, k, sms)
+    k_per = triton.cdiv(triton.cdiv(k, bk), split) * bk
+    tiles = triton.cdiv(n, BLOCK_N)
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    part = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else y
+    cnt = _counters(x.device, tiles) if split > 1 else part
+    _dense_gemv_kernel[(tiles, split)](x, w, y, part, cnt, m, n, k, x.stride(0), w.stride(0), k_per, SPLIT=split,
+                                       BLOCK_M=bm, BLOCK_N=BLOCK_N, BLOCK_K=bk, num_warps=4, **pdl_launch())
+    return y
+
+
+def gemm_dense(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``gemm.dense``: x [T, K] @ w [N, K]^T -> [T, N] in x.dtype (w cast to x.dtype): this module's GEMV for
+    ``takes`` operands, one cuBLAS GEMM (``aten_ops.gemm_dense``) for the others."""
+    if not supports_dense(x, w):
+        return hand_off("gemm.dense", f"operands {x.dtype}/{w.dtype} on {x.device} not covered", dense, x, w)
+    if w.dim() != 2:
+        raise ValueError(f"gemm.dense: w must be [N, K], got shape {tuple(w.shape)}")
+    _check_x(x, w.shape[1], "gemm.dense")
+    if not takes(x, w):
+        from deepinfer_nvidia.kernels.aten_ops import gemm_dense as cublas
+
+        return cublas(x, w)
+    from deepinfer_nvidia.kernels.triton_gemm import _sm_count
+
+    return gemv(x, w, _sm_count(x.device))

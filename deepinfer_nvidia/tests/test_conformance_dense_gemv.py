@@ -1,0 +1,64 @@
+"""``gemm.dense``'s Triton GEMV (``triton_dense_gemv.py``) at DeepSeek-V4.1 widths on the GPU, with the allocator
+poisoned with NaN first: the router [384, 5120] and the compressors' wkv [512, 5120] / index wk [128, 5120] in fp32,
+bf16 projections, 1-4 rows, against float64 sums of the same operands; the same bits on a second call and from a
+captured CUDA graph (the split counters reset themselves); 5 rows and the vocabulary head go to cuBLAS. Skipped
+without a GPU; the shared harness cases are in test_conformance.py."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+
+from deepinfer_nvidia.tests.test_conformance import poison as _poison  # noqa: E402  (the shared NaN fill)
+
+SHAPES = [(384, 5120), (512, 5120), (128, 5120), (1024, 4096), (37, 300)]
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("xd,wd", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                   (torch.bfloat16, torch.float32)])
+def test_model_widths(rows, xd, wd):
+    from deepinfer_nvidia.kernels import triton_dense_gemv as dg
+
+    g = torch.Generator().manual_seed(rows)
+    for n, k in SHAPES:
+        x = torch.randn(rows, k, generator=g).to(xd).cuda()
+        w = (torch.randn(n, k, generator=g) / k ** 0.5).to(wd).cuda()
+        assert dg.takes(x, w)
+        exact = (x.double() @ w.to(xd).double().t())
+        _poison()
+        y = dg.gemm_dense(x, w)
+        assert y.dtype == xd and not torch.isnan(y.float()).any()
+        if xd == torch.float32:
+            assert (y.double() - exact).abs().max() <= 1e-5 * max(1.0, exact.abs().max().item()), (n, k)
+        else:  # round to nearest of an fp32 sum: within half a unit of bf16 plus the fp32 error
+            unit = torch.exp2(torch.floor(torch.log2(exact.abs().clamp_min(1e-30))) - 7)
+            assert ((y.double() - exact).abs() <= 0.5 * unit + 1e-5 * exact.abs().max()).all(), (n, k)
+        assert torch.equal(y, dg.gemm_dense(x, w))
+
+
+def test_graph_replay_and_cublas_cases():
+    from deepinfer_nvidia.kernels import triton_dense_gemv as dg
+
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(1, 5120, generator=g).cuda()
+    w = torch.randn(384, 5120, generator=g).cuda() / 70
+    eager = dg.gemm_dense(x, w)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        dg.gemm_dense(x, w)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = dg.gemm_dense(x, w)
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager)
+    x5 = torch.randn(5, 5120, generator=g).cuda()
+    assert not dg.takes(x5, w)
+    assert torch.equal(dg.gemm_dense(x5, w), x5 @ w.t())  # the cuBLAS call itself
+    head = torch.randn(16384, 5120, generator=g, dtype=torch.bfloat16).cuda()
+    assert not dg.takes(x.bfloat16(), head)  # 84 M elements: cuBLAS

@@ -1,0 +1,146 @@
+"""``gemm.dense``'s Triton provider (``deepinfer_nvidia/kernels/triton_dense_gemv.py``): the split-K GEMV against
+the reference in Triton's CPU interpreter (fp32 / bf16 / fp16 x, fp32 / bf16 / fp16 weights, 1-4 rows, ragged N and K,
+strided operands, one split and many), which operands it takes and which go to cuBLAS, its registration, and
+its sm_90a compile (PDL wait first, 16-byte weight loads)."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+_INTERPRETED = r"""
+import torch
+from deepinfer_nvidia.kernels import triton_dense_gemv as dg
+
+g = torch.Generator().manual_seed(0)
+n_cases = 0
+for xd, wd in [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32),
+               (torch.float16, torch.float16)]:
+    for m, n, k, sms in [(1, 384, 1024, 132), (2, 37, 300, 132), (3, 16, 4, 132), (4, 50, 2052, 132),
+                         (1, 20, 1536, 1), (1, 5, 8192, 132)]:
+        x = torch.randn(m, k, generator=g).to(xd)
+        w = (torch.randn(n, k, generator=g) / k ** 0.5).to(wd)
+        bm, bk, split = dg.plan(m, n, k, sms)
+        got = dg.gemv(x, w, sms)
+        # the interpreter rounds float -> bf16 toward zero (the GPU to nearest): the weight cast emulated here,
+        # the output's rounding allowed one unit below
+        w_eff = (w.float().view(torch.int32) & -65536).view(torch.float32) if (xd, wd) == (torch.bfloat16,
+                                                                                    torch.float32) else w.to(xd)
+        exact = x.double() @ w_eff.double().t()
+        assert got.dtype == xd and got.shape == (m, n)
+        err = (got.double() - exact).abs()
+        fp32_sums = 1e-5 * max(1.0, exact.abs().max().item())
+        if xd == torch.float32:
+            assert err.max() <= fp32_sums, (m, n, k, err.max().item())
+        else:
+            bits = 7 if xd == torch.bfloat16 else 10
+            unit = torch.exp2(torch.floor(torch.log2(exact.abs().clamp_min(1e-30))) - bits)
+            assert (err <= unit + fp32_sums).all(), (xd, wd, m, n, k, (err - unit).max().item())
+        n_cases += 1
+        if split > 1:
+            n_cases += 100  # counted apart: the split path ran
+# strided operands: x a column slice, w a column slice of a wider matrix (row stride > K)
+big_x = torch.randn(2, 700, generator=g)
+big_w = torch.randn(40, 700, generator=g)
+x, w = big_x[:, 100:612], big_w[:, 100:612]
+assert torch.allclose(dg.gemv(x, w, 132), x @ w.t(), rtol=1e-5, atol=1e-5)
+# the counters are reset: a second split launch on the same row tiles gives the same bits
+a = dg.gemv(x, w, 132)
+assert torch.equal(a, dg.gemv(x, w, 132))
+print("INTERPRETED", n_cases)
+"""
+
+
+def test_gemv_in_the_interpreter(run_interpreted):
+    proc = run_interpreted(_INTERPRETED, "INTERPRETED")
+    n = int(proc.stdout.split("INTERPRETED")[-1].split()[0])
+    assert n % 100 == 24 and n // 100 >= 8  # all 24 cases ran, at least 8 of them split over K
+
+
+def test_plan_shapes():
+    dg = pytest.importorskip("deepinfer_nvidia.kernels.triton_dense_gemv")
+    # V4.1's router [384, 5120] and a compressor's wkv [512, 5120] at one row: 512-column tiles, 10 splits
+    assert dg.plan(1, 384, 5120, 132) == (1, 512, 10)
+    assert dg.plan(1, 512, 5120, 132) == (1, 512, 10)
+    assert dg.plan(2, 512, 5120, 132) == (2, 256, 10)
+    assert dg.plan(4, 1024, 5120, 132) == (4, 128, 8)
+    for m in range(1, 5):
+        for n in (1, 16, 100, 5000):
+            for k in (4, 100, 512, 5120, 20000):
+                bm, bk, split = dg.plan(m, n, k, 132)
+                tiles = -(-k // bk)
+                per = -(-tiles // split)
+                assert bm >= m and bm * dg.BLOCK_N * bk <= dg.TILE_ELEMS or bk == 16
+                assert 1 <= split <= dg.MAX_SPLIT and (split - 1) * per < tiles <= split * per
+
+
+def test_operands_it_takes():
+    import torch
+
+    dg = pytest.importorskip("deepinfer_nvidia.kernels.triton_dense_gemv")
+    x, w = torch.zeros(4, 512), torch.zeros(384, 512)
+    assert dg.takes(x, w)
+    assert not dg.takes(torch.zeros(5, 512), w)  # rows: cuBLAS
+    assert not dg.takes(torch.zeros(1, 510), torch.zeros(384, 510))  # K not a multiple of 4
+    assert not dg.takes(x, w.t().contiguous().t())  # column-strided weight
+    assert not dg.takes(torch.zeros(1, 4096), torch.zeros(20000, 4096))  # 82 M elements: the vocabulary head
+    assert not dg.takes(torch.zeros(1, 512, dtype=torch.int32), w)
+    # CPU operands: the reference, whatever the shape
+    from deepinfer_core.kernels.ops.gemm import dense
+
+    xs, ws = torch.randn(2, 64), torch.randn(8, 64)
+    assert torch.equal(dg.gemm_dense(xs, ws), dense(xs, ws))
+    with pytest.raises(ValueError, match="gemm.dense"):
+        dg.gemm_dense(xs, torch.randn(8, 63))
+
+
+def test_registered_before_cublas():
+    from deepinfer_nvidia.kernels import IMPLS
+
+    rows = [r for r in IMPLS if r[0] == "gemm.dense"]
+    providers = [r[1] for r in rows]
+    assert "triton" in providers and "aten" in providers
+    row = rows[providers.index("triton")]
+    assert row[2].endswith("triton_dense_gemv:gemm_dense") and not (len(row) > 4 and row[4])
+    from deepinfer_nvidia.platform import NvidiaPlatform
+
+    order = list(NvidiaPlatform.default_providers)
+    assert order.index("triton") < order.index("aten")
+
+
+def test_compiles_for_sm90_with_the_wait_first():
+    pytest.importorskip("triton")
+    dg = pytest.importorskip("deepinfer_nvidia.kernels.triton_dense_gemv")
+    from deepinfer_nvidia.tests.sass_count import count, missing_tools
+
+    if missing_tools(dg):
+        pytest.skip(missing_tools(dg))
+    sig = {"x_ptr": "*fp32", "w_ptr": "*fp32", "y_ptr": "*fp32", "part_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32",
+           "N": "i32", "K": "i32", "stride_x": "i32", "stride_w": "i32", "k_per_split": "i32"}
+    res = count(dg._dense_gemv_kernel, sig, {"SPLIT": 10, "BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 512, "PDL": 1},
+                warps=4, div16=frozenset({"K", "stride_x", "stride_w", "k_per_split"}))
+    ops = [re.sub(r"^\s+/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?", "", line).split()[0]
+           for line in res["sass"].splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
+    first_load = min(i for i, o in enumerate(ops) if o.startswith("LDG"))
+    assert ops.index("ACQBULK") < ops.index("PREEXIT") < first_load
+    assert any(o.startswith("LDG.E.128") for o in ops)  # the weight rows move 16 bytes a load
+    assert not any(o.startswith(("STL", "LDL")) for o in ops)  # no spills
+
+
+def test_what_it_does_not_take_goes_to_cublas(monkeypatch):
+    """On a CUDA-looking operand pair outside ``takes`` (5 rows), the launch is ``aten_ops.gemm_dense``'s."""
+    import torch
+
+    dg = pytest.importorskip("deepinfer_nvidia.kernels.triton_dense_gemv")
+    from deepinfer_nvidia.kernels import aten_ops
+
+    calls = []
+    monkeypatch.setattr(dg, "supports_dense", lambda x, w: True)
+    monkeypatch.setattr(aten_ops, "gemm_dense", lambda x, w: calls.append(x.shape) or x @ w.t())
+    monkeypatch.setattr(dg, "gemv", lambda x, w, sms: calls.append(("gemv", x.shape)) or x @ w.t())
+    x, w = torch.randn(5, 64), torch.randn(8, 64)
+    assert torch.allclose(dg.gemm_dense(x, w), x @ w.t())
+    assert calls == [(5, 64)]
+    monkeypatch.setattr("deepinfer_nvidia.kernels.triton_gemm._sm_count", lambda device: 132)
+    dg.gemm_dense(x[:2], w)
+    assert calls[-1] == ("gemv", (2, 64))
