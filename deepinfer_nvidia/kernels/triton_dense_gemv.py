@@ -81,8 +81,8 @@ def _dense_gemv_kernel(x_ptr, w_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, stride_x
 
 def plan(m: int, n: int, k: int, sms: int) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_K, K split) for an [m <= GEMV_MAX_ROWS, k] x [n, k]^T launch on ``sms`` SMs: tiles of
-    TILE_ELEMS products (BLOCK_M x BLOCK_N x BLOCK_K), then the smallest split up to MAX_SPLIT that gives PROGRAMS per SM,
-    evened out so that no split is empty."""
+    TILE_ELEMS products (BLOCK_M x BLOCK_N x BLOCK_K), then the smallest split up to MAX_SPLIT that gives
+    PROGRAMS per SM, evened out so that no split is empty."""
     bm = next_pow2(m)
     bk = max(16, TILE_ELEMS // (bm * BLOCK_N))
     k_tiles = triton.cdiv(k, bk)

@@ -83,8 +83,8 @@ def main() -> None:
     ap.add_argument("--probes", default="", help="diagnostics only: areg:probe:block_k:stages,... timed at "
                     "T=1 and 64 (probe bits: 1 no async-proxy fence, 2 no wgmma, 4 no decode; results wrong)")
     ap.add_argument("--splits", default="", help="split-K variants timed with the module's tiles: up/down K "
-                    "splits (e.g. 3/2), autoN (the policy with SPLIT_UP=N) or fill (with SPLIT_FILL), each optionally @R (the "
-                    "up kernel capped at R registers, e.g. 2/1@128); parity checked at full width")
+                    "splits (e.g. 3/2), autoN (the policy with SPLIT_UP=N) or fill (with SPLIT_FILL), each "
+                    "optionally @R (the up kernel capped at R registers, e.g. 2/1@128); parity checked at full width")
     ap.add_argument("--profile", default="", help="token counts whose default call (split on and off) is "
                     "replayed under torch.profiler: per-kernel GPU times (align, permute, up, down, sum)")
     ap.add_argument("--tma", default="", help="stage counts timed with the weight tiles by TMA (module tiles "
