@@ -523,7 +523,8 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
     cap (default ``gluon_swap_split.UP_MAXNREG``)."""
     from deepinfer_nvidia.kernels.triton_fp8_gemv import _counters
     from deepinfer_nvidia.kernels.triton_gemm import _sm_count, sum_slices
-    from deepinfer_nvidia.kernels.triton_moe import align  # lazy: triton_moe imports this module
+    from deepinfer_nvidia.kernels.triton_align import ALIGN_MAX_PAIRS, align_small
+    from deepinfer_nvidia.kernels.triton_moe import align, num_blocks  # lazy: triton_moe imports this module
     from deepinfer_nvidia.kernels.triton_moe_scaled import expert_shapes
 
     x, t, d, k, ne, f = expert_shapes(x, ids, w1)
@@ -538,10 +539,13 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
         areg = 1  # the fragment layout covers 64 x 128 tiles of 4 warps over whole 128-column tiles only
     if safe is None:
         safe = not scales_allow_fast(s1, s3, s2)
-    pair, bexp = align(ids, ne, bm)
+    if ids.is_cuda and p <= ALIGN_MAX_PAIRS and x.is_contiguous():  # one launch: the layout and x in K order
+        pair, bexp, xp = align_small(ids, ne, bm, num_blocks(p, ne, bm), x, 2 if areg == 2 else 1)
+    else:
+        pair, bexp = align(ids, ne, bm)
+        xp = permute_k(x, areg == 2)
     nb = bexp.numel()
     u8 = [a.view(torch.uint8) for a in (w1, s1, w3, s3, w2, s2)]
-    xp = permute_k(x, areg == 2)
     r = nb * bm
     h = torch.empty(r, f, dtype=x.dtype, device=x.device)
     nt1, nt2 = triton.cdiv(f, bn), triton.cdiv(d, bn)

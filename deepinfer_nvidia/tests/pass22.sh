@@ -6,8 +6,9 @@
 #            GEMVs (wq_b, wq_a, wo_b). The twenty-first pass's ncu run (pass21b, pass21c) gave occupancy and issue
 #            activity but no reasons: whether the up launch's 3.5 cycles between issues are the barrier, the
 #            copies' scoreboard, the decode's dependent ALU chain or the wgmma wait decides the next change.
-#   dense    gemm.dense's Triton GEMV (triton_dense_gemv.py, written in the twenty-first pass without device time):
-#            its model-width file, then the V4.1 rows at batch 1, 8, 64. Predicted at batch 1: the 15 cuBLAS gemv
+#   dense    gemm.dense's Triton GEMV (triton_dense_gemv.py) and the swap activations' permute folded into the
+#            align launch, both written in the twenty-first pass without device time: their device files, then the
+#            V4.1 rows at batch 1, 8, 64. Predicted at batch 1: the 15 cuBLAS gemv
 #            launches of the step (~83 us of kernel time, outside the PDL chain) -> ~3-4 us each inside it,
 #            2.78 -> ~2.73 ms; the same run's batch-1 row with DEEPINFER_NV_DENSE_GEMV_ROWS=0 (all cuBLAS) is the A/B
 #   conf     test_conformance.py in parts (SUITE_K) and the other device files one by one (pass21.sh suite1 and
@@ -39,8 +40,9 @@ if has stalls; then
 fi
 if has dense; then
   stamp dense
-  FILE_S=200 timeout 220 python3 -m pytest -q -x -p no:cacheprovider $HERE/test_conformance_dense_gemv.py 2>&1 \
-    | tail -4 | tee "$OUT/dense.txt"
+  for f in test_conformance_dense_gemv.py test_conformance_moe_swap.py; do  # the swap file: the folded permute
+    timeout 200 python3 -m pytest -q -x -p no:cacheprovider $HERE/$f 2>&1 | tail -4 | tee -a "$OUT/dense.txt"
+  done
   OUT=$OUT bash "$HERE/pass21.sh" rows
   DEEPINFER_NV_DENSE_GEMV_ROWS=0 timeout 150 python3 benchmarks/sweep.py --arch v41 --out "$OUT/v41_cublas" \
     --providers triton --decode 1 --prefill "" --skip-hf --graphs 2>&1 | tee "$OUT/sweep_v41_cublas.txt" \
