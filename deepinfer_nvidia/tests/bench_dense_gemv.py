@@ -1,0 +1,74 @@
+"""``gemm.dense``'s Triton GEMV against cuBLAS at DeepSeek-V4.1's small float projections (H200; not run in CI).
+
+    python3 -m deepinfer_nvidia.tests.bench_dense_gemv [--rows 1,2,4] [--ring-mb 256]
+
+For each shape (the MoE router, the compressors' wkv / wgate, the index keys' wk; fp32 as the model keeps them)
+and row count: the Triton GEMV (``triton_dense_gemv.gemv``) and cuBLAS (``aten_ops.gemm_dense``), each timed per
+call inside a ring of weight copies replayed as one CUDA graph (the copies defeat L2, so this is the kernels'
+own time and the launch gaps between them, as in a step), with PDL on as in the engine. Prints us per call, the %
+of the copy bandwidth the weight bytes reach, cuBLAS / Triton, and the max relative error of each against a
+float64 product. Writes ``dense_gemv.json`` under --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+
+# (name, N, K): V4.1 at hidden 5120
+SHAPES = [("router", 384, 5120), ("compressor wkv", 512, 5120), ("compressor wgate", 512, 5120),
+          ("index wk", 128, 5120)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
+    ap.add_argument("--rows", default="1,2,4")
+    ap.add_argument("--ring-mb", type=int, default=256)
+    args = ap.parse_args()
+    from triton.testing import do_bench
+
+    from deepinfer_nvidia.graphs import CudaGraphRunner
+    from deepinfer_nvidia.kernels import aten_ops
+    from deepinfer_nvidia.kernels import triton_dense_gemv as dg
+    from deepinfer_nvidia.kernels.triton_gemm import _sm_count
+
+    dev = torch.device("cuda")
+    sms = _sm_count(dev)
+    big = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
+    copy_bw = 2 * big.numel() / (do_bench(lambda: big.clone(), warmup=5, rep=50, return_mode="median") * 1e-3)
+    del big
+    print(f"copy bandwidth {copy_bw / 1e12:.2f} TB/s, {sms} SMs", flush=True)
+    cands = {"triton": lambda a, w: dg.gemv(a, w, sms), "cublas": aten_ops.gemm_dense}
+    g = torch.Generator().manual_seed(0)
+    rows_out = []
+    for name, n, k in SHAPES:
+        w = (torch.randn(n, k, generator=g) / k ** 0.5).cuda()
+        copies = max(2, min(64, -(-(args.ring_mb << 20) // w.nbytes)))
+        ring = [w.clone() for _ in range(copies)]
+        for m in [int(v) for v in args.rows.split(",") if v]:
+            x = torch.randn(m, k, generator=g).cuda()
+            exact = x.double() @ w.double().t()
+            res = {"shape": name, "n": n, "k": k, "rows": m, "plan": dg.plan(m, n, k, sms), "us": {}, "rel": {}}
+            for label, fn in cands.items():
+                out = fn(x, w)
+                res["rel"][label] = float((out.double() - exact).abs().max() / exact.abs().max())
+                runner = CudaGraphRunner(lambda a, fn=fn: [fn(a, ww) for ww in ring])
+                runner(x)
+                res["us"][label] = do_bench(lambda: runner(x), warmup=10, rep=60, return_mode="median") * 1e3 / copies
+            t, c = res["us"]["triton"], res["us"]["cublas"]
+            pct = lambda us: 100 * w.nbytes / (us * 1e-6) / copy_bw  # noqa: E731
+            print(f"{name} [{n}x{k}] M={m} plan {res['plan']}: triton {t:.2f} us ({pct(t):.0f}%), cublas {c:.2f} us "
+                  f"({pct(c):.0f}%), cublas/triton {c / t:.2f}x; rel err {res['rel']['triton']:.1e} / "
+                  f"{res['rel']['cublas']:.1e}", flush=True)
+            rows_out.append(res)
+        del ring
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "dense_gemv.json"), "w") as fh:
+        json.dump({"copy_bw": copy_bw, "rows": rows_out}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
