@@ -22,6 +22,12 @@ SHAPES = [("router", 384, 5120), ("compressor wkv", 512, 5120), ("compressor wga
           ("index wk", 128, 5120)]
 
 
+def _copy_bandwidth(dev: torch.device, do_bench) -> float:
+    """Bytes/s of a 1 GiB device copy (read + write), the roofline's bandwidth."""
+    big = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
+    return 2 * big.numel() / (do_bench(lambda: big.clone(), warmup=5, rep=50, return_mode="median") * 1e-3)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
@@ -37,9 +43,7 @@ def main() -> None:
 
     dev = torch.device("cuda")
     sms = _sm_count(dev)
-    big = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
-    copy_bw = 2 * big.numel() / (do_bench(lambda: big.clone(), warmup=5, rep=50, return_mode="median") * 1e-3)
-    del big
+    copy_bw = _copy_bandwidth(dev, do_bench)
     print(f"copy bandwidth {copy_bw / 1e12:.2f} TB/s, {sms} SMs", flush=True)
     cands = {"triton": lambda a, w: dg.gemv(a, w, sms), "cublas": aten_ops.gemm_dense}
     g = torch.Generator().manual_seed(0)
@@ -55,7 +59,7 @@ def main() -> None:
             for label, fn in cands.items():
                 out = fn(x, w)
                 res["rel"][label] = float((out.double() - exact).abs().max() / exact.abs().max())
-                runner = CudaGraphRunner(lambda a, fn=fn: [fn(a, ww) for ww in ring])
+                runner = CudaGraphRunner(lambda a, fn=fn, ring=ring: [fn(a, ww) for ww in ring])
                 runner(x)
                 res["us"][label] = do_bench(lambda: runner(x), warmup=10, rep=60, return_mode="median") * 1e3 / copies
             t, c = res["us"]["triton"], res["us"]["cublas"]
@@ -64,7 +68,6 @@ def main() -> None:
                   f"({pct(c):.0f}%), cublas/triton {c / t:.2f}x; rel err {res['rel']['triton']:.1e} / "
                   f"{res['rel']['cublas']:.1e}", flush=True)
             rows_out.append(res)
-        del ring
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "dense_gemv.json"), "w") as fh:
         json.dump({"copy_bw": copy_bw, "rows": rows_out}, fh, indent=1)

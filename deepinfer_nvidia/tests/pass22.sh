@@ -7,8 +7,9 @@
 #            activity but no reasons: whether the up launch's 3.5 cycles between issues are the barrier, the
 #            copies' scoreboard, the decode's dependent ALU chain or the wgmma wait decides the next change.
 #   dense    gemm.dense's Triton GEMV (triton_dense_gemv.py) and the swap activations' permute folded into the
-#            align launch, both written in the twenty-first pass without device time: their device files, then the
-#            V4.1 rows at batch 1, 8, 64. Predicted at batch 1: the 15 cuBLAS gemv
+#            align launch, both written in the twenty-first pass without device time: their device files,
+#            bench_dense_gemv (the GEMV against cuBLAS at the router / compressor shapes), then the V4.1 rows at
+#            batch 1, 8, 64. Predicted at batch 1: the 15 cuBLAS gemv
 #            launches of the step (~83 us of kernel time, outside the PDL chain) -> ~3-4 us each inside it,
 #            2.78 -> ~2.73 ms; the same run's batch-1 row with DEEPINFER_NV_DENSE_GEMV_ROWS=0 (all cuBLAS) is the A/B
 #   conf     test_conformance.py in parts (SUITE_K) and the other device files one by one (pass21.sh suite1 and
@@ -43,6 +44,8 @@ if has dense; then
   for f in test_conformance_dense_gemv.py test_conformance_moe_swap.py; do  # the swap file: the folded permute
     timeout 200 python3 -m pytest -q -x -p no:cacheprovider $HERE/$f 2>&1 | tail -4 | tee -a "$OUT/dense.txt"
   done
+  timeout 150 python3 -m deepinfer_nvidia.tests.bench_dense_gemv --out "$OUT/dense" 2>&1 | quiet \
+    | tee "$OUT/bench_dense.txt"
   OUT=$OUT bash "$HERE/pass21.sh" rows
   DEEPINFER_NV_DENSE_GEMV_ROWS=0 timeout 150 python3 benchmarks/sweep.py --arch v41 --out "$OUT/v41_cublas" \
     --providers triton --decode 1 --prefill "" --skip-hf --graphs 2>&1 | tee "$OUT/sweep_v41_cublas.txt" \
