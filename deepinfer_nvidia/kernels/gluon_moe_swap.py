@@ -92,6 +92,12 @@ if os.environ.get("DEEPINFER_NV_SWAP_PAIRS"):
 # at 2-64: docs/performance.md, twentieth pass), so off. Only where the weight rows are 16-byte aligned and N is a
 # multiple of BLOCK_N.
 SWAP_TMA = False
+# With A decoded into registers, fence x's cp.async bytes for the wgmma right after the ring wait, before the
+# barrier that precedes the decode, and drop the barrier between the decode and the wgmma (warps that decode first
+# no longer wait there for the last): the usual order for cp.async into wgmma operands (wait, fence, barrier).
+# Written in the twenty-first pass without device time: off until measured (``bench_swap --fence-first``;
+# ``DEEPINFER_NV_SWAP_FENCE_FIRST=1`` turns it on, for the device tests).
+SWAP_FENCE_FIRST = os.environ.get("DEEPINFER_NV_SWAP_FENCE_FIRST", "0") == "1"
 
 
 def available() -> bool:
@@ -203,7 +209,8 @@ if _GLUON:
                      P, E, N, K, row_bytes, stride_x, limit, NT, R, TPS, TOPK: gl.constexpr, UP: gl.constexpr,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
                      SAFE: gl.constexpr, AREG: gl.constexpr, PROBE: gl.constexpr, SPLIT: gl.constexpr,
-                     TMA: gl.constexpr, wa_desc, wb_desc, num_warps: gl.constexpr, PDL: gl.constexpr = 0):
+                     TMA: gl.constexpr, wa_desc, wb_desc, num_warps: gl.constexpr, PDL: gl.constexpr = 0,
+                     FENCE_FIRST: gl.constexpr = 0):
         """One (expert block, K split, N tile) of ``out = act(x_rows) @ W^T``, W [E, N, K/2] packed e2m1.
         UP: x rows are the pairs' tokens of ``x_ptr`` (K order already bit-reversed), W = w1 (``wa``) and w3
         (``wb``), out = h [R = blocks*BLOCK_M, N] = clamped SwiGLU, written in the bit-reversed K order of the
@@ -317,6 +324,8 @@ if _GLUON:
             si = i % STAGES
             if TMA:  # the weight boxes of tile i: the stage's barrier completes once per use of the stage
                 mbarrier.wait(bars.index(si), (i // STAGES) & 1)
+            if FENCE_FIRST and AREG and (PROBE & 1) == 0:  # x's landed bytes to the async proxy before the barrier
+                fence_async_shared()
             _cta_barrier()
             xs = ring_x.index(si).permute((1, 0))
             if AREG:  # A from registers (2: decoded straight into the fragment order, 1: the compiler converts)
@@ -324,9 +333,10 @@ if _GLUON:
                 if UP:
                     db = gl.convert_layout(_decode_regs(ring_b.index(si).load(L3), cb, BLOCK_N, BLOCK_K, SAFE, AREG),
                                            AOP)
-                if (PROBE & 1) == 0:
-                    fence_async_shared()
-                _cta_barrier()
+                if not FENCE_FIRST:  # the decode writes no shared memory: only x needs the fence and a barrier
+                    if (PROBE & 1) == 0:
+                        fence_async_shared()
+                    _cta_barrier()
                 acc_a = warpgroup_mma(da, xs, acc_a, is_async=True)
                 if UP:
                     acc_b = warpgroup_mma(db, xs, acc_b, is_async=True)
@@ -567,12 +577,13 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
                                     d // 2, xp.stride(0), float(limit), nt1, r, triton.cdiv(kt1, sp1), TOPK=k, UP=1,
                                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages, SAFE=int(safe), AREG=areg,
                                     PROBE=probe, SPLIT=sp1, TMA=int(tma), wa_desc=d1[0], wb_desc=d1[1],
-                                    num_warps=warps, **pdl_launch(), **policy.up_options(maxnreg))
+                                    num_warps=warps, FENCE_FIRST=int(SWAP_FENCE_FIRST), **pdl_launch(),
+                                    **policy.up_options(maxnreg))
     y = torch.empty(p, d, dtype=torch.float32, device=x.device)
     part2 = torch.empty(sp2, p, d, dtype=torch.float32, device=x.device) if sp2 > 1 else wt
     _swap_kernel[(nb * sp2 * nt2,)](h, pair, bexp, u8[4], u8[5], u8[4], u8[5], wt, y, part2, cnt, p, ne, d, f,
                                     f // 2, f, float(limit), nt2, r, triton.cdiv(kt2, sp2), TOPK=k, UP=0,
                                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages, SAFE=int(safe), AREG=areg,
                                     PROBE=probe, SPLIT=sp2, TMA=int(tma), wa_desc=d2[0], wb_desc=d2[1],
-                                    num_warps=warps, **pdl_launch())
+                                    num_warps=warps, FENCE_FIRST=int(SWAP_FENCE_FIRST), **pdl_launch())
     return sum_slices(y, t, d, k, d, k * d, x.dtype)
