@@ -26,7 +26,9 @@ import triton
 import triton.language as tl
 
 from deepinfer_core.kernels.ops.gemm import _check_x, dense
-from deepinfer_nvidia.kernels._common import FLOATS, hand_off, next_pow2, on_cuda
+from deepinfer_nvidia.kernels._common import FLOATS, hand_off, next_pow2
+from deepinfer_nvidia.kernels.aten_ops import gemm_dense as cublas_dense
+from deepinfer_nvidia.kernels.aten_ops import supports_dense  # the same operands: the kernel's or cuBLAS's
 from deepinfer_nvidia.kernels.triton_pdl import pdl_enter, pdl_launch
 
 # rows served (``DEEPINFER_NV_DENSE_GEMV_ROWS=0`` hands every call to cuBLAS, for A/B runs)
@@ -100,11 +102,6 @@ def takes(x: torch.Tensor, w: torch.Tensor) -> bool:
             and w.shape[1] % 4 == 0 and w.stride(1) == 1 and w.shape[0] > 0)
 
 
-def supports_dense(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """CUDA x (fp32/bf16/fp16) and a float w: the kernel's operands, cuBLAS for the others."""
-    return on_cuda(x, w) and x.dtype in FLOATS and w.is_floating_point()
-
-
 def gemv(x: torch.Tensor, w: torch.Tensor, sms: int) -> torch.Tensor:
     """The kernel's launch for ``takes`` operands (CUDA, or CPU tensors under Triton's interpreter: tests)."""
     from deepinfer_nvidia.kernels.triton_fp8_gemv import _counters
@@ -131,9 +128,7 @@ def gemm_dense(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"gemm.dense: w must be [N, K], got shape {tuple(w.shape)}")
     _check_x(x, w.shape[1], "gemm.dense")
     if not takes(x, w):
-        from deepinfer_nvidia.kernels.aten_ops import gemm_dense as cublas
-
-        return cublas(x, w)
+        return cublas_dense(x, w)
     from deepinfer_nvidia.kernels.triton_gemm import _sm_count
 
     return gemv(x, w, _sm_count(x.device))

@@ -32,6 +32,17 @@ import sys
 import tempfile
 
 
+_INSTRUCTION = re.compile(r"\s+/\*[0-9a-f]{4,}\*/")
+_PREFIX = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?")  # address, then an optional predicate
+
+
+def opcodes(sass: str | list[str]) -> list[str]:
+    """The opcodes (``LDG.E.128``, ``BAR.SYNC.DEFER_BLOCKING`` ...) of a disassembly, or of its instruction
+    lines (``count``'s ``loop``), in order, without addresses and predicates."""
+    lines = sass.splitlines() if isinstance(sass, str) else sass
+    return [_PREFIX.sub("", line).split()[0] for line in lines if _INSTRUCTION.match(line)]
+
+
 def _loop_body(sass: str) -> list[str]:
     """Instructions between the target of the longest backward branch and the branch."""
     lines = sass.splitlines()
@@ -73,7 +84,7 @@ def count(fn, signature: dict[str, str], constexprs: dict[str, int], warps: int 
           div16: frozenset[str] = frozenset(), maxnreg: int | None = None) -> dict:
     """Compile ``fn`` (``@triton.jit`` or ``@gluon.jit``) for sm_90a and count its main loop: returns
     ``{"loop": [instruction lines], "ops": Counter of opcodes, "registers": int | None, "shared": bytes,
-    "sass": the whole disassembly}``."""
+    "sass": the whole disassembly}`` (``opcodes(r["sass"])``: every opcode in order)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -97,7 +108,7 @@ def count(fn, signature: dict[str, str], constexprs: dict[str, int], warps: int 
         res = subprocess.run([os.path.join(tools, "cuobjdump"), "-res-usage", fh.name], capture_output=True,
                              text=True).stdout
     body = _loop_body(sass)
-    ops = collections.Counter(re.sub(r"^\s+/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?", "", x).split()[0] for x in body)
+    ops = collections.Counter(opcodes(body))
     regs = re.search(r"REG:(\d+)", res)
     return {"loop": body, "ops": ops, "registers": int(regs.group(1)) if regs else None,
             "shared": compiled.metadata.shared, "sass": sass}

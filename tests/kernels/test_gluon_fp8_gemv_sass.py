@@ -11,7 +11,7 @@ import pytest
 triton = pytest.importorskip("triton")
 gg = pytest.importorskip("deepinfer_nvidia.kernels.gluon_fp8_gemv")
 
-from deepinfer_nvidia.tests.sass_count import count, missing_tools  # noqa: E402
+from deepinfer_nvidia.tests.sass_count import count, missing_tools, opcodes  # noqa: E402
 
 if missing_tools(gg):
     pytest.skip(missing_tools(gg), allow_module_level=True)
@@ -43,20 +43,14 @@ def test_programmatic_dependent_launch_orders_the_prologue():
     the first weight tiles (16-byte copies) and before any activation copy (the 4-byte gathers) or store, and
     lets the next kernel launch (PREEXIT) after its K loop; the loop does the same work. Without PDL neither
     instruction is emitted."""
-    import re
-
     consts = {"BN_BLK": 32, "BK_BLK": 32, "SPLIT": 4, "BLOCK_M": 8, "STAGES": 3, "SAFE": 0, "TMA": 0,
               "q_desc": None, "num_warps": 4}
     div16 = frozenset({"N", "K", "stride_x", "k_per_split"})
     plain = count(gg._wgmma_gemv_kernel, SIG, {**consts, "PDL": 0}, warps=4, div16=div16)
     pdl = count(gg._wgmma_gemv_kernel, SIG, {**consts, "PDL": 1}, warps=4, div16=div16)
 
-    def opcodes(r):
-        return [re.sub(r"^\s+/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?", "", line).split()[0]
-                for line in r["sass"].splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
-
-    assert not {"ACQBULK", "PREEXIT"} & set(opcodes(plain))
-    ops = opcodes(pdl)
+    assert not {"ACQBULK", "PREEXIT"} & set(opcodes(plain["sass"]))
+    ops = opcodes(pdl["sass"])
     assert ops.count("ACQBULK") == 1 and ops.count("PREEXIT") == 1, [o for o in ops if o in ("ACQBULK", "PREEXIT")]
     wait, release = ops.index("ACQBULK"), ops.index("PREEXIT")
     weights_before = [i for i, o in enumerate(ops[:wait]) if o == "LDGSTS.E.BYPASS.128"]
@@ -72,13 +66,6 @@ def test_programmatic_dependent_launch_orders_the_prologue():
     assert abs(len(pdl["loop"]) - len(plain["loop"])) <= 0.05 * len(plain["loop"])
 
 
-def _opcodes(r):
-    import re
-
-    return [re.sub(r"^\s+/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?", "", line).split()[0]
-            for line in r["sass"].splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
-
-
 @pytest.mark.parametrize("pdl", [0, 1])
 def test_tma_weight_tiles(pdl):
     """``TMA=1``: the weight tiles move by TMA (``UTMALDG.3D``: STAGES-1 in the prologue, one in the loop) into the
@@ -92,7 +79,7 @@ def test_tma_weight_tiles(pdl):
     div16 = frozenset({"N", "K", "stride_x", "k_per_split"})
     plain = count(gg._wgmma_gemv_kernel, SIG, {**consts, "TMA": 0, "q_desc": None}, warps=4, div16=div16)
     tma = count(gg._wgmma_gemv_kernel, {**SIG, "q_desc": desc}, {**consts, "TMA": 1}, warps=4, div16=div16)
-    ops, base = _opcodes(tma), _opcodes(plain)
+    ops, base = opcodes(tma["sass"]), opcodes(plain["sass"])
     assert ops.count("UTMALDG.3D") == consts["STAGES"] and "UTMALDG.3D" not in base
     assert ops.count("LDGSTS.E.BYPASS.128") == 0 < base.count("LDGSTS.E.BYPASS.128")
     assert ops.count("LDGSTS.E") == base.count("LDGSTS.E") > 0  # the activation gathers

@@ -19,7 +19,7 @@ import pytest
 triton = pytest.importorskip("triton")
 gms = pytest.importorskip("deepinfer_nvidia.kernels.gluon_moe_swap")
 
-from deepinfer_nvidia.tests.sass_count import count, missing_tools  # noqa: E402
+from deepinfer_nvidia.tests.sass_count import count, missing_tools, opcodes  # noqa: E402
 
 if missing_tools(gms):
     pytest.skip(missing_tools(gms), allow_module_level=True)
@@ -110,12 +110,9 @@ def test_tma_weight_tiles(up):
 def test_pdl_waits_then_releases_before_any_load(up):
     """Launched with programmatic dependent launch (``triton_pdl``), every program first waits for the previous
     kernel (ACQBULK), then lets the next launch (PREEXIT), before its first load; the loop is unchanged."""
-    def opcodes(r):
-        return [re.sub(r"^\s+/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?", "", line).split()[0]
-                for line in r["sass"].splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
     plain, with_pdl = _compile(up, 2, 1), _compile(up, 2, 1, pdl=1)
-    assert not {"ACQBULK", "PREEXIT"} & set(opcodes(plain))
-    ops = opcodes(with_pdl)
+    assert not {"ACQBULK", "PREEXIT"} & set(opcodes(plain["sass"]))
+    ops = opcodes(with_pdl["sass"])
     first_load = min(i for i, o in enumerate(ops) if o.startswith(("LDG", "LDGSTS")))
     assert ops.count("ACQBULK") == 1 and ops.index("ACQBULK") < ops.index("PREEXIT") < first_load
     assert with_pdl["ops"] == plain["ops"]
@@ -130,7 +127,7 @@ def test_fence_first_leaves_no_barrier_between_decode_and_wgmma(up):
     for fence_first in (0, 1):
         r = _compile(up, areg=2, safe=0, fence_first=fence_first)
         assert r["ops"]["FENCE.VIEW.ASYNC.S"] == 1
-        ops = [re.sub(r"^\s+/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?", "", x).split()[0] for x in r["loop"]]
+        ops = opcodes(r["loop"])
         mma = next(i for i, o in enumerate(ops) if o.startswith("HGMMA"))
         last_bar = max(i for i in range(mma) if ops[i].startswith("BAR.SYNC"))
         first_frag = next(i for i, o in enumerate(ops) if o == "LDS.128")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ast
 import pathlib
-import re
 
 import pytest
 
@@ -96,11 +95,6 @@ def test_platform_check_on_this_machine():
         pdl._platform_ok.cache_clear()
 
 
-def _opcodes(sass: str) -> list[str]:
-    return [re.sub(r"^\s+/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?", "", line).split()[0]
-            for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
-
-
 def _cases():
     from deepinfer_nvidia.kernels import triton_gemm, triton_mhc, triton_norm
     return {
@@ -117,15 +111,15 @@ def _cases():
 
 @pytest.mark.parametrize("case", ["rms", "collapse", "sum_slices"])
 def test_wait_then_release_before_any_global_access(case):
-    from deepinfer_nvidia.tests.sass_count import count, missing_tools
+    from deepinfer_nvidia.tests.sass_count import count, missing_tools, opcodes
 
     from deepinfer_nvidia.kernels import triton_norm
     if missing_tools(triton_norm):
         pytest.skip(missing_tools(triton_norm))
     fn, sig, consts, warps = _cases()[case]
-    plain = _opcodes(count(fn, sig, dict(consts, PDL=0), warps=warps)["sass"])
+    plain = opcodes(count(fn, sig, dict(consts, PDL=0), warps=warps)["sass"])
     assert not {"ACQBULK", "PREEXIT"} & set(plain)
-    ops = _opcodes(count(fn, sig, dict(consts, PDL=1), warps=warps)["sass"])
+    ops = opcodes(count(fn, sig, dict(consts, PDL=1), warps=warps)["sass"])
     assert ops.count("ACQBULK") == 1 and ops.count("PREEXIT") == 1, ops
     first_access = min(i for i, o in enumerate(ops) if o.startswith(("LDG", "STG", "LD.", "ST.")))
     assert ops.index("ACQBULK") < ops.index("PREEXIT") < first_access, ops[:first_access + 1]

@@ -72,13 +72,11 @@ def test_the_same_launch_puts_the_activations_in_k_order(run_interpreted):
 
 def test_align_with_permute_compiles_for_sm90():
     """The launch with the permuting programs compiles for sm_90a, the PDL wait before any global access."""
-    import re
-
     import pytest
 
     pytest.importorskip("triton")
     ta = pytest.importorskip("deepinfer_nvidia.kernels.triton_align")
-    from deepinfer_nvidia.tests.sass_count import count, missing_tools
+    from deepinfer_nvidia.tests.sass_count import count, missing_tools, opcodes
 
     if missing_tools(ta):
         pytest.skip(missing_tools(ta))
@@ -87,7 +85,6 @@ def test_align_with_permute_compiles_for_sm90():
     for perm in (1, 2):
         sass = count(ta._align_sort_kernel, sig, {"BLOCK_M": 16, "PB": 16, "EB": 512, "PERM": perm, "XB": ta.XB,
                                                    "PDL": 1}, warps=4)["sass"]
-        ops = [re.sub(r"^\s+/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?", "", line).split()[0]
-               for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
+        ops = opcodes(sass)
         first = min(i for i, o in enumerate(ops) if o.startswith(("LDG", "STG")))
         assert ops.index("ACQBULK") < ops.index("PREEXIT") < first

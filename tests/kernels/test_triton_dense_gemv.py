@@ -4,8 +4,6 @@ strided operands, one split and many), which operands it takes and which go to c
 its sm_90a compile (PDL wait first, 16-byte weight loads)."""
 from __future__ import annotations
 
-import re
-
 import pytest
 
 _INTERPRETED = r"""
@@ -111,7 +109,7 @@ def test_registered_before_cublas():
 def test_compiles_for_sm90_with_the_wait_first():
     pytest.importorskip("triton")
     dg = pytest.importorskip("deepinfer_nvidia.kernels.triton_dense_gemv")
-    from deepinfer_nvidia.tests.sass_count import count, missing_tools
+    from deepinfer_nvidia.tests.sass_count import count, missing_tools, opcodes
 
     if missing_tools(dg):
         pytest.skip(missing_tools(dg))
@@ -119,8 +117,7 @@ def test_compiles_for_sm90_with_the_wait_first():
            "N": "i32", "K": "i32", "stride_x": "i32", "stride_w": "i32", "k_per_split": "i32"}
     res = count(dg._dense_gemv_kernel, sig, {"SPLIT": 10, "BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 512, "PDL": 1},
                 warps=4, div16=frozenset({"K", "stride_x", "stride_w", "k_per_split"}))
-    ops = [re.sub(r"^\s+/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?", "", line).split()[0]
-           for line in res["sass"].splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
+    ops = opcodes(res["sass"])
     first_load = min(i for i, o in enumerate(ops) if o.startswith("LDG"))
     assert ops.index("ACQBULK") < ops.index("PREEXIT") < first_load
     assert any(o.startswith("LDG.E.128") for o in ops)  # the weight rows move 16 bytes a load
@@ -134,9 +131,10 @@ def test_what_it_does_not_take_goes_to_cublas(monkeypatch):
     dg = pytest.importorskip("deepinfer_nvidia.kernels.triton_dense_gemv")
     from deepinfer_nvidia.kernels import aten_ops
 
+    assert dg.cublas_dense is aten_ops.gemm_dense and dg.supports_dense is aten_ops.supports_dense
     calls = []
     monkeypatch.setattr(dg, "supports_dense", lambda x, w: True)
-    monkeypatch.setattr(aten_ops, "gemm_dense", lambda x, w: calls.append(x.shape) or x @ w.t())
+    monkeypatch.setattr(dg, "cublas_dense", lambda x, w: calls.append(x.shape) or x @ w.t())
     monkeypatch.setattr(dg, "gemv", lambda x, w, sms: calls.append(("gemv", x.shape)) or x @ w.t())
     x, w = torch.randn(5, 64), torch.randn(8, 64)
     assert torch.allclose(dg.gemm_dense(x, w), x @ w.t())

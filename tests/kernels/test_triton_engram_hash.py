@@ -4,8 +4,6 @@ anywhere, out-of-range window ids, one token), its registration, and its sm_90a 
 modulo, PDL wait first)."""
 from __future__ import annotations
 
-import re
-
 import pytest
 
 _INTERPRETED = r"""
@@ -60,7 +58,7 @@ def test_uncovered_operands_go_to_the_reference():
 def test_compiles_for_sm90_with_the_wait_first():
     pytest.importorskip("triton")
     th = pytest.importorskip("deepinfer_nvidia.kernels.triton_engram_hash")
-    from deepinfer_nvidia.tests.sass_count import count, missing_tools
+    from deepinfer_nvidia.tests.sass_count import count, missing_tools, opcodes
 
     if missing_tools(th):
         pytest.skip(missing_tools(th))
@@ -68,8 +66,7 @@ def test_compiles_for_sm90_with_the_wait_first():
            "off_ptr": "*i64", "out_ptr": "*i64", "N": "i32", "V": "i32", "H": "i32", "C": "i32", "L": "i32",
            "pad_id": "i32"}
     sass = count(th._hash_kernel, sig, {"NP": 4, "CP": 32, "PDL": 1}, warps=1)["sass"]
-    ops = [re.sub(r"^\s+/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?", "", line).split()[0]
-           for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
+    ops = opcodes(sass)
     first_load = min(i for i, o in enumerate(ops) if o.startswith("LDG"))
     assert ops.index("ACQBULK") < ops.index("PREEXIT") < first_load
     assert any(o.startswith("STG") for o in ops)
