@@ -92,12 +92,12 @@ if os.environ.get("DEEPINFER_NV_SWAP_PAIRS"):
 # at 2-64: docs/performance.md, twentieth pass), so off. Only where the weight rows are 16-byte aligned and N is a
 # multiple of BLOCK_N.
 SWAP_TMA = False
-# With A decoded into registers, fence x's cp.async bytes for the wgmma right after the ring wait, before the
-# barrier that precedes the decode, and drop the barrier between the decode and the wgmma (warps that decode first
-# no longer wait there for the last): the usual order for cp.async into wgmma operands (wait, fence, barrier).
-# Written in the twenty-first pass without device time: off until measured (``bench_swap --fence-first``;
-# ``DEEPINFER_NV_SWAP_FENCE_FIRST=1`` turns it on, for the device tests).
-SWAP_FENCE_FIRST = os.environ.get("DEEPINFER_NV_SWAP_FENCE_FIRST", "0") == "1"
+# The down launch reads only the h rows of real pairs: its padding rows (pair >= P: BLOCK_M - 1 of 16 at 1 token)
+# are masked, so their cp.async copies zero-fill the ring instead of reading h. A wgmma column depends only on its
+# own x row, so the real rows' sums are unchanged (bit-equal by construction); at 1 token this takes 120 of the
+# ~320 L2 sectors a K tile reads (ncu, docs/performance.md, twenty-second pass). ``DEEPINFER_NV_SWAP_DOWN_SKIP_PAD=0``
+# reads every row, as before (``bench_swap --down-pad`` times both).
+SWAP_DOWN_SKIP_PAD = os.environ.get("DEEPINFER_NV_SWAP_DOWN_SKIP_PAD", "1") == "1"
 
 
 def available() -> bool:
@@ -210,7 +210,7 @@ if _GLUON:
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
                      SAFE: gl.constexpr, AREG: gl.constexpr, PROBE: gl.constexpr, SPLIT: gl.constexpr,
                      TMA: gl.constexpr, wa_desc, wb_desc, num_warps: gl.constexpr, PDL: gl.constexpr = 0,
-                     FENCE_FIRST: gl.constexpr = 0):
+                     SKIP_PAD: gl.constexpr = 0):
         """One (expert block, K split, N tile) of ``out = act(x_rows) @ W^T``, W [E, N, K/2] packed e2m1.
         UP: x rows are the pairs' tokens of ``x_ptr`` (K order already bit-reversed), W = w1 (``wa``) and w3
         (``wb``), out = h [R = blocks*BLOCK_M, N] = clamped SwiGLU, written in the bit-reversed K order of the
@@ -220,7 +220,8 @@ if _GLUON:
         (``cnt``, zeroed int32 per (block, tile), reset here) adds the partials in split order and finishes.
         TMA: the weight tiles arrive by TMA (``wa_desc``/``wb_desc``: W as [E*N, K/32, 16] bytes, boxes
         [BLOCK_N, G, 16]), one bulk copy and one mbarrier a matrix and stage instead of 128 threads' ``cp.async``;
-        the activations keep ``cp.async`` (their rows are gathered by pair)."""
+        the activations keep ``cp.async`` (their rows are gathered by pair). SKIP_PAD (down): h's padding rows
+        (pair >= P) are not read; the ring gets zeros there."""
         if PDL:  # programmatic dependent launch (triton_pdl): wait for the previous kernel, release the next
             _grid_dependency(True)
             _grid_dependency(False)
@@ -258,7 +259,10 @@ if _GLUON:
             vx = gl.expand_dims(pair_x < P, 1)
         else:
             xrow = gl.expand_dims(rows_x.to(gl.int64) * stride_x, 1)
-            vx = gl.expand_dims(rows_x >= 0, 1)
+            if SKIP_PAD:
+                vx = gl.expand_dims(gl.load(pair_ptr + rows_x) < P, 1)
+            else:
+                vx = gl.expand_dims(rows_x >= 0, 1)
         ck = gl.expand_dims(gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, LX)), 0)
         rn3 = tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LS))
         rg3 = gl.arange(0, G, layout=gl.SliceLayout(0, LS))
@@ -324,8 +328,6 @@ if _GLUON:
             si = i % STAGES
             if TMA:  # the weight boxes of tile i: the stage's barrier completes once per use of the stage
                 mbarrier.wait(bars.index(si), (i // STAGES) & 1)
-            if FENCE_FIRST and AREG and (PROBE & 1) == 0:  # x's landed bytes to the async proxy before the barrier
-                fence_async_shared()
             _cta_barrier()
             xs = ring_x.index(si).permute((1, 0))
             if AREG:  # A from registers (2: decoded straight into the fragment order, 1: the compiler converts)
@@ -333,10 +335,11 @@ if _GLUON:
                 if UP:
                     db = gl.convert_layout(_decode_regs(ring_b.index(si).load(L3), cb, BLOCK_N, BLOCK_K, SAFE, AREG),
                                            AOP)
-                if not FENCE_FIRST:  # the decode writes no shared memory: only x needs the fence and a barrier
-                    if (PROBE & 1) == 0:
-                        fence_async_shared()
-                    _cta_barrier()
+                # the decode writes no shared memory: only x needs the fence and a barrier (fencing before the
+                # decode instead, with no barrier here, measured no faster: twenty-second pass)
+                if (PROBE & 1) == 0:
+                    fence_async_shared()
+                _cta_barrier()
                 acc_a = warpgroup_mma(da, xs, acc_a, is_async=True)
                 if UP:
                     acc_b = warpgroup_mma(db, xs, acc_b, is_async=True)
@@ -577,7 +580,7 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
                                     d // 2, xp.stride(0), float(limit), nt1, r, triton.cdiv(kt1, sp1), TOPK=k, UP=1,
                                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages, SAFE=int(safe), AREG=areg,
                                     PROBE=probe, SPLIT=sp1, TMA=int(tma), wa_desc=d1[0], wb_desc=d1[1],
-                                    num_warps=warps, FENCE_FIRST=int(SWAP_FENCE_FIRST), **pdl_launch(),
+                                    num_warps=warps, **pdl_launch(),
                                     **policy.up_options(maxnreg))
     y = torch.empty(p, d, dtype=torch.float32, device=x.device)
     part2 = torch.empty(sp2, p, d, dtype=torch.float32, device=x.device) if sp2 > 1 else wt
@@ -585,5 +588,5 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
                                     f // 2, f, float(limit), nt2, r, triton.cdiv(kt2, sp2), TOPK=k, UP=0,
                                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages, SAFE=int(safe), AREG=areg,
                                     PROBE=probe, SPLIT=sp2, TMA=int(tma), wa_desc=d2[0], wb_desc=d2[1],
-                                    num_warps=warps, FENCE_FIRST=int(SWAP_FENCE_FIRST), **pdl_launch())
+                                    num_warps=warps, SKIP_PAD=int(SWAP_DOWN_SKIP_PAD), **pdl_launch())
     return sum_slices(y, t, d, k, d, k * d, x.dtype)

@@ -330,23 +330,6 @@ def test_moe_fp8_and_dense_rows(reg, dtype):
                sizes=(2, 7, 64, 300))
 
 
-def test_every_invariant_entry_has_a_row_test():
-    """A new ``batch_invariant=True`` registration must come with a row check: in this file, or in the
-    op family's own device test (named here)."""
-    covered = {("gemm.fp8_block", "triton_bi"), ("gemm.fp8_block_grouped", "triton_bi"), ("gemm.mxfp4", "triton_bi"), ("gemm.dense", "triton_bi"),
-               ("attention.sparse_sink", "triton_bi"), ("index.scores", "triton_bi"), ("mhc.mix", "triton_bi"),
-               ("mhc.collapse", "triton"), ("mhc.expand", "triton"), ("norm.rms", "triton"),
-               ("norm.rms_unweighted", "triton"), ("rope.interleaved", "triton"),
-               ("moe.experts_mxfp4", "triton_bi"), ("moe.experts_fp8", "triton_bi"), ("moe.experts", "triton_bi"),
-               ("cache.write_rows", "triton"), ("engram.gather", "triton"), ("engram.gate", "triton"),
-               ("engram.hash_ids", "triton"), ("mhc.head_pre", "triton")}
-    # row checks in their own files: test_conformance_route_compress.py::test_rows_are_batch_invariant,
-    # test_conformance_topk.py::test_topk_graph_and_row_invariance
-    covered |= {("moe.route_topk", "triton"), ("moe.route_hash", "triton"), ("compress.softmax_pool", "triton"),
-                ("index.topk", "triton")}
-    assert set(INVARIANT) == covered
-
-
 def test_batch_invariant_mode_resolution():
     """In batch-invariant mode the V4 / V4.1 ops resolve to invariant providers (triton_bi first), else references;
     in default mode no triton_bi launch is used."""

