@@ -4,10 +4,14 @@ which is one small kernel launch inside a CUDA graph on a GPU (a few us each on 
     python benchmarks/step_glue_ops.py [--topology flash|mixed] [--batch 4]
 
 Runs on the CPU: a tiny V4.1 checkpoint, a PagedExecutor whose graph runner wraps the captured step
-function in a ``TorchDispatchMode``, one prefill and one decode step. Every aten op whose Python stack
-passes through ``deepinfer_core/kernels/`` belongs to a registered kernel (one or a few launches on a
-GPU, whatever the CPU reference does) and is not counted; the rest (index math, cache writes, model
-glue) is listed by source line. View ops are counted too, although they launch nothing.
+function in a ``TorchDispatchMode``, one prefill and one decode step. Every aten op with a registered
+kernel implementation on its Python stack (any callable the kernel registry has loaded: one or a few
+launches on a GPU, whatever the CPU reference does) is not counted; the rest (index math, cache writes,
+model glue, and helpers of ``deepinfer_core/kernels/`` that a model calls directly rather than through the
+registry) is listed by source line. View ops are counted too, although they launch nothing.
+
+Until the twenty-second pass the rule was "the stack passes through ``deepinfer_core/kernels/``", which
+also dropped the directly called helpers (the shared expert's ``clamped_swiglu``: five launches a layer).
 """
 from __future__ import annotations
 
@@ -25,20 +29,48 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+def _code(fn):
+    """The code object a registered callable runs (a function, a bound method, a partial or a callable object)."""
+    while hasattr(fn, "func"):  # functools.partial
+        fn = fn.func
+    fn = getattr(fn, "__wrapped__", fn)
+    code = getattr(fn, "__code__", None) or getattr(getattr(fn, "__func__", None), "__code__", None)
+    return code or getattr(getattr(type(fn), "__call__", None), "__code__", None)
+
+
 class GlueOps(TorchDispatchMode):
-    """Counts aten ops outside ``deepinfer_core/kernels/`` by (file:line:function) and by op."""
+    """Counts aten ops outside registered kernels by (file:line:function) and by op."""
 
     def __init__(self):
         super().__init__()
         self.by_line: collections.Counter = collections.Counter()
         self.by_op: collections.Counter = collections.Counter()
+        self._codes: set = set()
+        self._seen = 0
+
+    def _kernel_codes(self) -> set:
+        """Code objects of every implementation the registry has loaded (refreshed when it loads more)."""
+        from deepinfer_core.kernels.registry import get_registry
+
+        loaded = get_registry()._loaded
+        if len(loaded) != self._seen:
+            self._codes = {c for c in map(_code, loaded.values()) if c is not None}
+            self._seen = len(loaded)
+        return self._codes
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        frames = [f for f in traceback.extract_stack() if f.filename.startswith(str(ROOT)) and f.filename != __file__]
-        if frames and not any("deepinfer_core/kernels/" in f.filename for f in frames):
-            f = frames[-1]
-            self.by_line[f"{Path(f.filename).relative_to(ROOT)}:{f.lineno}:{f.name}"] += 1
-            self.by_op[str(func.overloadpacket)] += 1
+        codes = self._kernel_codes()
+        f, inside = sys._getframe(1), False
+        while f is not None and not inside:
+            inside = f.f_code in codes
+            f = f.f_back
+        if not inside:
+            frames = [fr for fr in traceback.extract_stack()
+                      if fr.filename.startswith(str(ROOT)) and fr.filename != __file__]
+            if frames:
+                fr = frames[-1]
+                self.by_line[f"{Path(fr.filename).relative_to(ROOT)}:{fr.lineno}:{fr.name}"] += 1
+                self.by_op[str(func.overloadpacket)] += 1
         return func(*args, **(kwargs or {}))
 
 
