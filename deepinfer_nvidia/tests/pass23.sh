@@ -32,10 +32,14 @@ xdist_files() {  # xdist_files TAG pytest-args...: one line per finished test in
 }
 ncu_source() {  # ncu_source TAG KERNEL_REGEX SKIP [ncu_targets args...]: the SASS lines with the most samples
   local tag=$1 kern=$2 skip=$3; shift 3
+  # two steps: collect a report (PC sampling comes with SourceCounters), then print its source page; the report
+  # itself comes back too, in case this ncu prints the page in another form than the parser below expects
   timeout "${NCU_S:-200}" ncu --clock-control none --kernel-name "regex:$kern" --launch-skip "$skip" \
-    --launch-count 1 --section SourceCounters --section WarpStateStats --page source --print-source sass --csv \
-    python3 -m deepinfer_nvidia.tests.ncu_targets "$@" > "$OUT/source_$tag.csv" 2>&1
-  echo "ncu source $tag rc=$?"
+    --launch-count 1 --section SourceCounters --section WarpStateStats -f -o "$OUT/source_$tag" \
+    python3 -m deepinfer_nvidia.tests.ncu_targets "$@" > "$OUT/source_$tag.log" 2>&1
+  echo "ncu collect $tag rc=$?"
+  ncu --import "$OUT/source_$tag.ncu-rep" --page source --print-source sass --csv > "$OUT/source_$tag.csv" 2>&1
+  echo "ncu source page $tag rc=$?"
   python3 - "$OUT/source_$tag.csv" <<'EOF'
 import csv, sys
 lines = open(sys.argv[1]).read().splitlines()
