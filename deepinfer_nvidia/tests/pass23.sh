@@ -51,12 +51,18 @@ start = next((i for i, l in enumerate(lines) if l.startswith('"') and "Source" i
 if start is None:
     sys.exit(print("no source table; the file's last lines:\n" + "\n".join(lines[-8:])))
 rows = list(csv.DictReader(lines[start:]))
-key = next((k for k in rows[0] if "Warp Stall Sampling (All" in k), None)
-num = lambda v: float(str(v).replace(",", "") or 0)
-print("columns:", [k for k in rows[0] if "Stall" in k or "Sectors" in k][:8])
-total = sum(num(r[key]) for r in rows) or 1
-for r in sorted(rows, key=lambda r: -num(r[key]))[:20]:
-    print(f"{100 * num(r[key]) / total:5.1f}%  {r.get('Address', '')}  {r.get('Source', '')[:90]}")
+num = lambda v: float(str(v or 0).replace(",", "") or 0)
+col = lambda *words: next((k for k in rows[0] if all(w in k for w in words)), None)
+print("columns:", list(rows[0])[:40])
+# the lines with the most stall samples, then those with the most excess L2 sectors / shared wavefronts
+for key in (col("Warp Stall Sampling (All"), col("Sectors", "Excessive"), col("Wavefronts Shared", "Excessive")):
+    if key is None:
+        continue
+    total = sum(num(r[key]) for r in rows) or 1
+    print(f"== top lines by {key} (total {total:.0f})")
+    for r in sorted(rows, key=lambda r: -num(r[key]))[:20]:
+        if num(r[key]):
+            print(f"{100 * num(r[key]) / total:5.1f}%  {r.get('Address', '')}  {r.get('Source', '')[:90]}")
 EOF
 }
 if has pad; then
