@@ -65,8 +65,9 @@ class GlueOps(TorchDispatchMode):
             inside = f.f_code in codes
             f = f.f_back
         if not inside:
-            frames = [fr for fr in traceback.extract_stack()
-                      if fr.filename.startswith(str(ROOT)) and fr.filename != __file__]
+            frames = [fr for fr in traceback.extract_stack()  # the repository's own files (a venv may live in it)
+                      if fr.filename.startswith(str(ROOT)) and fr.filename != __file__
+                      and "site-packages" not in fr.filename]
             if frames:
                 fr = frames[-1]
                 self.by_line[f"{Path(fr.filename).relative_to(ROOT)}:{fr.lineno}:{fr.name}"] += 1
