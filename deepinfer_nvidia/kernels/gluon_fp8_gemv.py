@@ -33,7 +33,7 @@ import os
 import torch
 import triton
 
-from deepinfer_nvidia.kernels import gluon_moe_swap as _swap
+from deepinfer_nvidia.kernels import gluon_moe_swap as _swap, scale_checks
 from deepinfer_nvidia.kernels.mxfp4_word_decode import _bf16x2_mul
 from deepinfer_nvidia.kernels.triton_pdl import gluon_grid_dependency, pdl_launch
 
@@ -306,8 +306,8 @@ def takes(x: torch.Tensor, q: torch.Tensor, bn_blk: int, bk_blk: int, e8: bool, 
 
 def scales_allow_fast(s: torch.Tensor) -> bool:
     """True when every UE8M0 byte is <= 134 (``scale * 2^120`` is then a normal bf16); cached per stack as
-    ``gluon_moe_swap.scales_allow_fast`` does (graph capture of an unseen stack answers False)."""
-    return _swap.scales_allow_fast(s, limit=134)
+    ``scale_checks.scales_allow_fast`` does (graph capture of an unseen stack answers False)."""
+    return scale_checks.scales_allow_fast(s, limit=134)
 
 
 def tma_fits(q: torch.Tensor) -> bool:

@@ -44,10 +44,10 @@ import os
 
 import torch
 import triton
-from torch.multiprocessing.reductions import StorageWeakRef
 
 from deepinfer_nvidia.kernels import gluon_swap_split as policy
 from deepinfer_nvidia.kernels.mxfp4_word_decode import _word_asm
+from deepinfer_nvidia.kernels.scale_checks import scales_allow_fast
 from deepinfer_nvidia.kernels.triton_pdl import gluon_grid_dependency as _grid_dependency, pdl_launch
 
 try:  # Gluon is experimental: absent in older Triton, so the path is optional
@@ -424,36 +424,6 @@ if _GLUON:
         """y = bf16(sum) * routing weight (fp32) at the pairs' rows."""
         wt = gl.load(wt_ptr + pair, mask=valid, other=0.0)
         gl.store(out_ptr + yoff, acc.to(gl.bfloat16).to(gl.float32) * gl.expand_dims(wt, 0), mask=ym)
-
-
-_SAFE_CACHE: dict[tuple[int, int, int, int], tuple[StorageWeakRef, bool]] = {}
-
-
-def _version(t: torch.Tensor) -> int:
-    """The tensor's in-place version counter; inference-mode tensors (weights loaded under
-    ``torch.inference_mode``) keep none, and -1 stands for it (they are not modified after loading)."""
-    return -1 if t.is_inference() else t._version
-
-
-def scales_allow_fast(*scales: torch.Tensor, limit: int = 128) -> bool:
-    """True when every UE8M0 byte of the given scale stacks is <= ``limit`` (128 here: then ``scale * 2^126``
-    is a finite bf16 and one multiply per pair suffices; ``gluon_fp8_gemv`` asks for 134). One host read per
-    stack, cached by storage and version; during CUDA graph capture an unseen stack answers False (the exact
-    two-multiply decode) instead of synchronising. The entry holds a weak reference to the *storage* (C++
-    level: callers pass fresh views such as ``scale.view(torch.uint8)`` on every call, whose Python objects
-    die at once), so a new tensor that reuses a freed stack's memory is checked again while the same weights
-    keep hitting the cache."""
-    ok = True
-    for s in scales:
-        key = (s.data_ptr(), s.numel(), _version(s), limit)
-        hit = _SAFE_CACHE.get(key)
-        if hit is None or hit[0].expired():
-            if s.is_cuda and torch.cuda.is_current_stream_capturing():
-                return False
-            safe = bool((s.view(torch.uint8) <= limit).all())
-            hit = _SAFE_CACHE[key] = (StorageWeakRef(s.untyped_storage()), safe)
-        ok = ok and hit[1]
-    return ok
 
 
 def swap_or_none(*args, **kwargs) -> torch.Tensor | None:

@@ -94,7 +94,7 @@ def test_scale_check_caches_fresh_views_of_one_stack():
     hit (keyed to the view's base): a miss costs a host read per call in eager steps, and inside a CUDA graph
     capture it answered False, so graphs ran the slower exact decode and compiled it mid-capture, which failed
     the capture now and then on the H200 (thirteenth pass)."""
-    from deepinfer_nvidia.kernels import gluon_moe_swap as sw
+    from deepinfer_nvidia.kernels import scale_checks as sw
 
     with torch.inference_mode():
         stack = torch.full((4, 8), 130, dtype=torch.uint8).view(torch.float8_e8m0fnu)
