@@ -33,7 +33,7 @@ import os
 import torch
 import triton
 
-from deepinfer_nvidia.kernels import gluon_moe_swap as _swap, scale_checks
+from deepinfer_nvidia.kernels import gluon_moe_swap as _swap, gluon_swap_layout as _layout, scale_checks
 from deepinfer_nvidia.kernels.mxfp4_word_decode import _bf16x2_mul
 from deepinfer_nvidia.kernels.triton_pdl import gluon_grid_dependency, pdl_launch
 
@@ -323,7 +323,7 @@ def weight_desc(q: torch.Tensor):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     n, k = q.shape
-    return TensorDescriptor.from_tensor(q.view(n, k // 32, 32), [64, 4, 32], _swap.weight_desc_layout())
+    return TensorDescriptor.from_tensor(q.view(n, k // 32, 32), [64, 4, 32], _layout.weight_desc_layout())
 
 
 def split_k_tiles(tiles: int, k_tiles: int, sms: int, programs: int, resident: int) -> int:

@@ -47,6 +47,7 @@ import triton
 
 from deepinfer_nvidia.kernels import gluon_swap_split as policy
 from deepinfer_nvidia.kernels.mxfp4_word_decode import _word_asm
+from deepinfer_nvidia.kernels.gluon_swap_layout import _weight_descs, block_m_for, permute_k, tma_fits
 from deepinfer_nvidia.kernels.scale_checks import scales_allow_fast
 from deepinfer_nvidia.kernels.triton_pdl import gluon_grid_dependency as _grid_dependency, pdl_launch
 
@@ -66,6 +67,8 @@ try:  # Gluon is experimental: absent in older Triton, so the path is optional
     _cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
     _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # renamed after 3.6 as well
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared  # and the TMA load
+    # and a shared view's reinterpretation (``_reinterpret`` in 3.6, ``reinterpret`` later)
+    _REINTERPRET_PUBLIC: gl.constexpr = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
     _GLUON = True
 except ImportError:  # pragma: no cover - depends on the installed triton
     _GLUON = False
@@ -98,6 +101,13 @@ SWAP_TMA = False
 # ~320 L2 sectors a K tile reads (ncu, docs/performance.md, twenty-second pass). ``DEEPINFER_NV_SWAP_DOWN_SKIP_PAD=0``
 # reads every row, as before (``bench_swap --down-pad`` times both).
 SWAP_DOWN_SKIP_PAD = os.environ.get("DEEPINFER_NV_SWAP_DOWN_SKIP_PAD", "1") == "1"
+# Each program copies its whole range of scale bytes into shared memory once, with coalesced 4-byte loads (one
+# word = a row's 4 scales of one 128-column tile), and each K step reads its tile's words from there; the default
+# loads a tile's [64 rows, 4] bytes from global memory a step ahead, one 32-byte sector for every 4 bytes (29% of
+# the 1-token up launch's L2 sectors are that excess: docs/performance.md, twenty-second pass). Bit-equal by
+# construction (the same bytes reach the same decode). Written without device time: off until ``bench_swap
+# --scales-smem`` times it; ``DEEPINFER_NV_SWAP_SCALES_SMEM=1`` turns it on. Fragment tiles (AREG=2) only.
+SWAP_SCALES_SMEM = os.environ.get("DEEPINFER_NV_SWAP_SCALES_SMEM", "0") == "1"
 
 
 def available() -> bool:
@@ -205,12 +215,40 @@ if _GLUON:
         return gl.expand_dims(gl.load(s_ptr + soff + g0, mask=nm & gl.expand_dims(g0 + rg3 < KG, 0), other=127), 2)
 
     @gluon.jit
+    def _stage_scales(s_ptr, e64, N, KW, k0, n_k, tile, BLOCK_N: gl.constexpr, KT_PAD: gl.constexpr,
+                      num_warps: gl.constexpr):
+        """Scale words of tiles ``k0 .. k0 + n_k - 1`` of this program's rows -> shared int32 [KT_PAD, BLOCK_N]
+        (tile-major, so a K step takes its tile with ``.index``). ``s_ptr``: the stack as int32 [E, N, KW = K/128],
+        a word = one row's 4 UE8M0 bytes of one 128-column tile. Consecutive threads take consecutive rows (the
+        stores hit distinct banks; the loads' sectors, 8 tiles of a row each, are shared by the warps' later
+        loads through L1); no layout conversion, whose scratch would cost another 16 KB of shared memory. Masked
+        words are 0x7f7f7f7f (scale 1.0, as ``_scales``)."""
+        LR: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])
+        kt = gl.expand_dims(gl.arange(0, KT_PAD, layout=gl.SliceLayout(1, LR)), 1)
+        rn = gl.expand_dims(tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, LR)), 0)
+        words = gl.load(s_ptr + e64 * N * KW + rn.to(gl.int64) * KW + (k0 + kt), mask=(kt < n_k) & (rn < N),
+                        other=0x7F7F7F7F)
+        ss = gl.allocate_shared_memory(gl.int32, [KT_PAD, BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        ss.store(words)
+        # the same row-major words viewed as KT_PAD buffers of [BLOCK_N] (a rank-1 layout), so ``.index`` gives a tile
+        if _REINTERPRET_PUBLIC:
+            return ss.reinterpret(gl.int32, [KT_PAD, BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        else:
+            return ss._reinterpret(gl.int32, [KT_PAD, BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+
+    @gluon.jit
+    def _staged(ss, t, rg3, LS: gl.constexpr):
+        """Tile ``t``'s scale bytes [BLOCK_N, G, 1] uint8 (``_scales``' shape and layout) from the staged words."""
+        w = gl.expand_dims(ss.index(t).load(gl.SliceLayout(1, LS)), 1)
+        return gl.expand_dims(((w >> (8 * gl.expand_dims(rg3, 0))) & 255).to(gl.uint8), 2)
+
+    @gluon.jit
     def _swap_kernel(x_ptr, pair_ptr, bexp_ptr, wa_ptr, sa_ptr, wb_ptr, sb_ptr, wt_ptr, out_ptr, part_ptr, cnt_ptr,
                      P, E, N, K, row_bytes, stride_x, limit, NT, R, TPS, TOPK: gl.constexpr, UP: gl.constexpr,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
                      SAFE: gl.constexpr, AREG: gl.constexpr, PROBE: gl.constexpr, SPLIT: gl.constexpr,
                      TMA: gl.constexpr, wa_desc, wb_desc, num_warps: gl.constexpr, PDL: gl.constexpr = 0,
-                     SKIP_PAD: gl.constexpr = 0):
+                     SKIP_PAD: gl.constexpr = 0, SCALES_SMEM: gl.constexpr = 0, KT_PAD: gl.constexpr = 1):
         """One (expert block, K split, N tile) of ``out = act(x_rows) @ W^T``, W [E, N, K/2] packed e2m1.
         UP: x rows are the pairs' tokens of ``x_ptr`` (K order already bit-reversed), W = w1 (``wa``) and w3
         (``wb``), out = h [R = blocks*BLOCK_M, N] = clamped SwiGLU, written in the bit-reversed K order of the
@@ -221,7 +259,8 @@ if _GLUON:
         TMA: the weight tiles arrive by TMA (``wa_desc``/``wb_desc``: W as [E*N, K/32, 16] bytes, boxes
         [BLOCK_N, G, 16]), one bulk copy and one mbarrier a matrix and stage instead of 128 threads' ``cp.async``;
         the activations keep ``cp.async`` (their rows are gathered by pair). SKIP_PAD (down): h's padding rows
-        (pair >= P) are not read; the ring gets zeros there."""
+        (pair >= P) are not read; the ring gets zeros there. SCALES_SMEM: ``sa_ptr``/``sb_ptr`` are the scale stacks
+        as int32 words, staged once (``_stage_scales``; KT_PAD >= TPS, a power of 2)."""
         if PDL:  # programmatic dependent launch (triton_pdl): wait for the previous kernel, release the next
             _grid_dependency(True)
             _grid_dependency(False)
@@ -303,9 +342,17 @@ if _GLUON:
             else:
                 _issue_tile(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, rg3, xrow, vx, ck, KG_hi,
                             K_hi, k0 + jp, jp, UP, BLOCK_K)
-        ca = _scales(sa_ptr, soff, nm, rg3, k0 * G, KG_hi)
-        if UP:
-            cb = _scales(sb_ptr, soff, nm, rg3, k0 * G, KG_hi)
+        if SCALES_SMEM:
+            ss_a = _stage_scales(sa_ptr, e64, N, KG // 4, k0, n_k, tile, BLOCK_N, KT_PAD, num_warps)
+            ss_b = _stage_scales(sb_ptr, e64, N, KG // 4, k0, n_k, tile, BLOCK_N, KT_PAD, num_warps) if UP else ss_a
+            _cta_barrier()  # every warp's words are stored before any warp reads them
+            ca = _staged(ss_a, 0, rg3, LS)
+            if UP:
+                cb = _staged(ss_b, 0, rg3, LS)
+        else:
+            ca = _scales(sa_ptr, soff, nm, rg3, k0 * G, KG_hi)
+            if UP:
+                cb = _scales(sb_ptr, soff, nm, rg3, k0 * G, KG_hi)
         for i in range(n_k):
             # the previous tiles' wgmma are done: their ring slot and the decode buffers may be reused
             if UP:
@@ -321,9 +368,14 @@ if _GLUON:
             else:
                 _issue_tile(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, rg3, xrow, vx, ck, KG_hi,
                             K_hi, k0 + j, j % STAGES, UP, BLOCK_K)
-            nca = _scales(sa_ptr, soff, nm, rg3, (k0 + i + 1) * G, KG_hi)
-            if UP:
-                ncb = _scales(sb_ptr, soff, nm, rg3, (k0 + i + 1) * G, KG_hi)
+            if SCALES_SMEM:  # the next tile's words (clamped: the last step's read is not used)
+                nca = _staged(ss_a, gl.minimum(i + 1, KT_PAD - 1), rg3, LS)
+                if UP:
+                    ncb = _staged(ss_b, gl.minimum(i + 1, KT_PAD - 1), rg3, LS)
+            else:
+                nca = _scales(sa_ptr, soff, nm, rg3, (k0 + i + 1) * G, KG_hi)
+                if UP:
+                    ncb = _scales(sb_ptr, soff, nm, rg3, (k0 + i + 1) * G, KG_hi)
             async_copy.wait_group(STAGES - 1)
             si = i % STAGES
             if TMA:  # the weight boxes of tile i: the stage's barrier completes once per use of the stage
@@ -449,50 +501,6 @@ def supports_swap(x: torch.Tensor) -> bool:
             and torch.cuda.get_device_capability(x.device)[0] == 9)
 
 
-def block_m_for(pairs: int, experts: int) -> int:
-    """Pairs per block: 16 up to a mean of 12 pairs per routed expert, 32 up to 24, else 64 (H200, V4.1 widths:
-    32 won at a mean of 16 (6144 pairs: 3408 us, 16 rows 4072, 64 rows 4487), 64 at 128 (49152 pairs: 11649 us,
-    128 rows through shared memory 12579))."""
-    mean = pairs / max(1, min(experts, pairs))
-    return 16 if mean <= 12 else 32 if mean <= 24 else 64
-
-
-def permute_k(x: torch.Tensor, fragment: bool) -> torch.Tensor:
-    """Activations ``[T, K]`` in the kernels' K order (a copy): the bit reversal of the low 3 bits of each column
-    (``_decode``), or with ``fragment`` the A-fragment order of ``_decode_fragment`` per 128 columns."""
-    t, k = x.shape
-    if fragment:  # natural n = 32c + 8q + 4e + 2S + p -> logical (q, S, p, c, e)
-        return x.reshape(t, k // 128, 4, 4, 2, 2, 2).permute(0, 1, 3, 5, 6, 2, 4).reshape(t, k)
-    return x.reshape(t, k // 8, 2, 2, 2).permute(0, 1, 4, 3, 2).reshape(t, k)
-
-
-def tma_fits(w: torch.Tensor, block_n: int, block_k: int) -> bool:
-    """Whether a packed stack ``w [E, N, K/2]`` can feed the TMA weight path with these tiles: N a multiple of
-    ``block_n`` (a box never crosses into the next expert), K/2 bytes a row a multiple of 16 and the base 16-byte
-    aligned (the descriptor's rules), and ``block_k`` a multiple of 32."""
-    e, n, half = w.shape
-    return (_GLUON and n % block_n == 0 and half % 16 == 0 and block_k % 32 == 0 and w.is_contiguous()
-            and w.data_ptr() % 16 == 0)
-
-
-def weight_desc_layout():
-    """The shared layout of a TMA weight box: row-major, unswizzled bytes (the ring's layout)."""
-    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=3)
-
-
-def _weight_descs(wa: torch.Tensor, wb: torch.Tensor | None, block_n: int, block_k: int):
-    """TMA descriptors of uint8 stacks [E, N, K/2] viewed as [E*N, K/32, 16], boxes [block_n, block_k/32, 16]."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    def desc(w):
-        e, n, half = w.shape
-        return TensorDescriptor.from_tensor(w.view(e * n, half // 16, 16), [block_n, block_k // 32, 16],
-                                            weight_desc_layout())
-
-    da = desc(wa)
-    return da, (desc(wb) if wb is not None else da)
-
-
 def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | None = None,
                block_n: int | None = None, block_k: int | None = None, warps: int | None = None,
                stages: int | None = None, safe: bool | None = None, areg: int | None = None,
@@ -546,17 +554,21 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
     tma = bool(tma) and all(tma_fits(w, bn, bk) for w in (w1, w3, w2))
     d1 = _weight_descs(u8[0], u8[2], bn, bk) if tma else (None, None)
     d2 = _weight_descs(u8[4], None, bn, bk) if tma else (None, None)
-    _swap_kernel[(nb * sp1 * nt1,)](xp, pair, bexp, u8[0], u8[1], u8[2], u8[3], wt, h, part1, cnt, p, ne, f, d,
+    staged = SWAP_SCALES_SMEM and areg == 2  # scales as int32 words (K/32 % 4 == 0 here), staged in shared memory
+    sc = [u8[i].view(torch.int32) if staged else u8[i] for i in (1, 3, 5)]
+    kp1, kp2 = (triton.next_power_of_2(triton.cdiv(kt, sp)) for kt, sp in ((kt1, sp1), (kt2, sp2)))
+    _swap_kernel[(nb * sp1 * nt1,)](xp, pair, bexp, u8[0], sc[0], u8[2], sc[1], wt, h, part1, cnt, p, ne, f, d,
                                     d // 2, xp.stride(0), float(limit), nt1, r, triton.cdiv(kt1, sp1), TOPK=k, UP=1,
                                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages, SAFE=int(safe), AREG=areg,
                                     PROBE=probe, SPLIT=sp1, TMA=int(tma), wa_desc=d1[0], wb_desc=d1[1],
-                                    num_warps=warps, **pdl_launch(),
+                                    num_warps=warps, SCALES_SMEM=int(staged), KT_PAD=kp1, **pdl_launch(),
                                     **policy.up_options(maxnreg))
     y = torch.empty(p, d, dtype=torch.float32, device=x.device)
     part2 = torch.empty(sp2, p, d, dtype=torch.float32, device=x.device) if sp2 > 1 else wt
-    _swap_kernel[(nb * sp2 * nt2,)](h, pair, bexp, u8[4], u8[5], u8[4], u8[5], wt, y, part2, cnt, p, ne, d, f,
+    _swap_kernel[(nb * sp2 * nt2,)](h, pair, bexp, u8[4], sc[2], u8[4], sc[2], wt, y, part2, cnt, p, ne, d, f,
                                     f // 2, f, float(limit), nt2, r, triton.cdiv(kt2, sp2), TOPK=k, UP=0,
                                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages, SAFE=int(safe), AREG=areg,
                                     PROBE=probe, SPLIT=sp2, TMA=int(tma), wa_desc=d2[0], wb_desc=d2[1],
-                                    num_warps=warps, SKIP_PAD=int(SWAP_DOWN_SKIP_PAD), **pdl_launch())
+                                    num_warps=warps, SKIP_PAD=int(SWAP_DOWN_SKIP_PAD), SCALES_SMEM=int(staged),
+                                    KT_PAD=kp2, **pdl_launch())
     return sum_slices(y, t, d, k, d, k * d, x.dtype)

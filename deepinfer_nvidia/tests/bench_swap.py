@@ -92,6 +92,8 @@ def main() -> None:
     ap.add_argument("--down-pad", action="store_true", help="also time the module's tiles with the down launch "
                     "reading h's padding rows (SWAP_DOWN_SKIP_PAD off, as before the twenty-second pass); outputs must "
                     "be bit-equal")
+    ap.add_argument("--scales-smem", action="store_true", help="also time the module's tiles with each program's "
+                    "scale words staged in shared memory once (SWAP_SCALES_SMEM); outputs must be bit-equal")
     ap.add_argument("--skip-parity", action="store_true")
     args = ap.parse_args()
     from triton.testing import do_bench
@@ -189,6 +191,20 @@ def main() -> None:
                 sw.SWAP_DOWN_SKIP_PAD = saved_pad
             row["swap"]["down reads padding"] = round(us, 1)
             line += f" | down reads padding {us:8.1f} (bit-equal {same})"
+        if args.scales_smem:
+            saved_smem, sw.SWAP_SCALES_SMEM = sw.SWAP_SCALES_SMEM, False
+            loaded = sw.swap_mxfp4(x, w, ids, *ws, 10.0)
+            sw.SWAP_SCALES_SMEM = True
+            try:
+                fn = lambda: sw.swap_mxfp4(x, w, ids, *ws, 10.0)  # noqa: E731
+                same = torch.equal(fn(), loaded)
+                if not same:
+                    failures.append(("scales-smem", t))
+                us = _graph_us(fn, do_bench)
+            finally:
+                sw.SWAP_SCALES_SMEM = saved_smem
+            row["swap"]["scales in smem"] = round(us, 1)
+            line += f" | scales in smem {us:8.1f} (bit-equal {same})"
         saved = (sp.SPLIT_UP, sp.SPLIT_FILL, sp.RESIDENT_UP)
         for spec in [v for v in args.splits.split(",") if v]:
             body, _, cap = spec.partition("@")  # "@128": the up kernel compiled with maxnreg 128

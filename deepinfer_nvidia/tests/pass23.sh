@@ -5,6 +5,11 @@
 #            time of both in the same run), then the swap conformance file. Predicted: the 1-token down launch
 #            reads ~37% fewer L2 sectors (ncu: 2.78 M sectors, 17% of them excess) and takes 1-3 us less a layer
 #            (21.3 us), -10 to -25 us on the batch-1 step
+#            Also SWAP_SCALES_SMEM (written in the twenty-second pass, off): each program stages its scale words in
+#            shared memory once; bench_swap --scales-smem (bit-equal, time) and the swap file with it on. Predicted:
+#            the up kernel at 125 registers instead of 135 and a K step 455 -> 439 instructions (Triton 3.6 SASS),
+#            the per-step global scale loads gone (29% of the 1-token up launch's L2 sectors were their excess):
+#            0 to -10% on the up launch at 1-8 tokens; shared memory 36 -> 68 KB a program keeps 3 programs an SM
 #   rest1    the device files the twenty-second pass's suite did not reach (xdist over 14 workers; each test's
 #            result line is kept, so a timeout keeps what finished): route / compress, top-k, sampler, PDL engine
 #            outputs, the CUDA platform
@@ -68,9 +73,11 @@ EOF
 if has pad; then
   stamp pad
   timeout 240 python3 -m deepinfer_nvidia.tests.bench_swap --out "$OUT/pad" --tokens 1,2,8,64 --skip-parity \
-    --variants "" --down-pad 2>&1 | quiet | tee "$OUT/pad.txt" | grep -E "^T=|FAIL|Error"
+    --variants "" --down-pad --scales-smem 2>&1 | quiet | tee "$OUT/pad.txt" | grep -E "^T=|FAIL|Error"
   timeout 200 python3 -m pytest -q -x -p no:cacheprovider $HERE/test_conformance_moe_swap.py 2>&1 | tail -3 \
     | tee -a "$OUT/pad.txt"
+  DEEPINFER_NV_SWAP_SCALES_SMEM=1 timeout 200 python3 -m pytest -q -x -p no:cacheprovider \
+    $HERE/test_conformance_moe_swap.py 2>&1 | tail -3 | tee -a "$OUT/pad.txt"
 fi
 if has rest1; then
   stamp rest1

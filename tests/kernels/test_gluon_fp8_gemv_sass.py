@@ -73,7 +73,7 @@ def test_tma_weight_tiles(pdl):
     weight copies are gone (the activations keep their 4-byte gathers); the loop waits on the stage's mbarrier.
     With PDL the prologue's TMA requests come before the wait for the previous kernel and every activation copy
     after it."""
-    desc = f"tensordesc<u8[64,4,32],{gg._swap.weight_desc_layout()!r}>"
+    desc = f"tensordesc<u8[64,4,32],{gg._layout.weight_desc_layout()!r}>"
     consts = {"BN_BLK": 128, "BK_BLK": 128, "SPLIT": 2, "BLOCK_M": 8, "STAGES": 3, "SAFE": 0, "PDL": pdl,
               "num_warps": 4}
     div16 = frozenset({"N", "K", "stride_x", "k_per_split"})

@@ -33,16 +33,21 @@ SIG = {"x_ptr": "*bf16", "pair_ptr": "*i32", "bexp_ptr": "*i32", "wa_ptr": "*u8"
 
 def _desc_type(block_n: int = 64, block_k: int = 128) -> str:
     """The type string of a TMA weight descriptor argument (uint8 boxes [block_n, block_k/32, 16])."""
-    lay = gms.weight_desc_layout()
+    from deepinfer_nvidia.kernels.gluon_swap_layout import weight_desc_layout
+
+    lay = weight_desc_layout()
     return f"tensordesc<u8[{block_n},{block_k // 32},16],{lay!r}>"
 
 
 def _compile(up: int, areg: int, safe: int, block_m: int = 16, stages: int = 3, split: int = 1, tma: int = 0,
-             pdl: int = 0, skip_pad: int = 0):
+             pdl: int = 0, skip_pad: int = 0, scales_smem: int = 0, kt_pad: int = 1):
     sig = dict(SIG, out_ptr="*bf16" if up else "*fp32")
+    if scales_smem:  # the scale stacks as int32 words
+        sig.update(sa_ptr="*i32", sb_ptr="*i32")
     consts = {"TOPK": 6, "UP": up, "BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": 128, "STAGES": stages, "SAFE": safe,
               "AREG": areg, "PROBE": 0, "SPLIT": split, "TMA": tma, "num_warps": 4, "PDL": pdl,
-              "SKIP_PAD": skip_pad}
+              "SKIP_PAD": skip_pad,
+              "SCALES_SMEM": scales_smem, "KT_PAD": kt_pad}
     if tma:
         sig.update(wa_desc=_desc_type(), wb_desc=_desc_type())
     else:
@@ -130,3 +135,21 @@ def test_down_skip_pad_adds_no_memory_op_to_the_k_loop():
     assert {k: v for k, v in a.items() if k.startswith(kinds)} == {k: v for k, v in b.items() if k.startswith(kinds)}
     assert len(masked["loop"]) <= len(plain["loop"]) + 2
     assert _has(masked["ops"], "LDG") == _has(plain["ops"], "LDG")
+
+
+@pytest.mark.parametrize("up,kt_pad,split", [(1, 64, 1), (0, 32, 1), (1, 16, 3)])
+def test_scales_smem_takes_every_global_load_out_of_the_k_loop(up, kt_pad, split):
+    """``SCALES_SMEM`` (``SWAP_SCALES_SMEM``): the scale words are loaded once before the loop (32-bit loads), so
+    the K loop has no global load left: the default's per-step scale loads (``LDG.E.U8``) become shared loads
+    (``LDS``) of the staged words; the copies and the wgmma are unchanged, and the loop gets shorter (Triton 3.6:
+    455 -> 439 instructions up, 268 -> 262 down)."""
+    plain = _compile(up, areg=2, safe=0, split=split)
+    staged = _compile(up, areg=2, safe=0, split=split, scales_smem=1, kt_pad=kt_pad)
+    loop_plain, loop_staged = Counter(opcodes(plain["loop"])), Counter(opcodes(staged["loop"]))
+    assert _has(loop_plain, "LDG.E.U8") > 0 and _has(loop_staged, "LDG.E") == 0, (loop_plain, loop_staged)
+    assert _has(loop_staged, "LDS") > _has(loop_plain, "LDS")
+    for kind in ("HGMMA", "LDGSTS", "HMUL2"):
+        assert _has(loop_staged, kind) == _has(loop_plain, kind), kind
+    assert len(staged["loop"]) < len(plain["loop"])
+    whole = Counter(opcodes(staged["sass"]))
+    assert _has(whole, "LDG.E.U8") == 0 and _has(whole, "LDG.E") >= (2 if up else 1) * kt_pad * 64 // 128, whole
