@@ -177,34 +177,27 @@ def main() -> None:
             us = _graph_us(fn, do_bench)
             row["swap"][f"tma s{st}"] = round(us, 1)
             line += f" | tma s{st} {us:8.1f} (rel {r:.0e})"
-        if args.down_pad:
-            saved_pad, sw.SWAP_DOWN_SKIP_PAD = sw.SWAP_DOWN_SKIP_PAD, True
-            masked = sw.swap_mxfp4(x, w, ids, *ws, 10.0)
-            sw.SWAP_DOWN_SKIP_PAD = False
+        # module switches timed against their other setting: (flag on, knob, value timed, tag, label)
+        for wanted, knob, value, tag, label in ((args.down_pad, "SWAP_DOWN_SKIP_PAD", False, "down-pad",
+                                                 "down reads padding"),
+                                                (args.scales_smem, "SWAP_SCALES_SMEM", True, "scales-smem",
+                                                 "scales in smem")):
+            if not wanted:
+                continue
+            saved_knob = getattr(sw, knob)
+            setattr(sw, knob, not value)
+            other = sw.swap_mxfp4(x, w, ids, *ws, 10.0)
+            setattr(sw, knob, value)
             try:
                 fn = lambda: sw.swap_mxfp4(x, w, ids, *ws, 10.0)  # noqa: E731
-                same = torch.equal(fn(), masked)
+                same = torch.equal(fn(), other)
                 if not same:
-                    failures.append(("down-pad", t))
+                    failures.append((tag, t))
                 us = _graph_us(fn, do_bench)
             finally:
-                sw.SWAP_DOWN_SKIP_PAD = saved_pad
-            row["swap"]["down reads padding"] = round(us, 1)
-            line += f" | down reads padding {us:8.1f} (bit-equal {same})"
-        if args.scales_smem:
-            saved_smem, sw.SWAP_SCALES_SMEM = sw.SWAP_SCALES_SMEM, False
-            loaded = sw.swap_mxfp4(x, w, ids, *ws, 10.0)
-            sw.SWAP_SCALES_SMEM = True
-            try:
-                fn = lambda: sw.swap_mxfp4(x, w, ids, *ws, 10.0)  # noqa: E731
-                same = torch.equal(fn(), loaded)
-                if not same:
-                    failures.append(("scales-smem", t))
-                us = _graph_us(fn, do_bench)
-            finally:
-                sw.SWAP_SCALES_SMEM = saved_smem
-            row["swap"]["scales in smem"] = round(us, 1)
-            line += f" | scales in smem {us:8.1f} (bit-equal {same})"
+                setattr(sw, knob, saved_knob)
+            row["swap"][label] = round(us, 1)
+            line += f" | {label} {us:8.1f} (bit-equal {same})"
         saved = (sp.SPLIT_UP, sp.SPLIT_FILL, sp.RESIDENT_UP)
         for spec in [v for v in args.splits.split(",") if v]:
             body, _, cap = spec.partition("@")  # "@128": the up kernel compiled with maxnreg 128
