@@ -105,9 +105,10 @@ SWAP_DOWN_SKIP_PAD = os.environ.get("DEEPINFER_NV_SWAP_DOWN_SKIP_PAD", "1") == "
 # word = a row's 4 scales of one 128-column tile), and each K step reads its tile's words from there; the default
 # loads a tile's [64 rows, 4] bytes from global memory a step ahead, one 32-byte sector for every 4 bytes (29% of
 # the 1-token up launch's L2 sectors are that excess: docs/performance.md, twenty-second pass). Bit-equal by
-# construction (the same bytes reach the same decode). Written without device time: off until ``bench_swap
-# --scales-smem`` times it; ``DEEPINFER_NV_SWAP_SCALES_SMEM=1`` turns it on. Fragment tiles (AREG=2) only.
-SWAP_SCALES_SMEM = os.environ.get("DEEPINFER_NV_SWAP_SCALES_SMEM", "0") == "1"
+# construction (the same bytes reach the same decode). Measured (pass23a, ``bench_swap --scales-smem``): bit-equal,
+# 79.1 -> 76.8 us at 1 token, 118.1 -> 113.9 at 2, 337 -> 330 at 8, 1697 -> 1670 at 64. On since the twenty-third
+# pass; ``DEEPINFER_NV_SWAP_SCALES_SMEM=0`` loads the words from global memory every step. Fragment tiles (AREG=2).
+SWAP_SCALES_SMEM = os.environ.get("DEEPINFER_NV_SWAP_SCALES_SMEM", "1") == "1"
 
 
 def available() -> bool:

@@ -89,11 +89,12 @@ def main() -> None:
                     "replayed under torch.profiler: per-kernel GPU times (align, permute, up, down, sum)")
     ap.add_argument("--tma", default="", help="stage counts timed with the weight tiles by TMA (module tiles "
                     "otherwise), e.g. 3,4,6; parity against aten checked; with --profile, also profiled")
-    ap.add_argument("--down-pad", action="store_true", help="also time the module's tiles with the down launch "
-                    "reading h's padding rows (SWAP_DOWN_SKIP_PAD off, as before the twenty-second pass); outputs must "
+    ap.add_argument("--down-pad", action="store_true", help="also time the module's tiles with "
+                    "SWAP_DOWN_SKIP_PAD flipped (on: the down launch does not read h's padding rows); outputs must be "
+                    "bit-equal")
+    ap.add_argument("--scales-smem", action="store_true", help="also time the module's tiles with SWAP_SCALES_SMEM "
+                    "flipped (on since the twenty-third pass: scale words staged in shared memory once); outputs must "
                     "be bit-equal")
-    ap.add_argument("--scales-smem", action="store_true", help="also time the module's tiles with each program's "
-                    "scale words staged in shared memory once (SWAP_SCALES_SMEM); outputs must be bit-equal")
     ap.add_argument("--skip-parity", action="store_true")
     args = ap.parse_args()
     from triton.testing import do_bench
@@ -177,16 +178,15 @@ def main() -> None:
             us = _graph_us(fn, do_bench)
             row["swap"][f"tma s{st}"] = round(us, 1)
             line += f" | tma s{st} {us:8.1f} (rel {r:.0e})"
-        # module switches timed against their other setting: (flag on, knob, value timed, tag, label)
-        for wanted, knob, value, tag, label in ((args.down_pad, "SWAP_DOWN_SKIP_PAD", False, "down-pad",
-                                                 "down reads padding"),
-                                                (args.scales_smem, "SWAP_SCALES_SMEM", True, "scales-smem",
-                                                 "scales in smem")):
+        # module switches timed against their other setting: (flag on, knob, tag, label when the knob is on / off)
+        for wanted, knob, tag, label_on, label_off in (
+                (args.down_pad, "SWAP_DOWN_SKIP_PAD", "down-pad", "down skips padding", "down reads padding"),
+                (args.scales_smem, "SWAP_SCALES_SMEM", "scales-smem", "scales in smem", "scales from global")):
             if not wanted:
                 continue
             saved_knob = getattr(sw, knob)
-            setattr(sw, knob, not value)
-            other = sw.swap_mxfp4(x, w, ids, *ws, 10.0)
+            value, label = not saved_knob, (label_off if saved_knob else label_on)
+            other = sw.swap_mxfp4(x, w, ids, *ws, 10.0)  # the module's setting
             setattr(sw, knob, value)
             try:
                 fn = lambda: sw.swap_mxfp4(x, w, ids, *ws, 10.0)  # noqa: E731
