@@ -66,6 +66,14 @@ WGMMA_GEMV_TUNE: dict[str, int] = {"max_rows": 16, "stages": 3, "programs": 4, "
 # bit-equal on the H200, slower (a V4.1 layer's GEMVs in rings 133 -> 142 us at one row: docs/performance.md,
 # twentieth pass), so off.
 GEMV_TMA = False
+# The cp.async ring's weight tile as [64 rows, 128 bytes] with its 16-byte chunks XOR-swizzled by row % 8, instead of
+# unswizzled rows. Each fragment read (LDS.128) of a quarter-warp covers two rows at the same 4 chunk offsets, and
+# 128-byte rows put both on the same 16 banks: two wavefronts where one would do (ncu's source view of wq_b at one
+# row: the 4 LDS.128 of the loop are all of the launch's excess shared wavefronts, 50% of their total; the
+# decode's first instruction waits on them: 11% of the stall samples; docs/performance.md, twenty-third pass). The
+# copies stay 16-byte and the bytes read are the same (bit-equal by construction). ``DEEPINFER_NV_GEMV_SWIZZLE=0``:
+# the unswizzled ring. The TMA path keeps its unswizzled boxes.
+GEMV_SWIZZLE = os.environ.get("DEEPINFER_NV_GEMV_SWIZZLE", "1") == "1"
 _SM90: dict[int, bool] = {}  # device index -> capability 9.x (asked once per device)
 
 
@@ -120,7 +128,15 @@ if _GLUON:
             lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
             warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[64, 4, 32])
 
+    def _fragment_rows_layout():
+        """``_fragment_bytes_layout`` on the tile viewed as [64 rows, 128 bytes] (byte 32c + b of a row)."""
+        return gl.DistributedLinearLayout(
+            reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [0, 16], [8, 0]],
+            lane_bases=[[0, 32], [0, 64], [1, 0], [2, 0], [4, 0]],
+            warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 128])
+
     _FRAG = gl.constexpr(_fragment_bytes_layout())
+    _FRAG2D = gl.constexpr(_fragment_rows_layout())
     _ASM_SAFE = gl.constexpr(_word_asm(True))
     _ASM_FAST = gl.constexpr(_word_asm(False))
 
@@ -169,7 +185,7 @@ if _GLUON:
     def _wgmma_gemv_kernel(x_ptr, q_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, stride_x, s_cols, NG, k_per_split,
                            BN_BLK: gl.constexpr, BK_BLK: gl.constexpr, SPLIT: gl.constexpr, BLOCK_M: gl.constexpr,
                            STAGES: gl.constexpr, SAFE: gl.constexpr, PDL: gl.constexpr, TMA: gl.constexpr, q_desc,
-                           num_warps: gl.constexpr):
+                           num_warps: gl.constexpr, SWIZZLE: gl.constexpr = 0):
         """Program (row tile of 64 weight rows, K split): ``y[m, n] = sum_k x[m, k] * bf16(q[n, k] * s)``.
         x [M, K] bf16 (natural order: the tile loads gather ``permute_x``'s order); q [N, K] e4m3 bytes; s UE8M0 bytes
         [ceil(N / BN_BLK), s_cols]; y [M, N] bf16; part [SPLIT, M, N] fp32 and cnt (zeroed int32 per row tile)
@@ -177,7 +193,9 @@ if _GLUON:
         PDL (launched with programmatic dependent launch): the first weight tiles and their scales (never written
         by a kernel) are requested before waiting for the previous kernel, x and every store after it; the next
         kernel may launch once the K loop is done. TMA: the weight tiles arrive by TMA (``q_desc``: q viewed as
-        [N, K/32, 32] bytes, boxes [64, 4, 32]) into the same unswizzled bytes, x keeps ``cp.async``."""
+        [N, K/32, 32] bytes, boxes [64, 4, 32]) into the same unswizzled bytes, x keeps ``cp.async``. SWIZZLE (not
+        with TMA): the ring holds [64, 128] byte tiles whose 16-byte chunks are XOR-swizzled by row % 8
+        (``GEMV_SWIZZLE``), so a quarter-warp's fragment read touches all 32 banks once."""
         gl.static_assert(num_warps == 4)
         LW: gl.constexpr = gl.BlockedLayout([1, 1, 16], [4, 4, 2], [num_warps, 1, 1], [2, 1, 0])
         LX: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [num_warps, 1], [1, 0])  # 4-byte gathers of x
@@ -196,9 +214,16 @@ if _GLUON:
         rw = n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, gl.SliceLayout(2, LW)))
         cw = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, LW)))
         bw = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, LW)))
-        w_ptrs = (q_ptr + gl.expand_dims(gl.expand_dims(rw.to(gl.int64) * K + k_lo, 1), 2)
-                  + gl.expand_dims(gl.expand_dims(cw * 32, 0), 2) + gl.expand_dims(gl.expand_dims(bw, 0), 1))
-        wmask = gl.expand_dims(gl.expand_dims(rw < N, 1), 2)
+        if SWIZZLE:  # the same copies over [64, 128] (the ring's 2-D view)
+            LW2: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [num_warps, 1], [1, 0])
+            rw2 = n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, LW2))
+            cw2 = gl.arange(0, 128, layout=gl.SliceLayout(0, LW2))
+            w_ptrs = q_ptr + gl.expand_dims(rw2.to(gl.int64) * K + k_lo, 1) + gl.expand_dims(cw2, 0)
+            wmask = gl.expand_dims(rw2 < N, 1)
+        else:
+            w_ptrs = (q_ptr + gl.expand_dims(gl.expand_dims(rw.to(gl.int64) * K + k_lo, 1), 2)
+                      + gl.expand_dims(gl.expand_dims(cw * 32, 0), 2) + gl.expand_dims(gl.expand_dims(bw, 0), 1))
+            wmask = gl.expand_dims(gl.expand_dims(rw < N, 1), 2)
         # activation tile pointers [BLOCK_M, 128] in the fragment's K order (``permute_x``): logical column
         # 16j + 8h + 2c + e reads x column 32c + 4j + 2h + e, so each pair (e) is 4 contiguous bytes (grouped
         # weights: this row tile's group of x columns)
@@ -215,11 +240,15 @@ if _GLUON:
         s_col = k_lo + gl.expand_dims(cs * 32, 0)
         smask = gl.expand_dims(rs < N, 1)
 
+        gl.static_assert(not (SWIZZLE and TMA))
         if TMA:  # the bytes of RING (row-major, unswizzled), written by the TMA unit
             WRING: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=3)
+            ring_w = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, 4, 32], WRING)
+        elif SWIZZLE:  # 16-byte chunk c of row r stored at chunk c ^ (r % 8)
+            WRING2: gl.constexpr = gl.SwizzledSharedLayout(16, 1, 8, [1, 0])
+            ring_w = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, 128], WRING2)
         else:
-            WRING: gl.constexpr = RING
-        ring_w = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, 4, 32], WRING)
+            ring_w = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, 4, 32], RING)
         ring_x = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, 128], SX)
         acc = warpgroup_mma_init(gl.zeros([64, BLOCK_M], gl.float32, layout=ACC))
         kc0 = k_lo // 32  # this split's first 32-byte column of q
@@ -266,7 +295,11 @@ if _GLUON:
                 mbarrier.wait(bars.index(si), (i // STAGES) & 1)
             fence_async_shared()
             _cta_barrier()
-            a = gl.convert_layout(_decode(ring_w.index(si).load(_FRAG), sc, SAFE), AOP)
+            if SWIZZLE:  # the same bytes per thread, read from the swizzled rows
+                wb = gl.convert_layout(ring_w.index(si).load(_FRAG2D).reshape([64, 4, 32]), _FRAG)
+            else:
+                wb = ring_w.index(si).load(_FRAG)
+            a = gl.convert_layout(_decode(wb, sc, SAFE), AOP)
             acc = warpgroup_mma(a, ring_x.index(si).permute((1, 0)), acc, is_async=True)
             sc = nsc
         async_copy.wait_group(0)
@@ -343,7 +376,7 @@ def split_k_tiles(tiles: int, k_tiles: int, sms: int, programs: int, resident: i
 def gemv_wgmma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, bn_blk: int, bk_blk: int, sms: int,
                ng: int | None = None, stages: int | None = None, programs: int | None = None,
                safe: bool | None = None, pdl: bool | None = None, tma: bool | None = None,
-               resident: int | None = None) -> torch.Tensor:
+               resident: int | None = None, swizzle: bool | None = None) -> torch.Tensor:
     """y [M, N] bf16 = x [M, K] @ dequant(q [N, K] e4m3, s)^T for M <= max_rows (``takes`` must hold); s the
     UE8M0 bytes [ceil(N / bn_blk), s_cols]. Keyword arguments: tuning knobs (defaults ``WGMMA_GEMV_TUNE``)."""
     from deepinfer_nvidia.kernels.triton_fp8_gemv import _counters
@@ -361,6 +394,7 @@ def gemv_wgmma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, b
     tma = GEMV_TMA if tma is None else tma
     q8 = q.view(torch.uint8)
     desc = weight_desc(q8) if tma and tma_fits(q8) else None
+    swizzle = (GEMV_SWIZZLE if swizzle is None else swizzle) and desc is None
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     part = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else y
     cnt = _counters(x.device, tiles) if split > 1 else part
@@ -368,6 +402,6 @@ def gemv_wgmma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, b
                                        xp.stride(0), s_cols, ng or n, k_per, BN_BLK=bn_blk, BK_BLK=bk_blk, SPLIT=split,
                                        BLOCK_M=8 if m <= 8 else 16, STAGES=stages or tune["stages"],
                                        SAFE=int(safe), PDL=int(pdl), TMA=int(desc is not None), q_desc=desc,
-                                       num_warps=4,
+                                       num_warps=4, SWIZZLE=int(swizzle),
                                        **({"launch_pdl": True} if pdl else {}))
     return y

@@ -45,6 +45,8 @@ def main() -> None:
                     "(crossed with --wgmma-programs; empty: WGMMA_GEMV_TUNE's)")
     ap.add_argument("--wgmma-tma", default="0", help="weight tiles by cp.async (0) / TMA (1) for the wgmma "
                     "GEMV candidates, e.g. 0,1")
+    ap.add_argument("--wgmma-swizzle", default="1", help="weight ring unswizzled (0) / rows with XOR-swizzled "
+                    "16-byte chunks (1, GEMV_SWIZZLE) for the cp.async wgmma GEMV candidates, e.g. 0,1")
     ap.add_argument("--wgmma-pdl", default="0", help="programmatic dependent launch off (0) / on (1) for the wgmma "
                     "candidates, crossed with the above: in a ring each call's weight prologue then overlaps the "
                     "previous call's tail")
@@ -107,12 +109,14 @@ def main() -> None:
                                for v in args.wgmma_programs.split(",") if v]:
                     for st in [int(v) for v in args.wgmma_stages.split(",") if v] or [0]:
                         for pd in [int(v) for v in args.wgmma_pdl.split(",") if v]:
-                            for tm in [int(v) for v in args.wgmma_tma.split(",") if v]:
+                            for tm, sw in [(int(t), int(w)) for t in args.wgmma_tma.split(",") if t
+                                           for w in args.wgmma_swizzle.split(",") if w and not (int(t) and int(w))]:
                                 cands[f"wgmma p{pg}" + (f"s{st}" if st else "") + ("pdl" if pd else "")
-                                      + ("tma" if tm else "") + (f"r{rs}" if rs else "")] = (
-                                    lambda a, qq, ss, pg=pg, st=st, pd=pd, tm=tm, rs=rs: gg.gemv_wgmma(
+                                      + ("tma" if tm else "") + ("" if sw or tm else "plain")
+                                      + (f"r{rs}" if rs else "")] = (
+                                    lambda a, qq, ss, pg=pg, st=st, pd=pd, tm=tm, rs=rs, sw=sw: gg.gemv_wgmma(
                                         a, qq, ss, sb, 32, 32, sms, programs=pg, stages=st or None, pdl=bool(pd),
-                                        tma=bool(tm), resident=rs))
+                                        tma=bool(tm), resident=rs, swizzle=bool(sw)))
             cands["provider"] = lambda a, qq, ss: tg.gemm_fp8_block(a, qq, ss.view(torch.float8_e8m0fnu),  # noqa: E731
                                                                     (32, 32))
             # ring: enough weight copies that they do not stay in L2 (50 MB on the H200), all in one graph, so

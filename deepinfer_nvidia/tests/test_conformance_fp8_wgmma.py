@@ -55,6 +55,23 @@ def test_wgmma_gemv(t, n, k, block, knobs):
     close(out, ref.bfloat16(), 2e-2, 2e-2)
 
 
+@pytest.mark.parametrize("t", [1, 2, 9, 16])
+@pytest.mark.parametrize("n,k", [(32768, 1280), (1280, 5120), (64, 128)])
+@pytest.mark.parametrize("knobs", [{}, {"pdl": True}, {"safe": True, "programs": 1}])
+def test_wgmma_gemv_swizzled_ring_is_bit_equal(t, n, k, knobs):
+    """``GEMV_SWIZZLE``: the weight ring as [64, 128] rows with XOR-swizzled 16-byte chunks gives the unswizzled
+    ring's bits (each thread decodes the same bytes), and the reference's values."""
+    from deepinfer_nvidia.kernels import gluon_fp8_gemv as gg
+
+    x, q, s = _operands(t, n, k, (32, 32), 11 * t + n)
+    ref = _ref(x, q, s, (32, 32))
+    poison()
+    xc, qc, sc = x.cuda(), q.cuda(), s.view(torch.uint8).contiguous().cuda()
+    out = gg.gemv_wgmma(xc, qc, sc, sc.shape[1], 32, 32, 132, swizzle=True, **knobs)
+    close(out, ref.bfloat16(), 2e-2, 2e-2)
+    assert torch.equal(out, gg.gemv_wgmma(xc, qc, sc, sc.shape[1], 32, 32, 132, swizzle=False, **knobs))
+
+
 @pytest.mark.parametrize("t", [1, 3, 16])
 @pytest.mark.parametrize("block", [(32, 32), (128, 128)])
 def test_wgmma_gemv_extreme_scales_exact_decode(t, block):

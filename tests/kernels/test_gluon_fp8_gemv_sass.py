@@ -23,7 +23,7 @@ SIG = {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*u8", "y_ptr": "*bf16", "part
 @pytest.mark.parametrize("split,block_m,blk,safe", [(4, 8, 32, 0), (4, 16, 128, 0), (2, 8, 32, 1)])
 def test_loop(split, block_m, blk, safe):
     consts = {"BN_BLK": blk, "BK_BLK": blk, "SPLIT": split, "BLOCK_M": block_m, "STAGES": 3, "SAFE": safe,
-              "PDL": 0, "TMA": 0, "q_desc": None, "num_warps": 4}
+              "PDL": 0, "TMA": 0, "q_desc": None, "num_warps": 4, "SWIZZLE": int(gg.GEMV_SWIZZLE)}
     r = count(gg._wgmma_gemv_kernel, SIG, consts, warps=4, div16=frozenset({"N", "K", "stride_x", "k_per_split"}))
     ops, n = r["ops"], len(r["loop"])
 
@@ -44,7 +44,7 @@ def test_programmatic_dependent_launch_orders_the_prologue():
     lets the next kernel launch (PREEXIT) after its K loop; the loop does the same work. Without PDL neither
     instruction is emitted."""
     consts = {"BN_BLK": 32, "BK_BLK": 32, "SPLIT": 4, "BLOCK_M": 8, "STAGES": 3, "SAFE": 0, "TMA": 0,
-              "q_desc": None, "num_warps": 4}
+              "q_desc": None, "num_warps": 4, "SWIZZLE": int(gg.GEMV_SWIZZLE)}
     div16 = frozenset({"N", "K", "stride_x", "k_per_split"})
     plain = count(gg._wgmma_gemv_kernel, SIG, {**consts, "PDL": 0}, warps=4, div16=div16)
     pdl = count(gg._wgmma_gemv_kernel, SIG, {**consts, "PDL": 1}, warps=4, div16=div16)
@@ -75,7 +75,7 @@ def test_tma_weight_tiles(pdl):
     after it."""
     desc = f"tensordesc<u8[64,4,32],{gg._layout.weight_desc_layout()!r}>"
     consts = {"BN_BLK": 128, "BK_BLK": 128, "SPLIT": 2, "BLOCK_M": 8, "STAGES": 3, "SAFE": 0, "PDL": pdl,
-              "num_warps": 4}
+              "num_warps": 4, "SWIZZLE": 0}  # the TMA boxes are unswizzled
     div16 = frozenset({"N", "K", "stride_x", "k_per_split"})
     plain = count(gg._wgmma_gemv_kernel, SIG, {**consts, "TMA": 0, "q_desc": None}, warps=4, div16=div16)
     tma = count(gg._wgmma_gemv_kernel, {**SIG, "q_desc": desc}, {**consts, "TMA": 1}, warps=4, div16=div16)
@@ -90,3 +90,24 @@ def test_tma_weight_tiles(pdl):
         wait = ops.index("ACQBULK")
         assert [o for o in ops[:wait] if o == "UTMALDG.3D"] == ["UTMALDG.3D"] * (consts["STAGES"] - 1), ops[:wait]
         assert all(i > wait for i, o in enumerate(ops) if o == "LDGSTS.E"), "an activation copy before the wait"
+
+
+@pytest.mark.parametrize("pdl", [0, 1])
+def test_swizzled_ring_reads_the_same_fragments(pdl):
+    """``SWIZZLE=1`` (``GEMV_SWIZZLE``): the ring's [64, 128] rows with XOR-swizzled 16-byte chunks. The loop keeps
+    4 fragment reads (LDS.128) and its copies, wgmma and multiplies; the two 16-byte halves of a thread's 32 bytes
+    sit at row-dependent offsets, so they come from two base registers instead of one and +16 (Triton 3.6: 283 ->
+    285 loop instructions)."""
+    consts = {"BN_BLK": 32, "BK_BLK": 32, "SPLIT": 2, "BLOCK_M": 8, "STAGES": 3, "SAFE": 0, "PDL": pdl, "TMA": 0,
+              "q_desc": None, "num_warps": 4}
+    div16 = frozenset({"N", "K", "stride_x", "k_per_split"})
+    plain = count(gg._wgmma_gemv_kernel, SIG, {**consts, "SWIZZLE": 0}, warps=4, div16=div16)
+    swz = count(gg._wgmma_gemv_kernel, SIG, {**consts, "SWIZZLE": 1}, warps=4, div16=div16)
+    for op in ("LDS.128", "LDGSTS.E.BYPASS.128", "LDGSTS.E", "HGMMA.64x8x16.F32.BF16", "HMUL2", "STS"):
+        assert swz["ops"].get(op, 0) == plain["ops"].get(op, 0), (op, swz["ops"], plain["ops"])
+    assert len(swz["loop"]) <= 1.03 * len(plain["loop"]), (len(swz["loop"]), len(plain["loop"]))
+
+    def bases(r):
+        return {line.split("[")[1].split("]")[0].split("+")[0] for line in r["loop"] if "LDS.128" in line}
+
+    assert len(bases(plain)) == 1 and len(bases(swz)) == 2, (bases(plain), bases(swz))
