@@ -7,7 +7,8 @@ use as a set. Here one program per row:
 1. maps each score to a signed integer with the same order (fp32 bits, negatives flipped; ``-0.0`` counted
    as ``+0.0``, so equal floats get equal keys, as in the reference's comparison);
 2. finds ``thr``, the k-th largest key among the valid (finite) scores, over the 32-bit key range: by
-   bisection, 32 counting passes (``RADIX_BITS = 1``, the default), or a digit of ``BITS`` bits a pass, each
+   bisection, at most 32 counting passes (``RADIX_BITS = 1``, the default; it stops at a pass that counts
+   exactly k, and rows with at most k valid scores need none), or a digit of ``BITS`` bits a pass, each
    counting the keys at or above all 2^BITS candidates of the next digit at once (one [BLOCK, 2^BITS]
    comparison and one reduction: 32 / BITS passes). The row is held in registers when it fits one ``BLOCK``,
    else streamed from global memory / L2 in chunks;
@@ -22,6 +23,8 @@ No host synchronisation; the launch depends only on (T, N, k), and each row's re
 (batch-invariant).
 """
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -46,6 +49,10 @@ RADIX_BITS = 1
 # On: conformance passed on the H200, and at batch 1 it replaces the sort (21.4 us) and 5 gathers with one 9.4 us
 # select (nineteenth pass).
 CANDIDATES_KERNEL = True
+# The bisection stops at the first pass whose count is exactly k, and does not run for rows with at most k valid
+# scores (all kept). The kept set is the same by construction (the positions are written in position order either
+# way). Written without device time (twenty-third pass); ``DEEPINFER_NV_TOPK_EARLY_EXIT=0``: all 32 passes.
+EARLY_EXIT = os.environ.get("DEEPINFER_NV_TOPK_EARLY_EXIT", "1") == "1"
 
 
 def _bits_for(block: int) -> int:
@@ -95,7 +102,7 @@ def _count_ge_each(s_ptr, row, N, cand, key0, valid0, BLOCK: tl.constexpr, SINGL
 
 @triton.jit
 def _topk_kernel(s_ptr, out_ptr, N, K, stride_s, BLOCK: tl.constexpr, SINGLE: tl.constexpr,
-                 BLOCK_K: tl.constexpr, BITS: tl.constexpr, PDL: tl.constexpr = 0):
+                 BLOCK_K: tl.constexpr, BITS: tl.constexpr, PDL: tl.constexpr = 0, EARLY: tl.constexpr = 1):
     pdl_enter(PDL)
     r = tl.program_id(0).to(tl.int64)
     row = r * stride_s
@@ -107,12 +114,22 @@ def _topk_kernel(s_ptr, out_ptr, N, K, stride_s, BLOCK: tl.constexpr, SINGLE: tl
     # count(key >= lo) >= K holds before each pass, and the digit is the last candidate that keeps it
     lo = tl.full([], -2147483648, tl.int64)
     if BITS == 1:  # bisection
+        # a row with at most K valid scores keeps them all: no pass at all. A pass whose count is exactly K ends
+        # the search: {key >= mid} is then the set, so thr = mid - 1 with no ties to keep (``need`` below is 0).
+        # Random fp32 rows end after 11 passes instead of 32 at N 1024, k 512, and after 19 at N 8192 (a CPU model
+        # of the loop; bf16-rounded scores, with more ties: 12 and 29). EARLY_EXIT.
         hi = tl.full([], 2147483647, tl.int64)
-        for _ in range(32):
+        if EARLY:
+            hi = tl.where(nvalid <= K, lo, hi)
+        while lo < hi:
             mid = (lo + hi + 1) >> 1
-            ok = _count_ge(s_ptr, row, N, mid, key0, valid0, BLOCK, SINGLE) >= K
-            lo = tl.where(ok, mid, lo)
-            hi = tl.where(ok, hi, mid - 1)
+            c = _count_ge(s_ptr, row, N, mid, key0, valid0, BLOCK, SINGLE)
+            if EARLY:  # c == K: both ends to mid - 1, which ends the loop
+                lo = tl.where(c > K, mid, tl.where(c == K, mid - 1, lo))
+                hi = tl.where(c > K, hi, mid - 1)
+            else:
+                lo = tl.where(c >= K, mid, lo)
+                hi = tl.where(c >= K, hi, mid - 1)
     else:
         digits = tl.arange(0, 1 << BITS).to(tl.int64)
         for p in tl.static_range(32 // BITS):
@@ -167,7 +184,8 @@ def topk_positions_triton(scores: torch.Tensor, k: int, force_kernel: bool = Fal
     block = next_pow2(n) if single else min(STREAM_BLOCK if RADIX_BITS > 1 else MAX_BLOCK, MAX_BLOCK)
     bits = _bits_for(block)
     _topk_kernel[(t,)](s, out, n, kk, s.stride(0), BLOCK=block, SINGLE=single, BLOCK_K=min(1024, next_pow2(kk)),
-                       BITS=bits, num_warps=8 if block >= 4096 or block << bits >= 8192 else 4, **pdl_launch())
+                       BITS=bits, EARLY=int(EARLY_EXIT), num_warps=8 if block >= 4096 or block << bits >= 8192 else 4,
+                       **pdl_launch())
     return out
 
 

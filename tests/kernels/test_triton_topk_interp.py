@@ -1,7 +1,8 @@
 """``index.topk``'s Triton kernel (``deepinfer_nvidia/kernels/triton_topk.py``) against the reference in Triton's CPU
 interpreter: the op's own cases, exact ties (rounded scores, +0.0 / -0.0), rows with fewer valid scores than k,
 all-invalid rows, k = 1 and k >= N, bf16-rounded V4.1-sized rows (N 1000, k 512), the streamed path (rows
-longer than one register block), and counting digits of 4, 2 and 1 bits. The kept set must equal the reference's, in ascending position order,
+longer than one register block), counting digits of 4, 2 and 1 bits, and the bisection with and without its
+early exit (rows of distinct scores, where a pass counts exactly k; rows with at most k valid scores). The kept set must equal the reference's, in ascending position order,
 ``-1`` only after the kept positions."""
 from __future__ import annotations
 
@@ -35,9 +36,14 @@ s[2, 100:] = float("-inf")
 s[3, :] = float("-inf")
 s2 = (torch.randn(3, 1000, generator=g) * 4).bfloat16().float()
 s2[0, 500:] = float("-inf")
-for block, bits in ((8192, 4), (64, 4), (8192, 2), (8192, 1)):  # 64: rows streamed in chunks; 1: bisection
-    tt.MAX_BLOCK, tt.RADIX_BITS = block, bits
-    for x, k in ((s, 7), (s, 1), (s, 299), (s, 300), (s, 400), (s2, 512), (s2, 20)):
+s3 = torch.randn(2, 2048, generator=g)  # distinct scores: the bisection stops at an exact count of k
+s3[1, 1500:] = float("-inf")  # 1500 valid
+# 64: rows streamed in chunks; 1: bisection, with its early exit (exact count, or all kept) and without
+for block, bits, early in ((8192, 4, True), (64, 4, True), (8192, 2, True), (8192, 1, True), (8192, 1, False),
+                          (64, 1, True)):
+    tt.MAX_BLOCK, tt.RADIX_BITS, tt.EARLY_EXIT = block, bits, early
+    for x, k in ((s, 7), (s, 1), (s, 299), (s, 300), (s, 400), (s2, 512), (s2, 20), (s3, 512), (s3, 1500),
+                 (s3, 1499)):
         check(x, k)
         n += 1
 print("INTERPRETED", n)
@@ -45,4 +51,4 @@ print("INTERPRETED", n)
 
 
 def test_topk_kernel_in_the_interpreter(run_interpreted):
-    run_interpreted(_INTERPRETED, "INTERPRETED 34")
+    run_interpreted(_INTERPRETED, "INTERPRETED 66")
