@@ -28,7 +28,7 @@ rows_ab() {  # rows_ab KNOB: the V4.1 rows at batch 1 and 64 with KNOB=0, =1, =0
 }
 if has topk; then
   stamp topk
-  FILE_S=200 xdist_files topk_tests $HERE/test_conformance_topk.py
+  FILE_S=150 xdist_files topk_tests $HERE/test_conformance_topk.py
   for v in False True; do
     echo "== triton_topk.EARLY_EXIT=$v"
     mkdir -p "$OUT/small_$v"
