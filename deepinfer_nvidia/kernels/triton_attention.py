@@ -26,6 +26,8 @@ a chunk of padding is an exact no-op (its max is -inf, so ``alpha = 1`` and ``p 
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -149,6 +151,16 @@ def _check(q, kv_a, idx_a, kv_b, idx_b, sinks) -> None:
         raise ValueError(f"attention.sparse_sink: sinks must have shape [{h}], got {tuple(sinks.shape)}")
 
 
+# Batch 1-2 (``SMALL_BATCH_ROWS`` query rows): 16 heads a program, 16 slots a chunk and one chunk a split (up to
+# ``SMALL_BATCH_MAX_SPLITS``), so 4 x splits programs a token share the slot list. H200, V4.1 widths (64 heads of
+# 512), one call in a CUDA graph of 20 (``bench_decode_small``, twenty-fourth pass): a 128 window + 512 selected
+# rows 17.1 -> 8.3 us at one token, + 32 rows 16.4 -> 6.4, the window alone 12.6 -> 5.5; at 8 tokens the old
+# launch stays (it was within 4% of the best measured). ``DEEPINFER_NV_ATTN_SMALL_SPLIT=0``: the old launch
+# (64 heads a program, 32-slot chunks, at least two chunks a split).
+SMALL_BATCH_SPLIT = os.environ.get("DEEPINFER_NV_ATTN_SMALL_SPLIT", "1") == "1"
+SMALL_BATCH_ROWS = 2
+SMALL_BATCH_MAX_SPLITS = 32
+
 # Prefill launches (>= PREFILL_ROWS query rows, 64 heads of 512 dims, 16-bit): 64 slots a chunk and a 2-deep
 # pipeline of the gathered rows. At 8192 rows of a 128 window + 512 selected, H200: 3.11 ms against 4.25 ms for
 # 32 slots and the default 3 stages (pass16a, docs/performance.md sixteenth pass).
@@ -181,18 +193,25 @@ def sparse_sink(q: torch.Tensor, kv_a: torch.Tensor, idx_a: torch.Tensor, kv_b: 
     if has_b:
         kv_b, idx_b = kv_b.contiguous(), idx_b.contiguous()
     block_d = next_pow2(d)
+    total = na + nb
+    few = SMALL_BATCH_SPLIT and t <= SMALL_BATCH_ROWS and splits is None and block_h is None and block_n is None
     # Measured on the H200 (docs/performance.md): 64 heads per program (K gathered once per token)
-    # wins at prefill and at batch 1-2; 16 wins around batch 8.
-    bh = block_h or (64 if (t >= 64 or t <= 2) and block_d <= 512 and q.dtype != torch.float32 else 16)
+    # wins at prefill; 16 around batch 8 and, with the slot list cut into one-chunk splits, at batch 1-2.
+    bh = block_h or (64 if (t >= 64 or (t <= 2 and not few)) and block_d <= 512 and q.dtype != torch.float32
+                     else 16)
     prefill = t >= PREFILL_ROWS and bh == 64 and block_d == 512 and q.dtype != torch.float32
-    bn = block_n or (64 if prefill else 32 if block_d >= 256 else 64)
+    bn = block_n or (16 if few else 64 if prefill else 32 if block_d >= 256 else 64)
     if stages is None and prefill:
         stages = PREFILL_STAGES
     if q.dtype == torch.float32 and block_d >= 512:
         bn = min(bn, 16)  # fp32 tiles of 512 dims: keep shared memory in bounds
     hb = triton.cdiv(h, bh)
-    total = na + nb
-    if splits is None:
+    if splits is None and few:
+        # one chunk of slots a split (as many splits as chunks, to a power of two), within ~2 waves of programs
+        splits = 1
+        while splits < min(SMALL_BATCH_MAX_SPLITS, triton.cdiv(total, bn)) and t * hb * splits * 2 <= 264:
+            splits *= 2
+    elif splits is None:
         # Enough programs to cover the SMs at decode; none at prefill.
         splits = 1
         while t * hb * splits < 264 and total // (splits * 2) >= 2 * bn and splits < 16:

@@ -148,10 +148,13 @@ SPLIT_FN_BF16 = True
 # conformance test and the V4.1 sweep ran with it (seventeenth pass: the 8-layer graphed batch-1 step's
 # projection 183 -> 87 us, gate 105 -> 84 us, pipelined step 3.23 -> 3.12 ms). fp32 / fp16
 # residuals and the batch-invariant launch always keep the ieee dot, one gate warp and their splits.
+# DECODE_GATE_WARPS 4 -> 1 (twenty-fourth pass, ``bench_decode_small``: a call in a CUDA graph of 20, 8.08 -> 7.52 us
+# at 1 token, 8.27 -> 7.55 at 8): the gate's 19 Sinkhorn rounds are a chain of intra-warp reductions on a 4 x 4 tile,
+# and with 4 warps the sum over the splits adds 13 CTA barriers (SASS, Triton 3.6) that one warp does not need.
 DECODE_SPLIT_FN = True
 DECODE_MAX_SPLITS = 64
 DECODE_STAGES = 3
-DECODE_GATE_WARPS = 4
+DECODE_GATE_WARPS = 1
 
 
 def mix(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_eps: float,

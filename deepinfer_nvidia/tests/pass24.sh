@@ -30,6 +30,12 @@ rows_ab() {  # rows_ab KNOB: the V4.1 rows at batch 1 and 64 with KNOB=0, =1, =0
       | sed -E 's/capture.*alternated/alternated/'
   done | tee "$OUT/rows_ab.txt"
 }
+if has attn; then  # written in the session of pass24a-c: batch 1-2 attention launch, mHC gate warps
+  stamp attn
+  FILE_S=200 xdist_files attn_tests -k "attention_model_width or mix" $HERE/test_conformance.py \
+    $HERE/test_conformance_mhc_prefill.py
+  rows_ab DEEPINFER_NV_ATTN_SMALL_SPLIT
+fi
 if has topk; then
   stamp topk
   FILE_S=150 xdist_files topk_tests $HERE/test_conformance_topk.py
@@ -44,9 +50,9 @@ fi
 if has pending; then
   stamp pending
   FILE_S=${FILE_S:-270} pending fp8_experts $HERE/test_conformance_moe_fp8.py $PERF/pass23d/rest2.txt \
-    $PERF/pass23h/rest2b.log
+    $PERF/pass23h/rest2b.log $PERF/pass24b/fp8_experts.log
   FILE_S=${FILE_S:-270} PENDING_K="mxfp4_grouped or mxfp4_scaled or mxfp4_segments or dequant_once or graph_capture" \
-    pending mxfp4_cases $HERE/test_conformance.py $PERF/pass23d/rest3.txt $PERF/pass22c/*.txt $PERF/pass22d/*.txt
+    pending mxfp4_cases $HERE/test_conformance.py $PERF/pass23d/rest3.txt $PERF/pass22c/*.txt $PERF/pass22d/*.txt $PERF/pass24b/mxfp4_cases.log
 fi
 if has gemvtune; then
   stamp gemvtune

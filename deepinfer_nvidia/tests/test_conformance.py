@@ -56,7 +56,8 @@ def _gen(seed: int) -> torch.Generator:
 
 
 @pytest.mark.parametrize("t,na,nb,empty_row", [(1, 128, 512, False), (4, 128, 512, True), (64, 128, 0, False),
-                                               (200, 128, 64, True)])
+                                               (200, 128, 64, True), (2, 128, 512, True), (1, 128, 32, False),
+                                               (1, 128, 0, True)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("provider", ["triton", "triton_bi"])
 def test_attention_model_width(reg, t, na, nb, empty_row, dtype, provider):

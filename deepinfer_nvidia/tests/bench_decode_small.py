@@ -1,0 +1,126 @@
+"""Launch shapes of two batch-1 kernels that carry little data but take ~10-16 us a call (not a pytest file).
+
+    python3 -m deepinfer_nvidia.tests.bench_decode_small [--out DIR] [--only attn,mix] [--tokens 1,2,8]
+
+In the 8-layer V4.1 batch-1 step (docs/perf/pass22a/v41/profile.txt) ``attention.sparse_sink`` takes 15.6 us a call
+for ~0.7 MB of KV rows (0.16 us at the copy bandwidth) and ``mhc.mix`` 10.6 us (projection 5.4 + gate 5.2) for a
+1.5 MB matrix. Both are latency-bound, so their launch shapes decide their time. This times each launch shape:
+
+- attention at V4.1 widths (64 heads of 512, bf16) over a 128-slot window plus 512 selected compressed rows (the
+  indexed layers), 32 (the 128x-compressed layers) or none: heads per program, slots per chunk, K splits, warps;
+- ``mhc.mix`` (residual [T, 4, 4096] bf16, fn [24, 16384] fp32): K splits, pipeline stages, gate warps.
+
+Each time is one CUDA-graph replay of ``RING`` back-to-back calls divided by ``RING`` (programmatic dependent
+launch as the step uses it), so the per-graph launch cost is spread as it is in a graphed step. Each variant's
+output is compared with the default launch's (max abs difference printed). Writes ``decode_small.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+
+import torch
+
+RING = 20
+
+
+def ring_us(fn) -> float:
+    """Median us a call of ``fn()`` over CUDA-graph replays of RING calls (the graph holds RING launches)."""
+    from triton.testing import do_bench
+
+    fn()
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        fn()  # warm on the capture stream
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(RING):
+                fn()
+    torch.cuda.synchronize()
+    return do_bench(graph.replay, warmup=10, rep=60, return_mode="median") * 1e3 / RING
+
+
+def bench_attention(tokens, rows) -> None:
+    from deepinfer_nvidia.kernels import triton_attention as ta
+
+    dev, bf = "cuda", torch.bfloat16
+    h, d = 64, 512
+    g = torch.Generator(device=dev).manual_seed(0)
+    for t, (na, nb) in itertools.product(tokens, [(128, 512), (128, 32), (128, 0)]):
+        sa, sb = 4096, 4096
+        q = torch.randn(t, h, d, device=dev, dtype=bf, generator=g)
+        kva = torch.randn(sa, d, device=dev, dtype=bf, generator=g)
+        kvb = torch.randn(sb, d, device=dev, dtype=bf, generator=g)
+        ia = torch.randint(0, sa, (t, na), device=dev, generator=g)
+        ib = torch.randint(0, sb, (t, nb), device=dev, generator=g) if nb else None
+        sinks = torch.randn(h, device=dev, generator=g)
+        args = (q, kva, ia, kvb if nb else None, ib, sinks, d ** -0.5)
+        base = ta.sparse_sink(*args)
+        variants = [{}]
+        for bh, bn, sp, w in itertools.product((16, 64), (16, 32), (1, 4, 8, 16, 32), (4, 8)):
+            variants.append(dict(block_h=bh, block_n=bn, splits=sp, warps=w))
+        for v in variants:
+            try:
+                out = ta.sparse_sink(*args, **v)
+                err = (out.float() - base.float()).abs().max().item()
+                us = ring_us(lambda: ta.sparse_sink(*args, **v))
+            except Exception as e:  # a shape that does not compile (shared memory): reported, not fatal
+                print(f"attn T={t} Na={na} Nb={nb} {v}: {type(e).__name__} {str(e)[:80]}", flush=True)
+                continue
+            rows.append(dict(kind="attn", t=t, na=na, nb=nb, variant=v, us=us, err=err))
+            print(f"attn T={t} Na={na} Nb={nb:4d} {str(v or 'default'):62s} {us:7.2f} us  err {err:.2e}", flush=True)
+
+
+def bench_mix(tokens, rows) -> None:
+    from deepinfer_nvidia.kernels import triton_mhc as tm
+
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(1)
+    fn = torch.randn(24, 16384, device=dev, generator=g) / 128
+    base = torch.randn(24, device=dev, generator=g)
+    scale = torch.rand(3, device=dev, generator=g) + 0.5
+    for t in tokens:
+        r = torch.randn(t, 4, 4096, device=dev, dtype=torch.bfloat16, generator=g)
+        args = (r, fn, base, scale, 1e-6, 1e-6, 20)
+        ref = tm.mix(*args)
+        variants = [{}] + [dict(splits=s, stages=st, gate_warps=gw)
+                           for s, st, gw in itertools.product((16, 32, 64, 128), (2, 3), (1, 2, 4))]
+        for v in variants:
+            out = tm.mix(*args, decode_launch=v)
+            err = max((a - b).abs().max().item() for a, b in zip(out, ref))
+            us = ring_us(lambda: tm.mix(*args, decode_launch=v))
+            rows.append(dict(kind="mix", t=t, variant=v, us=us, err=err))
+            print(f"mix  T={t} {str(v or 'default'):52s} {us:7.2f} us  err {err:.2e}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--only", default="attn,mix")
+    ap.add_argument("--tokens", default="1,2,8")
+    args = ap.parse_args()
+    tokens = [int(x) for x in args.tokens.split(",") if x]
+    rows: list[dict] = []
+    only = set(args.only.split(","))
+    if "mix" in only:
+        bench_mix(tokens, rows)
+    if "attn" in only:
+        bench_attention(tokens, rows)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "decode_small.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    for kind in ("attn", "mix"):  # the fastest variant per shape against the default
+        for key in sorted({(r["t"], r.get("na"), r.get("nb")) for r in rows if r["kind"] == kind}):
+            sel = [r for r in rows if r["kind"] == kind and (r["t"], r.get("na"), r.get("nb")) == key]
+            best = min(sel, key=lambda r: r["us"])
+            dflt = next(r for r in sel if not r["variant"])
+            print(f"best {kind} {key}: {best['variant']} {best['us']:.2f} us against default {dflt['us']:.2f}",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
