@@ -7,15 +7,18 @@ activations they make float64 copies of the residual streams and keys: at an 8k-
 - ``gather``: one program per ``ROWS`` ids; each row's ``hd`` FP8 bytes are decoded in registers (e4m3 via
   the fp16 bit pattern, exact, NaN kept) and scaled by ``2^(b-127)`` of its UE8M0 byte per 32 values; one
   read of the row, one write in the output dtype.
-- ``gate``: one program per token: the shared value row is read once, then for each of the ``n`` streams
-  the stream row and its key are read once, the three sums (``R.R``, ``key.key``, ``R.(q_w k_w key)``) are
-  reduced in fp32 and the gated row written. 2 bytes read and 2 written per element in bf16.
+- ``gate``: one program per (token, stream), so batch 1 runs on ``n`` SMs (``STREAM_PROGRAMS``; with the
+  streams one after another in one program it took 10.3 us a call). Each program reads the shared value row,
+  its stream row and its key once, reduces the three sums (``R.R``, ``key.key``, ``R.(q_w k_w key)``) in fp32
+  and writes the gated row.
 
 Both are row-wise with a fixed reduction order, so a row's bits do not depend on the batch (batch-invariant
 as launched). The gate computes in fp32 where the reference computes in fp64: agreement within the fp32
 conformance bound (1e-4), checked on the H200 and under the CPU interpreter.
 """
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -102,14 +105,17 @@ def gather(table: torch.Tensor, scale: torch.Tensor | None, ids: torch.Tensor, o
 
 @triton.jit
 def _engram_gate_kernel(r_ptr, kv_ptr, qw_ptr, kw_ptr, out_ptr, D, eps, clamp, inv_sqrt_d, N: tl.constexpr,
-                 BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+                        BLOCK: tl.constexpr, STREAMS: tl.constexpr = 1, PDL: tl.constexpr = 0):
+    """Program (token t, stream block): the gated rows of streams ``STREAMS * block ..`` (``STREAMS`` of them,
+    one after another; N a multiple of STREAMS). Each program reads the shared value row once."""
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     cm = cols < D
     kv_row = kv_ptr + t * ((N + 1) * D)
     value = tl.load(kv_row + N * D + cols, mask=cm, other=0.0).to(tl.float32)
-    for k in tl.static_range(N):
+    for j in tl.static_range(STREAMS):
+        k = tl.program_id(1) * STREAMS + j
         r = tl.load(r_ptr + (t * N + k) * D + cols, mask=cm, other=0.0).to(tl.float32)
         key = tl.load(kv_row + k * D + cols, mask=cm, other=0.0).to(tl.float32)
         w = tl.load(qw_ptr + k * D + cols, mask=cm, other=0.0).to(tl.float32) * \
@@ -119,6 +125,13 @@ def _engram_gate_kernel(r_ptr, kv_ptr, qw_ptr, kw_ptr, out_ptr, D, eps, clamp, i
         mag = tl.sqrt(tl.maximum(tl.abs(dot), clamp))
         g = tl.sigmoid(tl.where(dot < 0, -mag, mag))
         tl.store(out_ptr + (t * N + k) * D + cols, (r + g * value).to(out_ptr.dtype.element_ty), mask=cm)
+
+
+# One program per (token, stream) instead of per token (``DEEPINFER_NV_ENGRAM_STREAM_PROGRAMS=0``: per token, the
+# streams one after another). At batch 1 the per-token launch is one program on one SM: 10.3 us a call in the
+# twenty-fourth pass's profile for ~0.2 MB. The stream programs each read the shared value row (n+1 row reads
+# more per token); the arithmetic of each stream is the same, so a row's bits do not depend on the choice.
+STREAM_PROGRAMS = os.environ.get("DEEPINFER_NV_ENGRAM_STREAM_PROGRAMS", "1") == "1"
 
 
 def supports_gate(residual: torch.Tensor, kv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
@@ -151,7 +164,9 @@ def gate(residual: torch.Tensor, kv: torch.Tensor, q_weight: torch.Tensor, k_wei
     if t == 0:
         return out
     block = next_pow2(d)
-    _engram_gate_kernel[(t,)](r, kvc, q_weight.contiguous(), k_weight.contiguous(), out, d, float(eps),
-                              float(clamp), float(d) ** -0.5, N=n, BLOCK=block, num_warps=8 if block >= 2048 else 4,
+    streams = 1 if STREAM_PROGRAMS else n
+    _engram_gate_kernel[(t, n // streams)](r, kvc, q_weight.contiguous(), k_weight.contiguous(), out, d, float(eps),
+                                           float(clamp), float(d) ** -0.5, N=n, BLOCK=block, STREAMS=streams,
+                                           num_warps=8 if block >= 2048 else 4,
                               **pdl_launch())
     return out

@@ -12,6 +12,8 @@ one sequence share each gathered key tile. ``scores_bi`` (batch-invariant mode) 
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -23,6 +25,14 @@ from deepinfer_nvidia.kernels.triton_pdl import pdl_enter, pdl_launch
 
 # Query tokens from which the token-tiled kernel runs (a decode batch's tokens see different sequences).
 TILED_MIN_T = 256
+# Where the default launch (64 candidates a chunk, 4 chunks a program) fills less than one wave of SMs, e.g.
+# batch 1 over 1024 candidates (V4.1 at a 4k context: 4 programs, 8.1 us a call in the twenty-fourth pass's
+# profile), ``scores`` takes 32-candidate programs of one chunk, doubling the chunks only while the launch would
+# exceed two waves. Each candidate's score is computed the same way (the head sum over the same [heads, chunk]
+# tile shape per program); ``DEEPINFER_NV_INDEXER_SMALL_SPLIT=0``: the default launch at every size.
+# ``scores_per_token`` (batch-invariant) never takes it: its launch must not depend on the batch.
+SMALL_BATCH_SPLIT = os.environ.get("DEEPINFER_NV_INDEXER_SMALL_SPLIT", "1") == "1"
+SMALL_BLOCK_N = 32
 
 
 @triton.jit
@@ -58,7 +68,7 @@ def supports(q, weights, keys, cand, score_scale) -> bool:
             and cand.dim() == 2 and weights.dim() == 2)
 
 
-def _checked(q, weights, keys, cand, score_scale, tiled: bool) -> torch.Tensor:
+def _checked(q, weights, keys, cand, score_scale, tiled: bool, launch: tuple | None = None) -> torch.Tensor:
     if not supports(q, weights, keys, cand, score_scale):
         return hand_off("index.scores", f"operands q {q.dtype} {tuple(q.shape)} on {q.device} not covered",
                         indexer_scores, q, weights, keys, cand, score_scale)
@@ -78,6 +88,16 @@ def _checked(q, weights, keys, cand, score_scale, tiled: bool) -> torch.Tensor:
     bd = max(16, next_pow2(d))
     bn = 64 if bh * bd <= 64 * 128 else 32
     chunks = 4 if n >= 4 * bn else 1
+    if launch is not None:  # (candidates a chunk, chunks a program): benchmarks and tests
+        bn, chunks = launch
+    elif tiled and SMALL_BATCH_SPLIT:
+        from deepinfer_nvidia.kernels.triton_gemm import _sm_count
+
+        sms = _sm_count(q.device)
+        if t * triton.cdiv(n, bn * chunks) < sms:
+            bn, chunks = min(bn, SMALL_BLOCK_N), 1
+            while chunks < 4 and t * triton.cdiv(n, bn * chunks) > 2 * sms:
+                chunks *= 2
     grid = (t, triton.cdiv(n, bn * chunks))
     _scores_kernel[grid](q, w, keys, cand, out, h, d, n, float(score_scale), CHUNKS=chunks, BLOCK_H=bh, BLOCK_N=bn,
                          BLOCK_D=bd, PREC=dot_precision(q.dtype), num_warps=4, **pdl_launch())
@@ -85,10 +105,11 @@ def _checked(q, weights, keys, cand, score_scale, tiled: bool) -> torch.Tensor:
 
 
 def scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, cand: torch.Tensor,
-           score_scale: float) -> torch.Tensor:
+           score_scale: float, launch: tuple | None = None) -> torch.Tensor:
     """``index.scores``: fp32 [T, N] = sum_h w[t,h] relu(q[t,h] . keys[cand[t,n]]) * scale, -inf at cand < 0.
-    Token-tiled from ``TILED_MIN_T`` tokens."""
-    return _checked(q, weights, keys, cand, score_scale, tiled=True)
+    Token-tiled from ``TILED_MIN_T`` tokens; ``launch`` (candidates a chunk, chunks a program) overrides the
+    per-token launch's shape below that (benchmarks, tests)."""
+    return _checked(q, weights, keys, cand, score_scale, tiled=True, launch=launch)
 
 
 def scores_per_token(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, cand: torch.Tensor,

@@ -1,6 +1,6 @@
 """Launch shapes of two batch-1 kernels that carry little data but take ~10-16 us a call (not a pytest file).
 
-    python3 -m deepinfer_nvidia.tests.bench_decode_small [--out DIR] [--only attn,mix] [--tokens 1,2,8]
+    python3 -m deepinfer_nvidia.tests.bench_decode_small [--out DIR] [--only attn,mix,scores,engram] [--tokens 1,2,8]
 
 In the 8-layer V4.1 batch-1 step (docs/perf/pass22a/v41/profile.txt) ``attention.sparse_sink`` takes 15.6 us a call
 for ~0.7 MB of KV rows (0.16 us at the copy bandwidth) and ``mhc.mix`` 10.6 us (projection 5.4 + gate 5.2) for a
@@ -8,7 +8,9 @@ for ~0.7 MB of KV rows (0.16 us at the copy bandwidth) and ``mhc.mix`` 10.6 us (
 
 - attention at V4.1 widths (64 heads of 512, bf16) over a 128-slot window plus 512 selected compressed rows (the
   indexed layers), 32 (the 128x-compressed layers) or none: heads per program, slots per chunk, K splits, warps;
-- ``mhc.mix`` (residual [T, 4, 4096] bf16, fn [24, 16384] fp32): K splits, pipeline stages, gate warps.
+- ``mhc.mix`` (residual [T, 4, 4096] bf16, fn [24, 16384] fp32): K splits, pipeline stages, gate warps;
+- ``index.scores`` (64 heads of 128 over 1024 candidates): candidates a chunk and chunks a program;
+- ``engram.gate`` (4 streams of 4096): one program a stream or one a token.
 
 Each time is one CUDA-graph replay of ``RING`` back-to-back calls divided by ``RING`` (programmatic dependent
 launch as the step uses it), so the per-graph launch cost is spread as it is in a graphed step. Each variant's
@@ -97,6 +99,54 @@ def bench_mix(tokens, rows) -> None:
             print(f"mix  T={t} {str(v or 'default'):52s} {us:7.2f} us  err {err:.2e}", flush=True)
 
 
+def bench_scores(tokens, rows) -> None:
+    """``index.scores`` at V4.1's indexer widths (64 heads of 128, bf16) over 1024 candidates (a 4k context)."""
+    from deepinfer_nvidia.kernels import triton_indexer as ti
+
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(2)
+    h, d, n, slots = 64, 128, 1024, 8192
+    for t in tokens:
+        q = torch.randn(t, h, d, device=dev, dtype=torch.bfloat16, generator=g)
+        w = torch.randn(t, h, device=dev, generator=g)
+        keys = torch.randn(slots, d, device=dev, dtype=torch.bfloat16, generator=g)
+        cand = torch.randint(0, slots, (t, n), device=dev, generator=g)
+        base = ti.scores(q, w, keys, cand, d ** -0.5, launch=(64, 4))
+        for v in [None, (64, 4), (64, 1), (32, 1), (16, 1), (32, 2)]:
+            out = ti.scores(q, w, keys, cand, d ** -0.5, launch=v)
+            err = (out - base).abs().max().item()
+            us = ring_us(lambda: ti.scores(q, w, keys, cand, d ** -0.5, launch=v))
+            rows.append(dict(kind="scores", t=t, variant={"launch": v} if v else {}, us=us, err=err))
+            print(f"scores T={t} N={n} {str(v or 'default'):20s} {us:7.2f} us  err {err:.2e}", flush=True)
+
+
+def bench_engram(tokens, rows) -> None:
+    """``engram.gate`` at V4.1's widths (4 streams of 4096, bf16), one program a stream against one a token."""
+    from deepinfer_nvidia.kernels import triton_engram as te
+
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(3)
+    n, d = 4, 4096
+    qw = 1 + 0.1 * torch.randn(n, d, device=dev, generator=g)
+    kw = 1 + 0.1 * torch.randn(n, d, device=dev, generator=g)
+    for t in tokens:
+        r = torch.randn(t, n, d, device=dev, dtype=torch.bfloat16, generator=g)
+        kv = torch.randn(t, (n + 1) * d, device=dev, dtype=torch.bfloat16, generator=g)
+        keep = te.STREAM_PROGRAMS
+        outs = {}
+        for per_stream in (True, False):
+            te.STREAM_PROGRAMS = per_stream
+            try:
+                outs[per_stream] = te.gate(r, kv, qw, kw, 1e-6, 1e-6)
+                us = ring_us(lambda: te.gate(r, kv, qw, kw, 1e-6, 1e-6))
+            finally:
+                te.STREAM_PROGRAMS = keep
+            v = {} if per_stream == keep else {"stream_programs": per_stream}
+            rows.append(dict(kind="engram", t=t, variant=v, us=us, err=0.0))
+            print(f"engram T={t} one program a {'stream' if per_stream else 'token':6s} {us:7.2f} us", flush=True)
+        print(f"engram T={t} bit-equal: {torch.equal(outs[True], outs[False])}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -110,10 +160,14 @@ def main() -> None:
         bench_mix(tokens, rows)
     if "attn" in only:
         bench_attention(tokens, rows)
+    if "scores" in only:
+        bench_scores(tokens, rows)
+    if "engram" in only:
+        bench_engram(tokens, rows)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "decode_small.json"), "w") as f:
         json.dump(rows, f, indent=1)
-    for kind in ("attn", "mix"):  # the fastest variant per shape against the default
+    for kind in ("attn", "mix", "scores", "engram"):  # the fastest variant per shape against the default
         for key in sorted({(r["t"], r.get("na"), r.get("nb")) for r in rows if r["kind"] == kind}):
             sel = [r for r in rows if r["kind"] == kind and (r["t"], r.get("na"), r.get("nb")) == key]
             best = min(sel, key=lambda r: r["us"])

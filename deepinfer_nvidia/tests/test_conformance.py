@@ -248,7 +248,8 @@ def test_mhc_collapse_expand_model_width(reg, t, dtype):
           mhc_expand(r, y, post, comb), tol, tol)
 
 
-@pytest.mark.parametrize("t,n,prefill", [(1, 2048, False), (64, 1024, False), (300, 96, False), (1030, 300, True)])
+@pytest.mark.parametrize("t,n,prefill", [(1, 2048, False), (64, 1024, False), (300, 96, False), (1030, 300, True),
+                                         (1, 1024, False), (2, 1000, False), (16, 1024, False)])
 def test_index_scores_model_width(reg, t, n, prefill):
     """Random candidates (from 256 tokens: the tiled kernel's token-by-token chunks) and a prefill's (two
     sequences, each token a prefix of its sequence's slot list: shared key tiles, skipped chunks)."""

@@ -1,6 +1,7 @@
 """``engram.gather`` and ``engram.gate``'s Triton launches (``deepinfer_nvidia/kernels/triton_engram.py``) in
 Triton's CPU interpreter against the references: the ops' own cases, V4.1 widths (head_dim 256 rows with UE8M0
-scales, D 4096 with 4 streams), every e4m3 code (NaN included) and scale bytes 0-255, fp32 and bf16."""
+scales, D 4096 with 4 streams), every e4m3 code (NaN included) and scale bytes 0-255, fp32 and bf16; the gate with
+one program per stream (the default) and per token, bit for bit."""
 from __future__ import annotations
 
 _INTERPRETED = r"""
@@ -41,9 +42,15 @@ qw, kw = 1 + 0.1 * torch.randn(hc, d, generator=g), 1 + 0.1 * torch.randn(hc, d,
 same(te.gate(r, kv, qw, kw, 1e-6, 1e-6, force_kernel=True), ref.gate(r, kv, qw, kw, 1e-6, 1e-6), 1e-2, 1e-2)
 same(te.gate(r.float(), kv.float(), qw, kw, 1e-6, 1e-6, force_kernel=True),
      ref.gate(r.float(), kv.float(), qw, kw, 1e-6, 1e-6), 1e-5, 1e-5)
-print("INTERPRETED", n + 5)
+# one program per token (the streams in a loop) gives the same bits as one per stream
+assert te.STREAM_PROGRAMS
+per_stream = te.gate(r, kv, qw, kw, 1e-6, 1e-6, force_kernel=True)
+te.STREAM_PROGRAMS = False
+per_token = te.gate(r, kv, qw, kw, 1e-6, 1e-6, force_kernel=True)
+assert torch.equal(per_stream, per_token)
+print("INTERPRETED", n + 6)
 """
 
 
 def test_engram_kernels_in_the_interpreter(run_interpreted):
-    run_interpreted(_INTERPRETED, "INTERPRETED 33")
+    run_interpreted(_INTERPRETED, "INTERPRETED 34")
