@@ -54,6 +54,8 @@ CANDIDATES_KERNEL = True
 # way). Written in the twenty-third pass; measured in the twenty-fourth (H200, one call, batch 1, k 512:
 # 15.5 -> 10.0 us at 1024 scores, 30.4 -> 24.1 at 8192; device tests 40 passed). ``DEEPINFER_NV_TOPK_EARLY_EXIT=0``: all 32 passes.
 EARLY_EXIT = os.environ.get("DEEPINFER_NV_TOPK_EARLY_EXIT", "1") == "1"
+# Warps of an ``index.topk`` program (``DEEPINFER_NV_TOPK_WARPS``; 0: 8 for blocks of >= 4096 scores, else 4).
+TOPK_WARPS = int(os.environ.get("DEEPINFER_NV_TOPK_WARPS", "0"))
 
 
 def _bits_for(block: int) -> int:
@@ -166,10 +168,12 @@ def supports(scores: torch.Tensor, k: int) -> bool:
     return on_cuda(scores) and scores.dtype == torch.float32 and scores.dim() == 2
 
 
-def topk_positions_triton(scores: torch.Tensor, k: int, force_kernel: bool = False) -> torch.Tensor:
+def topk_positions_triton(scores: torch.Tensor, k: int, force_kernel: bool = False,
+                          warps: int | None = None) -> torch.Tensor:
     """``index.topk``: scores [T, N] fp32 (-inf = invalid) -> int64 [T, min(k, N)], the positions of the k
     largest valid scores (ties: lower position) in ascending position order, -1 padded.
-    ``force_kernel`` runs the kernel on CPU tensors (Triton's interpreter, tests only)."""
+    ``force_kernel`` runs the kernel on CPU tensors (Triton's interpreter, tests only); ``warps`` overrides the
+    program's warp count (benchmarks; the counts are integers, so the result does not depend on it)."""
     if not (force_kernel or supports(scores, k)):
         return hand_off("index.topk", f"scores {scores.dtype} on {scores.device} not covered", topk_positions,
                         scores, k)
@@ -184,9 +188,9 @@ def topk_positions_triton(scores: torch.Tensor, k: int, force_kernel: bool = Fal
     single = next_pow2(n) <= MAX_BLOCK
     block = next_pow2(n) if single else min(STREAM_BLOCK if RADIX_BITS > 1 else MAX_BLOCK, MAX_BLOCK)
     bits = _bits_for(block)
+    warps = warps or TOPK_WARPS or (8 if block >= 4096 or block << bits >= 8192 else 4)
     _topk_kernel[(t,)](s, out, n, kk, s.stride(0), BLOCK=block, SINGLE=single, BLOCK_K=min(1024, next_pow2(kk)),
-                       BITS=bits, EARLY=int(EARLY_EXIT), num_warps=8 if block >= 4096 or block << bits >= 8192 else 4,
-                       **pdl_launch())
+                       BITS=bits, EARLY=int(EARLY_EXIT), num_warps=warps, **pdl_launch())
     return out
 
 

@@ -1,6 +1,6 @@
 """Launch shapes of two batch-1 kernels that carry little data but take ~10-16 us a call (not a pytest file).
 
-    python3 -m deepinfer_nvidia.tests.bench_decode_small [--out DIR] [--only attn,mix,scores,engram] [--tokens 1,2,8]
+    python3 -m deepinfer_nvidia.tests.bench_decode_small [--out DIR] [--only attn,mix,scores,engram,topk] [--tokens 1,2,8]
 
 In the 8-layer V4.1 batch-1 step (docs/perf/pass22a/v41/profile.txt) ``attention.sparse_sink`` takes 15.6 us a call
 for ~0.7 MB of KV rows (0.16 us at the copy bandwidth) and ``mhc.mix`` 10.6 us (projection 5.4 + gate 5.2) for a
@@ -10,7 +10,8 @@ for ~0.7 MB of KV rows (0.16 us at the copy bandwidth) and ``mhc.mix`` 10.6 us (
   indexed layers), 32 (the 128x-compressed layers) or none: heads per program, slots per chunk, K splits, warps;
 - ``mhc.mix`` (residual [T, 4, 4096] bf16, fn [24, 16384] fp32): K splits, pipeline stages, gate warps;
 - ``index.scores`` (64 heads of 128 over 1024 candidates): candidates a chunk and chunks a program;
-- ``engram.gate`` (4 streams of 4096): one program a stream or one a token.
+- ``engram.gate`` (4 streams of 4096): one program a stream or one a token;
+- ``index.topk`` (k 512 of 1024 and 8192 scores): warps a program.
 
 Each time is one CUDA-graph replay of ``RING`` back-to-back calls divided by ``RING`` (programmatic dependent
 launch as the step uses it), so the per-graph launch cost is spread as it is in a graphed step. Each variant's
@@ -147,6 +148,24 @@ def bench_engram(tokens, rows) -> None:
         print(f"engram T={t} bit-equal: {torch.equal(outs[True], outs[False])}", flush=True)
 
 
+def bench_topk(tokens, rows) -> None:
+    """``index.topk`` (k 512) over 1024 and 8192 scores, by warps a program (the default heuristic: 4, 8 from 4096)."""
+    from deepinfer_nvidia.kernels import triton_topk as tk
+
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(4)
+    for t in tokens:
+        for n in (1024, 8192):
+            s = torch.randn(t, n, device=dev, generator=g)
+            base = tk.topk_positions_triton(s, 512)
+            for w in (None, 1, 2, 4, 8, 16):
+                out = tk.topk_positions_triton(s, 512, warps=w)
+                same = bool(torch.equal(out, base))
+                us = ring_us(lambda: tk.topk_positions_triton(s, 512, warps=w))
+                rows.append(dict(kind="topk", t=t, na=n, variant={"warps": w} if w else {}, us=us, err=float(not same)))
+                print(f"topk T={t} N={n} warps {str(w or 'default'):8s} {us:7.2f} us  equal {same}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -164,10 +183,12 @@ def main() -> None:
         bench_scores(tokens, rows)
     if "engram" in only:
         bench_engram(tokens, rows)
+    if "topk" in only:
+        bench_topk(tokens, rows)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "decode_small.json"), "w") as f:
         json.dump(rows, f, indent=1)
-    for kind in ("attn", "mix", "scores", "engram"):  # the fastest variant per shape against the default
+    for kind in ("attn", "mix", "scores", "engram", "topk"):  # the fastest variant per shape against the default
         for key in sorted({(r["t"], r.get("na"), r.get("nb")) for r in rows if r["kind"] == kind}):
             sel = [r for r in rows if r["kind"] == kind and (r["t"], r.get("na"), r.get("nb")) == key]
             best = min(sel, key=lambda r: r["us"])

@@ -49,6 +49,14 @@ if has small; then  # batch-1 launch shapes of index.scores and engram.gate (wri
     2>&1 | tee "$OUT/decode_small.txt" | grep -E "best|bit-equal|Error"
   rows_ab DEEPINFER_NV_INDEXER_SMALL_SPLIT DEEPINFER_NV_ENGRAM_STREAM_PROGRAMS
 fi
+if has topkwarps; then  # index.topk's warps a program (written after pass24g; the counts are integers: exact)
+  stamp topkwarps
+  timeout 120 python3 -m deepinfer_nvidia.tests.bench_decode_small --out "$OUT" --only topk --tokens 1,8 \
+    2>&1 | tee "$OUT/topk_warps.txt" | grep -E "best|False|Error"
+  W=$(python3 -c "import json; r = [x for x in json.load(open('$OUT/decode_small.json')) if x['t'] == 1 and x['na'] == 1024]; print(min(r, key=lambda x: x['us'])['variant'].get('warps') or 0)")
+  echo "the top-k file with DEEPINFER_NV_TOPK_WARPS=$W (the fastest at 1 x 1024)"
+  DEEPINFER_NV_TOPK_WARPS=$W FILE_S=100 xdist_files topk_warps_tests $HERE/test_conformance_topk.py
+fi
 if has topk; then
   stamp topk
   FILE_S=150 xdist_files topk_tests $HERE/test_conformance_topk.py
