@@ -206,16 +206,17 @@ def sparse_sink(q: torch.Tensor, kv_a: torch.Tensor, idx_a: torch.Tensor, kv_b: 
     if q.dtype == torch.float32 and block_d >= 512:
         bn = min(bn, 16)  # fp32 tiles of 512 dims: keep shared memory in bounds
     hb = triton.cdiv(h, bh)
-    if splits is None and few:
-        # one chunk of slots a split (as many splits as chunks, to a power of two), within ~2 waves of programs
+    if splits is None:
+        from deepinfer_nvidia.kernels.triton_gemm import _sm_count
+
+        two_waves = 2 * _sm_count(q.device)  # 264 programs on the H200
         splits = 1
-        while splits < min(SMALL_BATCH_MAX_SPLITS, triton.cdiv(total, bn)) and t * hb * splits * 2 <= 264:
-            splits *= 2
-    elif splits is None:
-        # Enough programs to cover the SMs at decode; none at prefill.
-        splits = 1
-        while t * hb * splits < 264 and total // (splits * 2) >= 2 * bn and splits < 16:
-            splits *= 2
+        if few:  # one chunk of slots a split (as many splits as chunks, to a power of two), within two waves
+            while splits < min(SMALL_BATCH_MAX_SPLITS, triton.cdiv(total, bn)) and t * hb * splits * 2 <= two_waves:
+                splits *= 2
+        else:  # enough programs to cover the SMs at decode; none at prefill
+            while t * hb * splits < two_waves and total // (splits * 2) >= 2 * bn and splits < 16:
+                splits *= 2
     per_split = triton.cdiv(total, splits)
     per_split = triton.cdiv(per_split, bn) * bn
     prec = dot_precision(q.dtype)

@@ -167,6 +167,5 @@ def gate(residual: torch.Tensor, kv: torch.Tensor, q_weight: torch.Tensor, k_wei
     streams = 1 if STREAM_PROGRAMS else n
     _engram_gate_kernel[(t, n // streams)](r, kvc, q_weight.contiguous(), k_weight.contiguous(), out, d, float(eps),
                                            float(clamp), float(d) ** -0.5, N=n, BLOCK=block, STREAMS=streams,
-                                           num_warps=8 if block >= 2048 else 4,
-                              **pdl_launch())
+                                           num_warps=8 if block >= 2048 else 4, **pdl_launch())
     return out

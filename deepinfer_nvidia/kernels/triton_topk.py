@@ -52,7 +52,8 @@ CANDIDATES_KERNEL = True
 # The bisection stops at the first pass whose count is exactly k, and does not run for rows with at most k valid
 # scores (all kept). The kept set is the same by construction (the positions are written in position order either
 # way). Written in the twenty-third pass; measured in the twenty-fourth (H200, one call, batch 1, k 512:
-# 15.5 -> 10.0 us at 1024 scores, 30.4 -> 24.1 at 8192; device tests 40 passed). ``DEEPINFER_NV_TOPK_EARLY_EXIT=0``: all 32 passes.
+# 15.5 -> 10.0 us at 1024 scores, 30.4 -> 24.1 at 8192; device tests 40 passed).
+# ``DEEPINFER_NV_TOPK_EARLY_EXIT=0``: all 32 passes.
 EARLY_EXIT = os.environ.get("DEEPINFER_NV_TOPK_EARLY_EXIT", "1") == "1"
 # Warps of an ``index.topk`` program (``DEEPINFER_NV_TOPK_WARPS``; 0: 8 for blocks of >= 4096 scores, else 4).
 TOPK_WARPS = int(os.environ.get("DEEPINFER_NV_TOPK_WARPS", "0"))

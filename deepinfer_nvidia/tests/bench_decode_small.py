@@ -1,6 +1,7 @@
 """Launch shapes of two batch-1 kernels that carry little data but take ~10-16 us a call (not a pytest file).
 
-    python3 -m deepinfer_nvidia.tests.bench_decode_small [--out DIR] [--only attn,mix,scores,engram,topk] [--tokens 1,2,8]
+    python3 -m deepinfer_nvidia.tests.bench_decode_small [--out DIR] [--only attn,mix,scores,engram,topk] \\
+        [--tokens 1,2,8]
 
 In the 8-layer V4.1 batch-1 step (docs/perf/pass22a/v41/profile.txt) ``attention.sparse_sink`` takes 15.6 us a call
 for ~0.7 MB of KV rows (0.16 us at the copy bandwidth) and ``mhc.mix`` 10.6 us (projection 5.4 + gate 5.2) for a
@@ -13,9 +14,10 @@ for ~0.7 MB of KV rows (0.16 us at the copy bandwidth) and ``mhc.mix`` 10.6 us (
 - ``engram.gate`` (4 streams of 4096): one program a stream or one a token;
 - ``index.topk`` (k 512 of 1024 and 8192 scores): warps a program.
 
-Each time is one CUDA-graph replay of ``RING`` back-to-back calls divided by ``RING`` (programmatic dependent
-launch as the step uses it), so the per-graph launch cost is spread as it is in a graphed step. Each variant's
-output is compared with the default launch's (max abs difference printed). Writes ``decode_small.json``.
+Each time is one CUDA-graph replay of ``RING`` back-to-back calls divided by ``RING`` (``graph_timing.graph_us``;
+programmatic dependent launch as the step uses it), so the per-graph launch cost is spread as in a graphed step.
+Each variant's output is compared with the default launch's (max abs difference printed). Writes
+``decode_small.json``.
 """
 from __future__ import annotations
 
@@ -26,25 +28,9 @@ import os
 
 import torch
 
+from deepinfer_nvidia.tests.graph_timing import graph_us
+
 RING = 20
-
-
-def ring_us(fn) -> float:
-    """Median us a call of ``fn()`` over CUDA-graph replays of RING calls (the graph holds RING launches)."""
-    from triton.testing import do_bench
-
-    fn()
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream):
-        fn()  # warm on the capture stream
-        with torch.cuda.graph(graph, stream=stream):
-            for _ in range(RING):
-                fn()
-    torch.cuda.synchronize()
-    return do_bench(graph.replay, warmup=10, rep=60, return_mode="median") * 1e3 / RING
 
 
 def bench_attention(tokens, rows) -> None:
@@ -70,7 +56,7 @@ def bench_attention(tokens, rows) -> None:
             try:
                 out = ta.sparse_sink(*args, **v)
                 err = (out.float() - base.float()).abs().max().item()
-                us = ring_us(lambda: ta.sparse_sink(*args, **v))
+                us = graph_us(lambda: ta.sparse_sink(*args, **v), calls=RING)
             except Exception as e:  # a shape that does not compile (shared memory): reported, not fatal
                 print(f"attn T={t} Na={na} Nb={nb} {v}: {type(e).__name__} {str(e)[:80]}", flush=True)
                 continue
@@ -95,7 +81,7 @@ def bench_mix(tokens, rows) -> None:
         for v in variants:
             out = tm.mix(*args, decode_launch=v)
             err = max((a - b).abs().max().item() for a, b in zip(out, ref))
-            us = ring_us(lambda: tm.mix(*args, decode_launch=v))
+            us = graph_us(lambda: tm.mix(*args, decode_launch=v), calls=RING)
             rows.append(dict(kind="mix", t=t, variant=v, us=us, err=err))
             print(f"mix  T={t} {str(v or 'default'):52s} {us:7.2f} us  err {err:.2e}", flush=True)
 
@@ -116,7 +102,7 @@ def bench_scores(tokens, rows) -> None:
         for v in [None, (64, 4), (64, 1), (32, 1), (16, 1), (32, 2)]:
             out = ti.scores(q, w, keys, cand, d ** -0.5, launch=v)
             err = (out - base).abs().max().item()
-            us = ring_us(lambda: ti.scores(q, w, keys, cand, d ** -0.5, launch=v))
+            us = graph_us(lambda: ti.scores(q, w, keys, cand, d ** -0.5, launch=v), calls=RING)
             rows.append(dict(kind="scores", t=t, variant={"launch": v} if v else {}, us=us, err=err))
             print(f"scores T={t} N={n} {str(v or 'default'):20s} {us:7.2f} us  err {err:.2e}", flush=True)
 
@@ -139,7 +125,7 @@ def bench_engram(tokens, rows) -> None:
             te.STREAM_PROGRAMS = per_stream
             try:
                 outs[per_stream] = te.gate(r, kv, qw, kw, 1e-6, 1e-6)
-                us = ring_us(lambda: te.gate(r, kv, qw, kw, 1e-6, 1e-6))
+                us = graph_us(lambda: te.gate(r, kv, qw, kw, 1e-6, 1e-6), calls=RING)
             finally:
                 te.STREAM_PROGRAMS = keep
             v = {} if per_stream == keep else {"stream_programs": per_stream}
@@ -161,7 +147,7 @@ def bench_topk(tokens, rows) -> None:
             for w in (None, 1, 2, 4, 8, 16):
                 out = tk.topk_positions_triton(s, 512, warps=w)
                 same = bool(torch.equal(out, base))
-                us = ring_us(lambda: tk.topk_positions_triton(s, 512, warps=w))
+                us = graph_us(lambda: tk.topk_positions_triton(s, 512, warps=w), calls=RING)
                 rows.append(dict(kind="topk", t=t, na=n, variant={"warps": w} if w else {}, us=us, err=float(not same)))
                 print(f"topk T={t} N={n} warps {str(w or 'default'):8s} {us:7.2f} us  equal {same}", flush=True)
 

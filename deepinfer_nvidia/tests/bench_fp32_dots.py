@@ -25,14 +25,7 @@ import sys
 
 import torch
 
-
-def _graph_us(fn, do_bench) -> float:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return do_bench(graph.replay, warmup=10, rep=60) * 1e3
+from deepinfer_nvidia.tests.graph_timing import graph_us
 
 
 def _ints(spec: str) -> list[tuple[int, ...]]:
@@ -46,8 +39,6 @@ def main() -> None:
     ap.add_argument("--decode-tokens", default="1,8,64")
     ap.add_argument("--mix", default="32x128x4x3:t,64x64x4x3:b,128x64x8x3:b,256x64x8x3:b,128x128x8x3:b")
     args = ap.parse_args()
-    from triton.testing import do_bench
-
     from deepinfer_core.kernels.ops.mhc import mhc_mix
     from deepinfer_nvidia.kernels import triton_mhc as tm
 
@@ -81,7 +72,7 @@ def main() -> None:
                 return tm.mix(r, fn, base, scale, 1e-6, 1e-6, 20, prefill_launch=launch)
             out = run()
             err = max((o - rr).abs().max().item() / rr.abs().max().item() for o, rr in zip(out, ref))
-            us = _graph_us(run, do_bench)
+            us = graph_us(run, mode="mean")
             note({"what": f"mhc.mix {spec}", "t": t, "us": us,
                   "rate": f"{gb / us * 1e6:.0f} GB/s", "err": err})
     # decode sizes (CUDA graphs, as decode runs): the default launch and the decode_launch variants
@@ -100,7 +91,7 @@ def main() -> None:
                 return tm.mix(r, fn, base, scale, 1e-6, 1e-6, 20, decode_launch=dl)
             out = run()
             err = max((o - rr).abs().max().item() / rr.abs().max().item() for o, rr in zip(out, ref))
-            note({"what": f"mhc.mix decode {name}", "t": t, "us": _graph_us(run, do_bench), "err": err})
+            note({"what": f"mhc.mix decode {name}", "t": t, "us": graph_us(run, mode="mean"), "err": err})
     for t in (int(v) for v in args.tokens.split(",") if v):
         for nout in (512, 128):
             x = torch.randn(t, 5120, generator=g, device="cuda")
@@ -120,7 +111,7 @@ def main() -> None:
                         torch.backends.cuda.matmul.allow_tf32 = False
                 return f
             for name, f in (("cuBLAS fp32", cublas(False)), ("cuBLAS tf32 (x1)", cublas(True))):
-                err, us = rel(f()), _graph_us(f, do_bench)
+                err, us = rel(f()), graph_us(f, mode="mean")
                 # one TF32 product is shown for the trade, never taken: its error is not a failure
                 note({"what": f"{name} N={nout}", "t": t, "us": us, "rate": f"{flop / us / 1e6:.0f} TFLOP/s",
                       "err": err}, checked="x1" not in name)

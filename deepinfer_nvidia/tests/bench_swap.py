@@ -8,7 +8,7 @@
    decode, subnormal and large scales included), for several tile shapes; max relative error printed; any
    error above 2e-2 (or a NaN) fails the run.
 2. For each token count: the current default path of ``moe.experts_mxfp4`` (split-K / ``tl.dot_scaled``) and
-   each swap variant, replayed from one CUDA graph per call (us per layer, median of ``do_bench``), with the
+   each swap variant, replayed from one CUDA graph per call (us per layer, mean of ``do_bench``), with the
    bytes of the distinct routed experts over the time as GB/s. Writes ``swap_bench.json``.
 """
 from __future__ import annotations
@@ -19,6 +19,10 @@ import math
 import os
 
 import torch
+
+from deepinfer_nvidia.tests.graph_timing import graph_us
+
+_TIMING = {"warmup": 20, "rep": 100, "mode": "mean"}  # graph_us as this bench has always timed
 
 
 def _packed(e, n, k, g, scale_lo=None, scale_hi=None):
@@ -36,15 +40,6 @@ def _rel(a, b):
     if not torch.isfinite(a).all():
         return float("nan")
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
-
-
-def _graph_us(fn, do_bench):
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return do_bench(graph.replay, warmup=20, rep=100) * 1e3
 
 
 def _profile_kernels(fn, tag: str, replays: int = 20) -> None:
@@ -97,8 +92,6 @@ def main() -> None:
                     "be bit-equal")
     ap.add_argument("--skip-parity", action="store_true")
     args = ap.parse_args()
-    from triton.testing import do_bench
-
     import deepinfer_nvidia.kernels.gluon_moe_swap as sw
     import deepinfer_nvidia.kernels.gluon_swap_split as sp
     import deepinfer_nvidia.kernels.triton_moe as tm
@@ -119,13 +112,14 @@ def main() -> None:
         for t in (1, 64):
             x, w, ids = inputs(t, E, D)
             ref = tm.moe_experts_mxfp4(x, w, ids, *ws, 10.0)
-            line = f"[probe] T={t:4d} default {_graph_us(lambda: tm.moe_experts_mxfp4(x, w, ids, *ws, 10.0), do_bench):8.1f}"
+            base = graph_us(lambda: tm.moe_experts_mxfp4(x, w, ids, *ws, 10.0), **_TIMING)
+            line = f"[probe] T={t:4d} default {base:8.1f}"
             for spec in args.probes.split(","):
                 areg, probe, bk, st = (int(v) for v in spec.split(":"))
                 fn = lambda: sw.swap_mxfp4(x, w, ids, *ws, 10.0, block_k=bk, stages=st, areg=areg,  # noqa: E731
                                            probe=probe)
                 r = _rel(fn(), ref) if probe == 0 else float("nan")
-                line += f" | {spec} {_graph_us(fn, do_bench):8.1f}" + (f" (rel {r:.1e})" if probe == 0 else "")
+                line += f" | {spec} {graph_us(fn, **_TIMING):8.1f}" + (f" (rel {r:.1e})" if probe == 0 else "")
             print(line, flush=True)
     for t in [int(v) for v in args.profile.split(",") if v]:
         ws = (*_packed(E, F, D, g), *_packed(E, F, D, g), *_packed(E, D, F, g))
@@ -164,8 +158,8 @@ def main() -> None:
         x, w, ids = inputs(t, E, D)
         distinct = torch.unique(ids).numel()
         mb = distinct * per_expert / E / 1e6
-        base = _graph_us(lambda: tm.moe_experts_mxfp4(x, w, ids, *ws, 10.0), do_bench)
-        own = _graph_us(lambda: sw.swap_mxfp4(x, w, ids, *ws, 10.0), do_bench)  # the module's own tiles
+        base = graph_us(lambda: tm.moe_experts_mxfp4(x, w, ids, *ws, 10.0), **_TIMING)
+        own = graph_us(lambda: sw.swap_mxfp4(x, w, ids, *ws, 10.0), **_TIMING)  # the module's own tiles
         row = {"T": t, "pairs": t * K, "experts": distinct, "MB": round(mb, 1), "default_us": round(base, 1),
                "swap_own_us": round(own, 1), "swap": {}}
         line = (f"T={t:5d} pairs={t * K:6d} experts={distinct:3d} {mb:8.1f} MB  default {base:8.1f} us"
@@ -175,7 +169,7 @@ def main() -> None:
             r = _rel(fn(), aten_ops.moe_experts_mxfp4(x, w, ids, *ws, 10.0))
             if not (r == r and r <= 2e-2):
                 failures.append(("tma", t, st, r))
-            us = _graph_us(fn, do_bench)
+            us = graph_us(fn, **_TIMING)
             row["swap"][f"tma s{st}"] = round(us, 1)
             line += f" | tma s{st} {us:8.1f} (rel {r:.0e})"
         # module switches timed against their other setting: (flag on, knob, tag, label when the knob is on / off)
@@ -193,7 +187,7 @@ def main() -> None:
                 same = torch.equal(fn(), other)
                 if not same:
                     failures.append((tag, t))
-                us = _graph_us(fn, do_bench)
+                us = graph_us(fn, **_TIMING)
             finally:
                 setattr(sw, knob, saved_knob)
             row["swap"][label] = round(us, 1)
@@ -216,7 +210,7 @@ def main() -> None:
             # the register cap must not change a bit: same split without it
             same = "" if not maxnreg or split is None else \
                 f", cap bit-equal {torch.equal(out, sw.swap_mxfp4(x, w, ids, *ws, 10.0, split=split))}"
-            us = _graph_us(fn, do_bench)
+            us = graph_us(fn, **_TIMING)
             sp.SPLIT_UP, sp.SPLIT_FILL, sp.RESIDENT_UP = saved
             row["swap"][f"split {spec}"] = round(us, 1)
             line += f" | split {spec} {us:8.1f} (rel {r:.0e}{same})"
@@ -224,8 +218,8 @@ def main() -> None:
             if t * K >= 16384 and bm < 64 or t * K <= 64 and bm > 16:  # hopeless tiles at these sizes
                 continue
             try:
-                us = _graph_us(lambda: sw.swap_mxfp4(x, w, ids, *ws, 10.0, block_m=bm, block_n=bn, block_k=bk,
-                                                     warps=nw, stages=st, areg=ar), do_bench)
+                us = graph_us(lambda: sw.swap_mxfp4(x, w, ids, *ws, 10.0, block_m=bm, block_n=bn, block_k=bk,
+                                                     warps=nw, stages=st, areg=ar), **_TIMING)
             except Exception as exc:  # a tile that does not fit: report and go on
                 print(f"  {bm}x{bn}x{bk}x{nw}x{st}x{ar}: {type(exc).__name__}: {str(exc)[:200]}")
                 continue

@@ -2,8 +2,8 @@
 interpreter: the op's own cases, exact ties (rounded scores, +0.0 / -0.0), rows with fewer valid scores than k,
 all-invalid rows, k = 1 and k >= N, bf16-rounded V4.1-sized rows (N 1000, k 512), the streamed path (rows
 longer than one register block), counting digits of 4, 2 and 1 bits, and the bisection with and without its
-early exit (rows of distinct scores, where a pass counts exactly k; rows with at most k valid scores). The kept set must equal the reference's, in ascending position order,
-``-1`` only after the kept positions."""
+early exit (rows of distinct scores, where a pass counts exactly k; rows with at most k valid scores). The kept
+set must equal the reference's, in ascending position order, ``-1`` only after the kept positions."""
 from __future__ import annotations
 
 
