@@ -506,13 +506,15 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
                block_n: int | None = None, block_k: int | None = None, warps: int | None = None,
                stages: int | None = None, safe: bool | None = None, areg: int | None = None,
                probe: int = 0, split: tuple[int, int] | None = None, tma: bool | None = None,
-               maxnreg: int | None = None) -> torch.Tensor:
+               maxnreg: int | None = None, paired: bool | None = None) -> torch.Tensor:
     """x [T, D] bf16; weights [T, k] float; ids [T, k] int; w1, w3 [E, F, D/2] uint8 + UE8M0 [E, F, D/32];
     w2 [E, D, F/2] + [E, D, F/32] -> [T, D] bf16. No host synchronisation after the first call per weight
     stack (CUDA-graph safe). D and F must be multiples of 32; the stacks must already be checked.
     ``split``: (up, down) K splits (default: ``policy.split_for`` of the up launch, the down one unsplit). ``tma``:
     weight tiles by TMA (default ``SWAP_TMA``; only where ``tma_fits``). ``maxnreg``: the up kernel's register
-    cap (default ``gluon_swap_split.UP_MAXNREG``)."""
+    cap (default ``gluon_swap_split.UP_MAXNREG``). ``paired``: both launches on two warpgroups a program
+    (``gluon_swap_pair``; default: where its ``takes`` holds and no tile knob is given)."""
+    from deepinfer_nvidia.kernels import gluon_swap_pair as pair_path  # lazy: it imports this module
     from deepinfer_nvidia.kernels.triton_fp8_gemv import _counters
     from deepinfer_nvidia.kernels.triton_gemm import _sm_count, sum_slices
     from deepinfer_nvidia.kernels.triton_align import ALIGN_MAX_PAIRS, align_small
@@ -524,10 +526,18 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
         return torch.zeros(t, d, dtype=x.dtype, device=x.device)
     p = t * k
     bm = block_m or block_m_for(p, ne)
+    if paired is None:  # the default tiles only: a pinned variant (benchmarks, tests) keeps the one-warpgroup kernel
+        pinned = (block_m, block_n, block_k, warps, stages, areg, split, tma, maxnreg) != (None,) * 9 or probe
+        paired = not pinned and pair_path.takes((num_blocks(p, ne, bm) - 1) * triton.cdiv(f, 64), _sm_count(x.device),
+                                              d, f)
+    if paired:
+        bm = pair_path.PAIR_BLOCK_M
     tbn, tbk, tw, ts, ta = SWAP_TUNE.get(bm, SWAP_TUNE[16])
     bn, bk, warps, stages = block_n or tbn, block_k or tbk, warps or tw, stages or ts
     areg = ta if areg is None else areg
-    if areg == 2 and (d % 128 or f % 128 or bn != 64 or bk != 128 or warps != 4):
+    if paired:  # its own tiles: 64 x 128 of the fragment decode, 8 warps
+        bn, bk, warps, areg = 64, 128, 8, 2
+    if areg == 2 and not paired and (d % 128 or f % 128 or bn != 64 or bk != 128 or warps != 4):
         areg = 1  # the fragment layout covers 64 x 128 tiles of 4 warps over whole 128-column tiles only
     if safe is None:
         safe = not scales_allow_fast(s1, s3, s2)
@@ -542,6 +552,14 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
     h = torch.empty(r, f, dtype=x.dtype, device=x.device)
     nt1, nt2 = triton.cdiv(f, bn), triton.cdiv(d, bn)
     kt1, kt2 = triton.cdiv(d, bk), triton.cdiv(f, bk)
+    if paired:
+        wt = weights.reshape(-1).float().contiguous()
+        pair_path.launch(True, nb * nt1, xp, pair, bexp, u8[0], u8[1], u8[2], u8[3], wt, h, p, ne, f, d,
+                         xp.stride(0), limit, nt1, k, safe, pdl_launch(), False)
+        y = torch.empty(p, d, dtype=torch.float32, device=x.device)
+        pair_path.launch(False, nb * nt2, h, pair, bexp, u8[4], u8[5], u8[4], u8[5], wt, y, p, ne, d, f, f,
+                         limit, nt2, k, safe, pdl_launch(), SWAP_DOWN_SKIP_PAD)
+        return sum_slices(y, t, d, k, d, k * d, x.dtype)
     if split is None:  # programs that can hold pairs: at most min(E, P) + P // BLOCK_M blocks (num_blocks - 1)
         live = max(1, nb - 1)
         split = (policy.split_for(live * nt1, kt1, _sm_count(x.device)), 1)

@@ -90,6 +90,8 @@ def main() -> None:
     ap.add_argument("--scales-smem", action="store_true", help="also time the module's tiles with SWAP_SCALES_SMEM "
                     "flipped (on since the twenty-third pass: scale words staged in shared memory once); outputs must "
                     "be bit-equal")
+    ap.add_argument("--pair", action="store_true", help="also time the swap with two warpgroups a program "
+                    "(gluon_swap_pair) and with one, whatever the policy picks; parity against aten checked")
     ap.add_argument("--skip-parity", action="store_true")
     args = ap.parse_args()
     import deepinfer_nvidia.kernels.gluon_moe_swap as sw
@@ -172,6 +174,17 @@ def main() -> None:
             us = graph_us(fn, **_TIMING)
             row["swap"][f"tma s{st}"] = round(us, 1)
             line += f" | tma s{st} {us:8.1f} (rel {r:.0e})"
+        if args.pair:
+            ref_out = aten_ops.moe_experts_mxfp4(x, w, ids, *ws, 10.0)
+            for on in (False, True):
+                fn = lambda on=on: sw.swap_mxfp4(x, w, ids, *ws, 10.0, paired=on)  # noqa: E731
+                r = _rel(fn(), ref_out)
+                if not (r == r and r <= 2e-2):
+                    failures.append(("pair", t, on, r))
+                us = graph_us(fn, **_TIMING)
+                label = "two warpgroups" if on else "one warpgroup"
+                row["swap"][label] = round(us, 1)
+                line += f" | {label} {us:8.1f} (rel {r:.0e})"
         # module switches timed against their other setting: (flag on, knob, tag, label when the knob is on / off)
         for wanted, knob, tag, label_on, label_off in (
                 (args.down_pad, "SWAP_DOWN_SKIP_PAD", "down-pad", "down skips padding", "down reads padding"),

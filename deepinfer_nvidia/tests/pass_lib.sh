@@ -23,3 +23,13 @@ pending() {  # pending TAG FILE RESULTS...: FILE's tests (PENDING_K: a -k expres
   echo "$tag: $(wc -l < "$OUT/$tag.todo") of $(wc -l < "$OUT/$tag.all") not yet passed"
   [ -s "$OUT/$tag.todo" ] && xdist_files "$tag" $(cat "$OUT/$tag.todo")
 }
+rows_vals() {  # rows_vals KNOB A B: the V4.1 rows at batch 1 and 64 with KNOB=A, =B, =A, =B (one warm process each)
+  local knob=$1 a=$2 b=$3
+  for v in $a $b $a $b; do
+    echo "== $knob=$v"
+    env "$knob=$v" timeout 110 python3 benchmarks/sweep.py --arch v41 --out "$OUT/v41_$v" --providers triton \
+      --decode 1,64 --prefill "" --skip-hf --graphs --profile-decode "" 2>&1 | grep -E "pipelined|Error" \
+      | sed -E 's/capture.*alternated/alternated/'
+  done | tee -a "$OUT/rows_vals.txt"
+  rm -rf "$OUT"/v41_*  # the JSON and plots of each row: not needed, and they crowd what comes back
+}

@@ -1,0 +1,228 @@
+"""The swap experts' launches at a few pairs with two warpgroups a program, each on every other K tile.
+
+Why (docs/performance.md, twenty-first to twenty-fifth passes). At 1 token the up launch has 216 four-warp programs
+on 132 SMs: ~6.6 warps an SM, each issuing every ~3.5 cycles with no dominant stall, so the SM runs out of warps
+(and of bytes in flight) rather than of any one resource. A plain streaming loop over the same bytes went from 1.78
+to 3.41 TB/s with 8 warps a program instead of 4 (``pass21c``). Splitting K over more programs did not help: each
+split stores fp32 partials and the last program to arrive adds them (twenty-first pass, +10% a layer).
+
+Here a program keeps its (expert block, 64-row tile) and runs 8 warps: warpgroup ``h`` (warps 4h..4h+3) decodes
+K tile ``2i + h`` at step ``i``. Both warpgroups issue one ``wgmma`` with M = 128 (their 64 rows each) and N =
+2 x BLOCK_M: the activation tile of a step holds the pairs' columns of tile ``2i`` in rows ``0..BLOCK_M-1`` and of
+tile ``2i + 1`` in rows ``BLOCK_M..2*BLOCK_M-1``, so warpgroup 0's useful block is ``acc[0:64, 0:BLOCK_M]`` and
+warpgroup 1's ``acc[64:128, BLOCK_M:]`` (the other two blocks are products with the wrong tile, computed and
+dropped: the tensor cores are idle at these sizes). At the end the two useful blocks meet in shared memory and are
+added (even tiles' sum + odd tiles' sum), then the epilogue is the one-warpgroup kernel's (``_up_finish``,
+``_down_finish``).
+
+Same bytes, same decode (``_decode_fragment``), same K order as ``gluon_moe_swap`` (AREG 2, 16-byte ``cp.async``
+ring, per-step scale loads); only the order of the fp32 sums differs (two interleaved halves), as a K split's does.
+No K split, no TMA. Used by ``swap_mxfp4`` where ``takes`` says so (``PAIR_WARPGROUPS``).
+"""
+from __future__ import annotations
+
+import os
+
+from deepinfer_nvidia.kernels import gluon_moe_swap as _swap
+
+# On where the one-warpgroup up launch would fill less than ``PAIR_MAX_WAVES`` waves of 3 programs an SM (1 token:
+# 216 programs, 0.55 waves) and the pairs fit 8-pair blocks. ``DEEPINFER_NV_SWAP_PAIR=0`` turns it off (A/B runs).
+PAIR_WARPGROUPS = os.environ.get("DEEPINFER_NV_SWAP_PAIR", "1") == "1"
+PAIR_MAX_WAVES = 1.0
+PAIR_BLOCK_M = 8  # pairs a block: N = 16 for the two-tile wgmma, so the accumulators stay 8 registers a matrix
+PAIR_STAGES = 3
+# Registers a thread: two 8-warp programs an SM need <= 128 (Triton 3.6 allocates 128 for the up kernel unasked,
+# 3.9 130, and under the cap spills 6 outside the K loop, none inside: tests/kernels/test_gluon_swap_pair_sass.py).
+PAIR_MAXNREG = 128
+_GLUON = _swap.available()
+
+if _GLUON:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        warpgroup_mma,
+        warpgroup_mma_init,
+        warpgroup_mma_wait,
+    )
+
+    _cp_async = _swap._cp_async
+    _cta_barrier = _swap._cta_barrier
+    _decode_fragment = _swap._decode_fragment
+    _frag128 = _swap._frag128
+    _up_finish = _swap._up_finish
+    _down_finish = _swap._down_finish
+    _grid_dependency = _swap._grid_dependency
+
+    def _pair_fragment_layout():
+        """[128, 4, 16] packed bytes: rows 64h + r are weight row r of K tile 2i + h; warp w, lane (r = lane // 4,
+        c = lane % 4) holds rows 16w + r and 16w + r + 8 (warps 4-7: the second tile), bytes 16c..16c+15, as
+        ``gluon_moe_swap._fragment_bytes_layout`` with a third warp bit for the second warpgroup."""
+        return gl.DistributedLinearLayout(
+            reg_bases=[[0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 0, 8], [8, 0, 0]],
+            lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+            warp_bases=[[16, 0, 0], [32, 0, 0], [64, 0, 0]], block_bases=[], shape=[128, 4, 16])
+
+    _FRAG_PAIR = gl.constexpr(_pair_fragment_layout())
+
+    @gluon.jit
+    def _issue_pair(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, gcol3, xoff, vx, xk, KG, K, j, stage,
+                    UP: gl.constexpr):
+        """cp.async of step ``j`` (K tiles 2j and 2j + 1: 128 bytes of each weight row, 256 activation columns)
+        into ring slot ``stage``; groups and columns past K are masked (zero-filled), then one commit group."""
+        gm = j * 8 + gcol3 < KG
+        _cp_async(ring_a.index(stage), wa_ptr + woff3 + j * 128, mask=nm3 & gm)
+        if UP:
+            _cp_async(ring_b.index(stage), wb_ptr + woff3 + j * 128, mask=nm3 & gm)
+        _cp_async(ring_x.index(stage), x_ptr + xoff + j * 256, mask=vx & (j * 256 + xk < K))
+        async_copy.commit_group()
+
+    @gluon.jit
+    def _pair_scales(s_ptr, soff, nm, gcol, j, KG):
+        """Step ``j``'s UE8M0 bytes [128, 4, 1] (row 64h + r: tile 2j + h); masked groups read 127 (scale 1)."""
+        return gl.expand_dims(gl.load(s_ptr + soff + j * 8, mask=nm & (j * 8 + gcol < KG), other=127), 2)
+
+    @gluon.jit
+    def _fold(acc, BLOCK_M: gl.constexpr, LO: gl.constexpr):
+        """``acc [128, 2*BLOCK_M]`` -> ``acc[0:64, :BLOCK_M] + acc[64:128, BLOCK_M:]`` ([64, BLOCK_M] in ``LO``):
+        each warpgroup's useful block, met through shared memory."""
+        buf = gl.allocate_shared_memory(gl.float32, [128, 2 * BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]),
+                                        acc)
+        _cta_barrier()
+        even = buf.slice(0, 64, 0).slice(0, BLOCK_M, 1).load(LO)
+        odd = buf.slice(64, 64, 0).slice(BLOCK_M, BLOCK_M, 1).load(LO)
+        return even + odd
+
+    @gluon.jit
+    def _swap_pair_kernel(x_ptr, pair_ptr, bexp_ptr, wa_ptr, sa_ptr, wb_ptr, sb_ptr, wt_ptr, out_ptr, P, E, N, K,
+                          row_bytes, stride_x, limit, NT, TOPK: gl.constexpr, UP: gl.constexpr,
+                          BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SAFE: gl.constexpr, PDL: gl.constexpr,
+                          SKIP_PAD: gl.constexpr, num_warps: gl.constexpr):
+        """One (expert block, 64-row tile) of ``gluon_moe_swap._swap_kernel`` (AREG 2, no split; the same
+        arguments, layouts and outputs) on two warpgroups, each taking every other 128-column K tile."""
+        gl.static_assert(num_warps == 8)
+        if PDL:  # programmatic dependent launch (triton_pdl): wait for the previous kernel, release the next
+            _grid_dependency(True)
+            _grid_dependency(False)
+        L3: gl.constexpr = _FRAG_PAIR
+        LS: gl.constexpr = gl.SliceLayout(2, L3)
+        LX: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0])
+        ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, 2 * BLOCK_M, 16])
+        AOP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
+        SM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        RING: gl.constexpr = gl.SwizzledSharedLayout(16, 1, 1, [2, 1, 0])
+        LO: gl.constexpr = gl.BlockedLayout([1, 1], [32 // BLOCK_M, BLOCK_M], [num_warps, 1], [1, 0])
+        pid = gl.program_id(0)
+        tile = pid % NT
+        blk = pid // NT
+        e = gl.load(bexp_ptr + blk)
+        if e >= E:
+            return
+        e64 = e.to(gl.int64)
+        n_s = gl.cdiv(gl.cdiv(K, 128), 2)  # steps: tiles 2i and 2i + 1
+        KG = K // 32
+        # activation rows of a step: q = h * BLOCK_M + m holds pair row m's columns of K tile 2i + h
+        q = gl.arange(0, 2 * BLOCK_M, layout=gl.SliceLayout(1, LX))
+        rows_x = blk * BLOCK_M + q % BLOCK_M
+        if UP:
+            pair_x = gl.load(pair_ptr + rows_x)
+            xrow = (pair_x // TOPK).to(gl.int64) * stride_x
+            vx = gl.expand_dims(pair_x < P, 1)
+        else:
+            xrow = rows_x.to(gl.int64) * stride_x
+            if SKIP_PAD:
+                vx = gl.expand_dims(gl.load(pair_ptr + rows_x) < P, 1)
+            else:
+                vx = gl.expand_dims(rows_x >= 0, 1)
+        xk = gl.expand_dims((q // BLOCK_M) * 128, 1) + gl.expand_dims(gl.arange(0, 128, layout=gl.SliceLayout(0, LX)),
+                                                                       0)
+        xoff = gl.expand_dims(xrow, 1) + xk
+        # weight fragment rows: 64h + r is row r of the tile, read at K tile 2i + h (group column 4h + g)
+        q3 = gl.arange(0, 128, layout=gl.SliceLayout(1, LS))
+        rn3 = tile * 64 + q3 % 64
+        rg3 = gl.arange(0, 4, layout=gl.SliceLayout(0, LS))
+        rb3 = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(0, L3)))
+        nm = gl.expand_dims(rn3 < N, 1)
+        nm3 = gl.expand_dims(nm, 2)
+        gcol = gl.expand_dims((q3 // 64) * 4, 1) + gl.expand_dims(rg3, 0)
+        gcol3 = gl.expand_dims(gcol, 2)
+        woff = gl.expand_dims(e64 * N * row_bytes + rn3.to(gl.int64) * row_bytes, 1) + gcol * 16
+        woff3 = gl.expand_dims(woff, 2) + gl.expand_dims(gl.expand_dims(rb3, 0), 0)
+        soff = gl.expand_dims(e64 * N * KG + rn3.to(gl.int64) * KG, 1) + gcol
+
+        ring_a = gl.allocate_shared_memory(gl.uint8, [STAGES, 128, 4, 16], RING)
+        ring_x = gl.allocate_shared_memory(gl.bfloat16, [STAGES, 2 * BLOCK_M, 128], SM)
+        acc_a = warpgroup_mma_init(gl.zeros([128, 2 * BLOCK_M], gl.float32, layout=ACC))
+        if UP:
+            ring_b = gl.allocate_shared_memory(gl.uint8, [STAGES, 128, 4, 16], RING)
+            acc_b = warpgroup_mma_init(gl.zeros([128, 2 * BLOCK_M], gl.float32, layout=ACC))
+        else:
+            ring_b = ring_a
+        for jp in gl.static_range(STAGES - 1):
+            _issue_pair(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, gcol3, xoff, vx, xk, KG, K, jp,
+                        jp, UP)
+        ca = _pair_scales(sa_ptr, soff, nm, gcol, 0, KG)
+        if UP:
+            cb = _pair_scales(sb_ptr, soff, nm, gcol, 0, KG)
+        for i in range(n_s):
+            if UP:
+                acc_a, acc_b = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a, acc_b))
+            else:
+                acc_a = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a,))
+            _cta_barrier()  # every warpgroup's wgmma of step i-1 is done: its ring slot may be refilled
+            j = i + STAGES - 1
+            _issue_pair(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, gcol3, xoff, vx, xk, KG, K, j,
+                        j % STAGES, UP)
+            nca = _pair_scales(sa_ptr, soff, nm, gcol, i + 1, KG)
+            if UP:
+                ncb = _pair_scales(sb_ptr, soff, nm, gcol, i + 1, KG)
+            async_copy.wait_group(STAGES - 1)
+            si = i % STAGES
+            _cta_barrier()
+            xs = ring_x.index(si).permute((1, 0))
+            da = gl.convert_layout(_decode_fragment(ring_a.index(si).load(L3), ca, 128, SAFE), AOP)
+            if UP:
+                db = gl.convert_layout(_decode_fragment(ring_b.index(si).load(L3), cb, 128, SAFE), AOP)
+            fence_async_shared()
+            _cta_barrier()
+            acc_a = warpgroup_mma(da, xs, acc_a, is_async=True)
+            if UP:
+                acc_b = warpgroup_mma(db, xs, acc_b, is_async=True)
+                cb = ncb
+            ca = nca
+        async_copy.wait_group(0)
+        rn = tile * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, LO))
+        rows = blk * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, LO))
+        nmask = gl.expand_dims(rn < N, 1)
+        if UP:
+            acc_a, acc_b = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a, acc_b))
+            ya = _fold(acc_a, BLOCK_M, LO)
+            yb = _fold(acc_b, BLOCK_M, LO)
+            hoff = gl.expand_dims(rows.to(gl.int64) * N, 0) + gl.expand_dims(_frag128(rn), 1)
+            _up_finish(ya, yb, out_ptr, hoff, nmask, limit)
+        else:
+            acc_a = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a,))
+            y = _fold(acc_a, BLOCK_M, LO)
+            pair = gl.load(pair_ptr + rows)
+            valid = pair < P
+            ym = gl.expand_dims(valid, 0) & nmask
+            yoff = gl.expand_dims(pair.to(gl.int64) * N, 0) + gl.expand_dims(rn, 1)
+            _down_finish(y, out_ptr, wt_ptr, pair, valid, yoff, ym)
+
+
+def takes(programs: int, sms: int, d: int, f: int) -> bool:
+    """Whether ``swap_mxfp4`` runs its two launches here: on (``PAIR_WARPGROUPS``), Gluon present, whole
+    128-column tiles, and an up launch of ``programs`` 64-row programs under ``PAIR_MAX_WAVES`` waves of 3 an SM."""
+    return (_GLUON and PAIR_WARPGROUPS and d % 128 == 0 and f % 128 == 0
+            and programs < PAIR_MAX_WAVES * 3 * sms)
+
+
+def launch(up: bool, grid: int, x, pair, bexp, w, s, wb, sb, wt, out, p: int, ne: int, n: int, k: int,
+           stride_x: int, limit: float, nt: int, topk: int, safe: bool, pdl: dict, skip_pad: bool) -> None:
+    """One launch of ``_swap_pair_kernel`` (the arguments of ``gluon_moe_swap._swap_kernel``'s, byte stacks
+    ``w``/``s`` (``wb``/``sb``: w3 for the up launch, else repeated))."""
+    _swap_pair_kernel[(grid,)](x, pair, bexp, w, s, wb, sb, wt, out, p, ne, n, k, k // 2, stride_x, float(limit), nt,
+                               TOPK=topk, UP=int(up), BLOCK_M=PAIR_BLOCK_M, STAGES=PAIR_STAGES, SAFE=int(safe),
+                               SKIP_PAD=int(skip_pad), num_warps=8, maxnreg=PAIR_MAXNREG, **pdl)

@@ -1,0 +1,105 @@
+"""The swap experts on two warpgroups a program (``gluon_swap_pair``, SM90 only) against the reference on the GPU:
+odd and even K-tile counts (the second warpgroup's last tile masked or not), 1-17 tokens including every pair on
+one expert (several 8-pair blocks), both decodes, graph replays with fresh inputs, V4.1's widths against the
+one-warpgroup kernel, and the default policy (1 token takes it, 64 do not). Outputs are poisoned with NaN first."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepinfer_nvidia.tests.test_conformance import _gen, _mxfp4_stacks, _routing, close, poison
+
+
+def _swap():
+    from deepinfer_nvidia.kernels import gluon_moe_swap as sw
+
+    if not (sw.available() and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9):
+        pytest.skip("Gluon wgmma path: SM90 with triton.experimental.gluon only")
+    return sw
+
+
+def _case(seed: int, t: int, k: int, route: str, e: int, d: int, f: int):
+    """(CPU reference with limit 1.0, operands on the GPU) for ``t`` tokens of ``k`` pairs over ``e`` experts."""
+    from deepinfer_core.kernels.ops.moe import experts_mxfp4
+
+    ws = _mxfp4_stacks(e, d, f, 700 + d + f)
+    g = _gen(seed)
+    x = torch.randn(t, d, generator=g).bfloat16()
+    ids, w = _routing(t, k, e, route, g)
+    return experts_mxfp4(x, w, ids, *ws, 1.0), [a.cuda() for a in [x, w, ids] + ws]
+
+
+@pytest.mark.parametrize("d,f", [(640, 384), (512, 256)])  # 5 and 3 K tiles (odd), 4 and 2 (even)
+@pytest.mark.parametrize("t,k,route", [(1, 6, "rand"), (2, 6, "rand"), (3, 8, "skew"), (8, 6, "one"),
+                                       (17, 3, "rand")])
+@pytest.mark.parametrize("safe", [None, True])
+def test_swap_pair_against_reference(t, k, route, d, f, safe):
+    sw = _swap()
+    ref, cu = _case(2500 + t * 10 + k, t, k, route, 16, d, f)
+    poison()
+    out = sw.swap_mxfp4(*cu, 1.0, safe=safe, paired=True)
+    close(out, ref, 3e-2, 3e-2)
+
+
+def test_swap_pair_graph_replay():
+    """Captured once, replayed on fresh inputs and routings: each replay matches an eager call bit for bit."""
+    sw = _swap()
+    ref, cu = _case(2600, 1, 6, "rand", 16, 640, 384)
+    x, w, ids = (a.clone() for a in cu[:3])
+    sw.swap_mxfp4(x, w, ids, *cu[3:], 1.0, paired=True)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = sw.swap_mxfp4(x, w, ids, *cu[3:], 1.0, paired=True)
+    g = _gen(2601)
+    for _ in range(3):
+        x.copy_(torch.randn(1, 640, generator=g).bfloat16())
+        nid, nw = _routing(1, 6, 16, "rand", g)
+        ids.copy_(nid)
+        w.copy_(nw)
+        y.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(y, sw.swap_mxfp4(x, w, ids, *cu[3:], 1.0, paired=True), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("t", [1, 2])
+def test_swap_pair_model_width(t):
+    """V4.1's widths (D 5120, F 2304: 40 and 18 K tiles), 16 experts: within bf16 rounding of the one-warpgroup
+    kernel (the fp32 sums differ only in order)."""
+    sw = _swap()
+    e, d, f = 16, 5120, 2304
+    ws = [a.cuda() for a in _mxfp4_stacks(e, d, f, 800)]
+    g = _gen(2700 + t)
+    x = torch.randn(t, d, generator=g).bfloat16().cuda()
+    ids, w = (a.cuda() for a in _routing(t, 6, e, "rand", g))
+    poison()
+    out = sw.swap_mxfp4(x, w, ids, *ws, 1.0, paired=True)
+    base = sw.swap_mxfp4(x, w, ids, *ws, 1.0, paired=False)
+    close(out, base, 2e-2, 2e-2)
+
+
+def test_swap_pair_default_policy(monkeypatch):
+    """With no tile knob, 1 token at V4.1's widths takes the paired launches and 64 tokens do not; the
+    ``PAIR_WARPGROUPS`` switch turns them off."""
+    sw = _swap()
+    from deepinfer_nvidia.kernels import gluon_swap_pair as gp
+
+    calls = []
+    real = gp.launch
+    monkeypatch.setattr(gp, "launch", lambda *a, **kw: (calls.append(a[0]), real(*a, **kw))[1])
+    e, d, f = 16, 5120, 2304
+    ws = [a.cuda() for a in _mxfp4_stacks(e, d, f, 800)]
+    g = _gen(2800)
+    for t, expect in ((1, [True, False]), (64, [])):
+        calls.clear()
+        x = torch.randn(t, d, generator=g).bfloat16().cuda()
+        ids, w = (a.cuda() for a in _routing(t, 6, e, "rand", g))
+        sw.swap_mxfp4(x, w, ids, *ws, 1.0)
+        assert calls == expect, (t, calls)
+    monkeypatch.setattr(gp, "PAIR_WARPGROUPS", False)
+    calls.clear()
+    x = torch.randn(1, d, generator=g).bfloat16().cuda()
+    ids, w = (a.cuda() for a in _routing(1, 6, e, "rand", g))
+    sw.swap_mxfp4(x, w, ids, *ws, 1.0)
+    assert calls == []

@@ -1,0 +1,81 @@
+"""Static checks of the two-warpgroup swap experts' machine code (``gluon_swap_pair``), no GPU needed.
+
+The kernel exists to put twice the warps of the one-warpgroup kernel on an SM at 1 token, so what must hold is:
+- two programs of 8 warps fit an SM (at most 128 registers a thread: 2 x 256 x 128 = the SM's 65536; at most half
+  of the H200's 227 KB of shared memory; the launch caps registers at ``PAIR_MAXNREG``) and nothing in the K loop
+  spills to local memory (Triton 3.6, the H200's, needs no spill at all; 3.9 spills 6 outside the loop);
+- each warp's K loop is the one-warpgroup kernel's (``gluon_moe_swap`` with the fragment decode): the same
+  16-byte copies and fragment reads, ``wgmma`` with N 16 (two 8-pair tiles), no ``STS`` in the loop, and within
+  2% of its instruction count;
+- with programmatic dependent launch the wait and release come before the first load.
+"""
+from __future__ import annotations
+
+import pytest
+
+triton = pytest.importorskip("triton")
+gp = pytest.importorskip("deepinfer_nvidia.kernels.gluon_swap_pair")
+gms = pytest.importorskip("deepinfer_nvidia.kernels.gluon_moe_swap")
+
+from deepinfer_nvidia.tests.sass_count import count, missing_tools, opcodes  # noqa: E402
+
+if missing_tools(gms) or not gp._GLUON:
+    pytest.skip(missing_tools(gms) or "no Gluon", allow_module_level=True)
+
+SIG = {"x_ptr": "*bf16", "pair_ptr": "*i32", "bexp_ptr": "*i32", "wa_ptr": "*u8", "sa_ptr": "*u8", "wb_ptr": "*u8",
+       "sb_ptr": "*u8", "wt_ptr": "*fp32", "out_ptr": "*bf16", "P": "i32", "E": "i32", "N": "i32", "K": "i32",
+       "row_bytes": "i32", "stride_x": "i32", "limit": "fp32", "NT": "i32"}
+DIV16 = frozenset({"N", "K", "row_bytes", "stride_x"})
+
+
+def _pair(up: int, pdl: int = 1, safe: int = 0):
+    consts = {"TOPK": 6, "UP": up, "BLOCK_M": gp.PAIR_BLOCK_M, "STAGES": gp.PAIR_STAGES, "SAFE": safe, "PDL": pdl,
+              "SKIP_PAD": 1 - up, "num_warps": 8}
+    return count(gp._swap_pair_kernel, dict(SIG, out_ptr="*bf16" if up else "*fp32"), consts, warps=8, div16=DIV16,
+                 maxnreg=gp.PAIR_MAXNREG)
+
+
+def _single(up: int):
+    sig = {n: t for n, t in SIG.items() if n not in ("row_bytes", "stride_x", "limit", "NT")}  # the kernel's order
+    sig.update(part_ptr="*fp32", cnt_ptr="*i32", row_bytes="i32", stride_x="i32", limit="fp32", NT="i32", R="i32",
+               TPS="i32", out_ptr="*bf16" if up else "*fp32")
+    consts = {"TOPK": 6, "UP": up, "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "STAGES": 3, "SAFE": 0, "AREG": 2,
+              "PROBE": 0, "SPLIT": 1, "TMA": 0, "num_warps": 4, "PDL": 1, "SKIP_PAD": 1 - up, "SCALES_SMEM": 0,
+              "KT_PAD": 1, "wa_desc": None, "wb_desc": None}
+    return count(gms._swap_kernel, sig, consts, warps=4, div16=DIV16)
+
+
+def _has(ops, prefix):
+    return sum(v for k, v in ops.items() if k.startswith(prefix))
+
+
+@pytest.mark.parametrize("up", [1, 0])
+def test_two_programs_fit_an_sm_without_spills(up):
+    r = _pair(up)
+    assert r["registers"] is not None and r["registers"] <= 128, r["registers"]
+    assert r["shared"] <= 113 * 1024, r["shared"]
+    assert not {"LDL", "STL"} & {op.split(".")[0] for op in opcodes(r["loop"])}, "the K loop spills registers"
+
+
+@pytest.mark.parametrize("up", [1, 0])
+def test_each_warps_loop_is_the_single_warpgroup_loop(up):
+    pair, single = _pair(up), _single(up)
+    mats = 2 if up else 1
+    assert _has(pair["ops"], "HGMMA.64x16x16") == 8 * mats, pair["ops"]
+    assert _has(pair["ops"], "STS") == 0, ("the decoded tile went through shared memory", pair["ops"])
+    copies = [k for k in pair["ops"] if k.startswith("LDGSTS")]
+    assert copies and all(".128" in k for k in copies), pair["ops"]
+    assert _has(pair["ops"], "LDS.128") == _has(single["ops"], "LDS.128"), (pair["ops"], single["ops"])
+    assert len(pair["loop"]) <= 1.02 * len(single["loop"]), (len(pair["loop"]), len(single["loop"]))
+
+
+def test_pdl_waits_then_releases_before_any_load():
+    ops = opcodes(_pair(1, pdl=1)["sass"])
+    first_load = min(i for i, o in enumerate(ops) if o.startswith(("LDG", "LDGSTS")))
+    assert ops.count("ACQBULK") == 1 and ops.index("ACQBULK") < ops.index("PREEXIT") < first_load
+    assert not {"ACQBULK", "PREEXIT"} & set(opcodes(_pair(1, pdl=0)["sass"]))
+
+
+def test_exact_decode_compiles():
+    r = _pair(1, safe=1)
+    assert _has(r["ops"], "HGMMA") and _has(r["ops"], "HMUL2") == 128, r["ops"]
