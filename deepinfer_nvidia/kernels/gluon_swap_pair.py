@@ -16,7 +16,7 @@ added (even tiles' sum + odd tiles' sum), then the epilogue is the one-warpgroup
 ``_down_finish``).
 
 Same bytes, same decode (``_decode_fragment``), same K order as ``gluon_moe_swap`` (AREG 2, 16-byte ``cp.async``
-ring, per-step scale loads); only the order of the fp32 sums differs (two interleaved halves), as a K split's does.
+ring, the scales staged in shared memory once); only the order of the fp32 sums differs (two interleaved halves), as a K split's does.
 No K split, no TMA. Used by ``swap_mxfp4`` where ``takes`` says so (``PAIR_WARPGROUPS``).
 """
 from __future__ import annotations
@@ -54,6 +54,7 @@ if _GLUON:
     _up_finish = _swap._up_finish
     _down_finish = _swap._down_finish
     _grid_dependency = _swap._grid_dependency
+    _REINTERPRET_PUBLIC = _swap._REINTERPRET_PUBLIC
 
     def _pair_fragment_layout():
         """[128, 4, 16] packed bytes: rows 64h + r are weight row r of K tile 2i + h; warp w, lane (r = lane // 4,
@@ -79,9 +80,30 @@ if _GLUON:
         async_copy.commit_group()
 
     @gluon.jit
-    def _pair_scales(s_ptr, soff, nm, gcol, j, KG):
-        """Step ``j``'s UE8M0 bytes [128, 4, 1] (row 64h + r: tile 2j + h); masked groups read 127 (scale 1)."""
-        return gl.expand_dims(gl.load(s_ptr + soff + j * 8, mask=nm & (j * 8 + gcol < KG), other=127), 2)
+    def _stage_pair_scales(s_ptr, e64, N, KW, tile, n_s, KT_PAD: gl.constexpr, num_warps: gl.constexpr):
+        """Every step's scale words of this program -> shared int32 [KT_PAD, 128]: word [i, 64h + r] is row r's 4
+        UE8M0 bytes of K tile 2i + h (``s_ptr``: the stack as int32 [E, N, KW = K/128]). Staged once, so no step
+        waits on a global load for its scales (``gluon_moe_swap.SWAP_SCALES_SMEM``'s idea in the pair order).
+        Masked words are 0x7f7f7f7f (scale 1.0; their weights are zero-filled)."""
+        LR: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])
+        st = gl.expand_dims(gl.arange(0, KT_PAD, layout=gl.SliceLayout(1, LR)), 1)
+        q = gl.expand_dims(gl.arange(0, 128, layout=gl.SliceLayout(0, LR)), 0)
+        rn = tile * 64 + q % 64
+        kt = 2 * st + q // 64
+        words = gl.load(s_ptr + e64 * N * KW + rn.to(gl.int64) * KW + kt, mask=(st < n_s) & (kt < KW) & (rn < N),
+                        other=0x7F7F7F7F)
+        ss = gl.allocate_shared_memory(gl.int32, [KT_PAD, 128], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]), words)
+        # viewed as KT_PAD buffers of [128] (a rank-1 layout), so ``.index`` gives a step (as ``_stage_scales``)
+        if _REINTERPRET_PUBLIC:
+            return ss.reinterpret(gl.int32, [KT_PAD, 128], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        else:
+            return ss._reinterpret(gl.int32, [KT_PAD, 128], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+
+    @gluon.jit
+    def _pair_scales(ss, i, rg3, LS: gl.constexpr):
+        """Step ``i``'s UE8M0 bytes [128, 4, 1] (row 64h + r: tile 2i + h) from the staged words."""
+        w = gl.expand_dims(ss.index(i).load(gl.SliceLayout(1, LS)), 1)
+        return gl.expand_dims(((w >> (8 * gl.expand_dims(rg3, 0))) & 255).to(gl.uint8), 2)
 
     @gluon.jit
     def _fold(acc, BLOCK_M: gl.constexpr, LO: gl.constexpr):
@@ -98,9 +120,10 @@ if _GLUON:
     def _swap_pair_kernel(x_ptr, pair_ptr, bexp_ptr, wa_ptr, sa_ptr, wb_ptr, sb_ptr, wt_ptr, out_ptr, P, E, N, K,
                           row_bytes, stride_x, limit, NT, TOPK: gl.constexpr, UP: gl.constexpr,
                           BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SAFE: gl.constexpr, PDL: gl.constexpr,
-                          SKIP_PAD: gl.constexpr, num_warps: gl.constexpr):
+                          SKIP_PAD: gl.constexpr, KT_PAD: gl.constexpr, num_warps: gl.constexpr):
         """One (expert block, 64-row tile) of ``gluon_moe_swap._swap_kernel`` (AREG 2, no split; the same
-        arguments, layouts and outputs) on two warpgroups, each taking every other 128-column K tile."""
+        arguments, layouts and outputs; the scale stacks as int32 words) on two warpgroups, each taking every other
+        128-column K tile. ``KT_PAD``: a power of 2 >= the steps, cdiv(K / 128, 2)."""
         gl.static_assert(num_warps == 8)
         if PDL:  # programmatic dependent launch (triton_pdl): wait for the previous kernel, release the next
             _grid_dependency(True)
@@ -150,7 +173,6 @@ if _GLUON:
         gcol3 = gl.expand_dims(gcol, 2)
         woff = gl.expand_dims(e64 * N * row_bytes + rn3.to(gl.int64) * row_bytes, 1) + gcol * 16
         woff3 = gl.expand_dims(woff, 2) + gl.expand_dims(gl.expand_dims(rb3, 0), 0)
-        soff = gl.expand_dims(e64 * N * KG + rn3.to(gl.int64) * KG, 1) + gcol
 
         ring_a = gl.allocate_shared_memory(gl.uint8, [STAGES, 128, 4, 16], RING)
         ring_x = gl.allocate_shared_memory(gl.bfloat16, [STAGES, 2 * BLOCK_M, 128], SM)
@@ -163,9 +185,12 @@ if _GLUON:
         for jp in gl.static_range(STAGES - 1):
             _issue_pair(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, gcol3, xoff, vx, xk, KG, K, jp,
                         jp, UP)
-        ca = _pair_scales(sa_ptr, soff, nm, gcol, 0, KG)
+        ss_a = _stage_pair_scales(sa_ptr, e64, N, KG // 4, tile, n_s, KT_PAD, num_warps)
+        ss_b = _stage_pair_scales(sb_ptr, e64, N, KG // 4, tile, n_s, KT_PAD, num_warps) if UP else ss_a
+        _cta_barrier()  # every warp's words are stored before any warp reads them
+        ca = _pair_scales(ss_a, 0, rg3, LS)
         if UP:
-            cb = _pair_scales(sb_ptr, soff, nm, gcol, 0, KG)
+            cb = _pair_scales(ss_b, 0, rg3, LS)
         for i in range(n_s):
             if UP:
                 acc_a, acc_b = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a, acc_b))
@@ -175,9 +200,9 @@ if _GLUON:
             j = i + STAGES - 1
             _issue_pair(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, gcol3, xoff, vx, xk, KG, K, j,
                         j % STAGES, UP)
-            nca = _pair_scales(sa_ptr, soff, nm, gcol, i + 1, KG)
+            nca = _pair_scales(ss_a, gl.minimum(i + 1, KT_PAD - 1), rg3, LS)  # the last step's read is unused
             if UP:
-                ncb = _pair_scales(sb_ptr, soff, nm, gcol, i + 1, KG)
+                ncb = _pair_scales(ss_b, gl.minimum(i + 1, KT_PAD - 1), rg3, LS)
             async_copy.wait_group(STAGES - 1)
             si = i % STAGES
             _cta_barrier()
@@ -222,7 +247,12 @@ def takes(programs: int, sms: int, d: int, f: int) -> bool:
 def launch(up: bool, grid: int, x, pair, bexp, w, s, wb, sb, wt, out, p: int, ne: int, n: int, k: int,
            stride_x: int, limit: float, nt: int, topk: int, safe: bool, pdl: dict, skip_pad: bool) -> None:
     """One launch of ``_swap_pair_kernel`` (the arguments of ``gluon_moe_swap._swap_kernel``'s, byte stacks
-    ``w``/``s`` (``wb``/``sb``: w3 for the up launch, else repeated))."""
-    _swap_pair_kernel[(grid,)](x, pair, bexp, w, s, wb, sb, wt, out, p, ne, n, k, k // 2, stride_x, float(limit), nt,
+    ``w`` and UE8M0 bytes ``s`` (``wb``/``sb``: w3 for the up launch, else repeated))."""
+    import torch
+    import triton
+
+    words = [a.view(torch.int32) for a in (s, sb)]  # a row's 4 scale bytes of a 128-column tile as one word
+    _swap_pair_kernel[(grid,)](x, pair, bexp, w, words[0], wb, words[1], wt, out, p, ne, n, k, k // 2, stride_x, float(limit), nt,
                                TOPK=topk, UP=int(up), BLOCK_M=PAIR_BLOCK_M, STAGES=PAIR_STAGES, SAFE=int(safe),
-                               SKIP_PAD=int(skip_pad), num_warps=8, maxnreg=PAIR_MAXNREG, **pdl)
+                               SKIP_PAD=int(skip_pad), KT_PAD=triton.next_power_of_2(triton.cdiv(k // 128, 2)),
+                               num_warps=8, maxnreg=PAIR_MAXNREG, **pdl)

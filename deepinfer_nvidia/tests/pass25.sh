@@ -21,7 +21,7 @@ fi
 if has pair; then
   stamp pair
   FILE_S=330 xdist_files pair_tests $HERE/test_conformance_moe_swap_pair.py
-  timeout 200 python3 -m deepinfer_nvidia.tests.bench_swap --out "$OUT" --tokens 1,2,3,4,8 --variants "" \
+  timeout 240 python3 -m deepinfer_nvidia.tests.bench_swap --out "$OUT" --tokens 1,2,3,4,8 --variants "${VARIANTS:-}" \
     --skip-parity --pair --profile 1 2>&1 | quiet | tee "$OUT/pair_bench.txt" | grep -E "T=|FAIL|Error"
 fi
 if has pairrows; then

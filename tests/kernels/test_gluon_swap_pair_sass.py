@@ -22,22 +22,22 @@ from deepinfer_nvidia.tests.sass_count import count, missing_tools, opcodes  # n
 if missing_tools(gms) or not gp._GLUON:
     pytest.skip(missing_tools(gms) or "no Gluon", allow_module_level=True)
 
-SIG = {"x_ptr": "*bf16", "pair_ptr": "*i32", "bexp_ptr": "*i32", "wa_ptr": "*u8", "sa_ptr": "*u8", "wb_ptr": "*u8",
-       "sb_ptr": "*u8", "wt_ptr": "*fp32", "out_ptr": "*bf16", "P": "i32", "E": "i32", "N": "i32", "K": "i32",
+SIG = {"x_ptr": "*bf16", "pair_ptr": "*i32", "bexp_ptr": "*i32", "wa_ptr": "*u8", "sa_ptr": "*i32", "wb_ptr": "*u8",
+       "sb_ptr": "*i32", "wt_ptr": "*fp32", "out_ptr": "*bf16", "P": "i32", "E": "i32", "N": "i32", "K": "i32",
        "row_bytes": "i32", "stride_x": "i32", "limit": "fp32", "NT": "i32"}
 DIV16 = frozenset({"N", "K", "row_bytes", "stride_x"})
 
 
 def _pair(up: int, pdl: int = 1, safe: int = 0):
     consts = {"TOPK": 6, "UP": up, "BLOCK_M": gp.PAIR_BLOCK_M, "STAGES": gp.PAIR_STAGES, "SAFE": safe, "PDL": pdl,
-              "SKIP_PAD": 1 - up, "num_warps": 8}
+              "SKIP_PAD": 1 - up, "KT_PAD": 32, "num_warps": 8}
     return count(gp._swap_pair_kernel, dict(SIG, out_ptr="*bf16" if up else "*fp32"), consts, warps=8, div16=DIV16,
                  maxnreg=gp.PAIR_MAXNREG)
 
 
 def _single(up: int):
     sig = {n: t for n, t in SIG.items() if n not in ("row_bytes", "stride_x", "limit", "NT")}  # the kernel's order
-    sig.update(part_ptr="*fp32", cnt_ptr="*i32", row_bytes="i32", stride_x="i32", limit="fp32", NT="i32", R="i32",
+    sig.update(sa_ptr="*u8", sb_ptr="*u8", part_ptr="*fp32", cnt_ptr="*i32", row_bytes="i32", stride_x="i32", limit="fp32", NT="i32", R="i32",
                TPS="i32", out_ptr="*bf16" if up else "*fp32")
     consts = {"TOPK": 6, "UP": up, "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "STAGES": 3, "SAFE": 0, "AREG": 2,
               "PROBE": 0, "SPLIT": 1, "TMA": 0, "num_warps": 4, "PDL": 1, "SKIP_PAD": 1 - up, "SCALES_SMEM": 0,
