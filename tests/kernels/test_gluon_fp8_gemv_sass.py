@@ -23,8 +23,7 @@ SIG = {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*u8", "y_ptr": "*bf16", "part
 @pytest.mark.parametrize("split,block_m,blk,safe", [(4, 8, 32, 0), (4, 16, 128, 0), (2, 8, 32, 1)])
 def test_loop(split, block_m, blk, safe):
     consts = {"BN_BLK": blk, "BK_BLK": blk, "SPLIT": split, "BLOCK_M": block_m, "STAGES": 3, "SAFE": safe,
-              "PDL": 0, "TMA": 0, "q_desc": None, "num_warps": 4, "SWIZZLE": int(gg.GEMV_SWIZZLE),
-              "AHEAD": gg.GEMV_SCALES_AHEAD}
+              "PDL": 0, "TMA": 0, "q_desc": None, "num_warps": 4, "SWIZZLE": int(gg.GEMV_SWIZZLE)}
     r = count(gg._wgmma_gemv_kernel, SIG, consts, warps=4, div16=frozenset({"N", "K", "stride_x", "k_per_split"}))
     ops, n = r["ops"], len(r["loop"])
 
@@ -45,8 +44,7 @@ def test_programmatic_dependent_launch_orders_the_prologue():
     lets the next kernel launch (PREEXIT) after its K loop; the loop does the same work. Without PDL neither
     instruction is emitted."""
     consts = {"BN_BLK": 32, "BK_BLK": 32, "SPLIT": 4, "BLOCK_M": 8, "STAGES": 3, "SAFE": 0, "TMA": 0,
-              "q_desc": None, "num_warps": 4, "SWIZZLE": int(gg.GEMV_SWIZZLE),
-              "AHEAD": gg.GEMV_SCALES_AHEAD}
+              "q_desc": None, "num_warps": 4, "SWIZZLE": int(gg.GEMV_SWIZZLE)}
     div16 = frozenset({"N", "K", "stride_x", "k_per_split"})
     plain = count(gg._wgmma_gemv_kernel, SIG, {**consts, "PDL": 0}, warps=4, div16=div16)
     pdl = count(gg._wgmma_gemv_kernel, SIG, {**consts, "PDL": 1}, warps=4, div16=div16)
@@ -77,7 +75,7 @@ def test_tma_weight_tiles(pdl):
     after it."""
     desc = f"tensordesc<u8[64,4,32],{gg._layout.weight_desc_layout()!r}>"
     consts = {"BN_BLK": 128, "BK_BLK": 128, "SPLIT": 2, "BLOCK_M": 8, "STAGES": 3, "SAFE": 0, "PDL": pdl,
-              "num_warps": 4, "SWIZZLE": 0, "AHEAD": 1}  # the TMA boxes are unswizzled
+              "num_warps": 4, "SWIZZLE": 0}  # the TMA boxes are unswizzled
     div16 = frozenset({"N", "K", "stride_x", "k_per_split"})
     plain = count(gg._wgmma_gemv_kernel, SIG, {**consts, "TMA": 0, "q_desc": None}, warps=4, div16=div16)
     tma = count(gg._wgmma_gemv_kernel, {**SIG, "q_desc": desc}, {**consts, "TMA": 1}, warps=4, div16=div16)
@@ -101,7 +99,7 @@ def test_swizzled_ring_reads_the_same_fragments(pdl):
     sit at row-dependent offsets, so they come from two base registers instead of one and +16 (Triton 3.6: 283 ->
     285 loop instructions)."""
     consts = {"BN_BLK": 32, "BK_BLK": 32, "SPLIT": 2, "BLOCK_M": 8, "STAGES": 3, "SAFE": 0, "PDL": pdl, "TMA": 0,
-              "q_desc": None, "num_warps": 4, "AHEAD": 1}
+              "q_desc": None, "num_warps": 4}
     div16 = frozenset({"N", "K", "stride_x", "k_per_split"})
     plain = count(gg._wgmma_gemv_kernel, SIG, {**consts, "SWIZZLE": 0}, warps=4, div16=div16)
     swz = count(gg._wgmma_gemv_kernel, SIG, {**consts, "SWIZZLE": 1}, warps=4, div16=div16)
@@ -113,16 +111,3 @@ def test_swizzled_ring_reads_the_same_fragments(pdl):
         return {line.split("[")[1].split("]")[0].split("+")[0] for line in r["loop"] if "LDS.128" in line}
 
     assert len(bases(plain)) == 1 and len(bases(swz)) == 2, (bases(plain), bases(swz))
-
-
-def test_scales_two_tiles_ahead_keep_the_loop():
-    """``AHEAD=2`` (``GEMV_SCALES_AHEAD``): each step loads the scales of the tile two ahead instead of the next;
-    the loop keeps the same loads, copies, wgmma and barriers and at most a few more moves (the carried pair)."""
-    consts = {"BN_BLK": 32, "BK_BLK": 32, "SPLIT": 4, "BLOCK_M": 8, "STAGES": 3, "SAFE": 0, "PDL": 1, "TMA": 0,
-              "q_desc": None, "num_warps": 4, "SWIZZLE": 1}
-    div16 = frozenset({"N", "K", "stride_x", "k_per_split"})
-    one, two = (count(gg._wgmma_gemv_kernel, SIG, {**consts, "AHEAD": a}, warps=4, div16=div16) for a in (1, 2))
-    kinds = ("LDG", "LDS", "LDGSTS", "HGMMA", "BAR", "STS")
-    pick = (lambda r: {k: v for k, v in r["ops"].items() if k.startswith(kinds)})
-    assert pick(one) == pick(two), (pick(one), pick(two))
-    assert len(two["loop"]) <= len(one["loop"]) + 8, (len(one["loop"]), len(two["loop"]))
