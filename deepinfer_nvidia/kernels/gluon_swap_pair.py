@@ -16,8 +16,8 @@ added (even tiles' sum + odd tiles' sum), then the epilogue is the one-warpgroup
 ``_down_finish``).
 
 Same bytes, same decode (``_decode_fragment``), same K order as ``gluon_moe_swap`` (AREG 2, 16-byte ``cp.async``
-ring, the scales staged in shared memory once); only the order of the fp32 sums differs (two interleaved halves), as a K split's does.
-No K split, no TMA. Used by ``swap_mxfp4`` where ``takes`` says so (``PAIR_WARPGROUPS``).
+ring, the scales staged in shared memory once); only the order of the fp32 sums differs (two interleaved halves),
+as a K split's does. No K split, no TMA. Used by ``swap_mxfp4`` where ``takes`` says so (``PAIR_WARPGROUPS``).
 """
 from __future__ import annotations
 
@@ -252,7 +252,8 @@ def launch(up: bool, grid: int, x, pair, bexp, w, s, wb, sb, wt, out, p: int, ne
     import triton
 
     words = [a.view(torch.int32) for a in (s, sb)]  # a row's 4 scale bytes of a 128-column tile as one word
-    _swap_pair_kernel[(grid,)](x, pair, bexp, w, words[0], wb, words[1], wt, out, p, ne, n, k, k // 2, stride_x, float(limit), nt,
+    _swap_pair_kernel[(grid,)](x, pair, bexp, w, words[0], wb, words[1], wt, out, p, ne, n, k, k // 2, stride_x,
+                               float(limit), nt,
                                TOPK=topk, UP=int(up), BLOCK_M=PAIR_BLOCK_M, STAGES=PAIR_STAGES, SAFE=int(safe),
                                SKIP_PAD=int(skip_pad), KT_PAD=triton.next_power_of_2(triton.cdiv(k // 128, 2)),
                                num_warps=8, maxnreg=PAIR_MAXNREG, **pdl)

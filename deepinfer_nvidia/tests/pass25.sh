@@ -17,7 +17,8 @@ source "$(dirname "$0")/pass_lib.sh"
 HERE=$(dirname "$0")
 if has topkwarps; then
   OUT=$OUT bash $HERE/pass24.sh topkwarps
-  W=$(python3 -c "import json; r = [x for x in json.load(open('$OUT/decode_small.json')) if x['t'] == 1 and x['na'] == 1024]; print(min(r, key=lambda x: x['us'])['variant'].get('warps') or 0)")
+  W=$(python3 -c "import json; r = [x for x in json.load(open('$OUT/decode_small.json')) if x['t'] == 1 \
+    and x['na'] == 1024]; print(min(r, key=lambda x: x['us'])['variant'].get('warps') or 0)")
   [ "$W" != 0 ] && rows_vals DEEPINFER_NV_TOPK_WARPS 0 "$W"
 fi
 if has pair; then

@@ -37,8 +37,8 @@ def _pair(up: int, pdl: int = 1, safe: int = 0):
 
 def _single(up: int):
     sig = {n: t for n, t in SIG.items() if n not in ("row_bytes", "stride_x", "limit", "NT")}  # the kernel's order
-    sig.update(sa_ptr="*u8", sb_ptr="*u8", part_ptr="*fp32", cnt_ptr="*i32", row_bytes="i32", stride_x="i32", limit="fp32", NT="i32", R="i32",
-               TPS="i32", out_ptr="*bf16" if up else "*fp32")
+    sig.update(sa_ptr="*u8", sb_ptr="*u8", part_ptr="*fp32", cnt_ptr="*i32", row_bytes="i32", stride_x="i32",
+               limit="fp32", NT="i32", R="i32", TPS="i32", out_ptr="*bf16" if up else "*fp32")
     consts = {"TOPK": 6, "UP": up, "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "STAGES": 3, "SAFE": 0, "AREG": 2,
               "PROBE": 0, "SPLIT": 1, "TMA": 0, "num_warps": 4, "PDL": 1, "SKIP_PAD": 1 - up, "SCALES_SMEM": 0,
               "KT_PAD": 1, "wa_desc": None, "wb_desc": None}
@@ -79,3 +79,14 @@ def test_pdl_waits_then_releases_before_any_load():
 def test_exact_decode_compiles():
     r = _pair(1, safe=1)
     assert _has(r["ops"], "HGMMA") and _has(r["ops"], "HMUL2") == 128, r["ops"]
+
+
+def test_policy_takes_one_token_only(monkeypatch):
+    """``takes``: V4.1's 1-token up launch (216 programs on 132 SMs, under one wave of 3 an SM) goes to two
+    warpgroups; 2 tokens (432 programs), a hidden or intermediate width that is not whole 128-column tiles (the
+    fragment order's unit), or the switch off do not."""
+    assert gp.takes(216, 132, 5120, 2304)
+    assert not gp.takes(432, 132, 5120, 2304)
+    assert not gp.takes(216, 132, 640, 288) and not gp.takes(216, 132, 5120, 2320)
+    monkeypatch.setattr(gp, "PAIR_WARPGROUPS", False)
+    assert not gp.takes(216, 132, 5120, 2304)
