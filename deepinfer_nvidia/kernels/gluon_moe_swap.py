@@ -526,17 +526,18 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
         return torch.zeros(t, d, dtype=x.dtype, device=x.device)
     p = t * k
     bm = block_m or block_m_for(p, ne)
+    pair_stages = stages
     if paired is None:  # the default tiles only: a pinned variant (benchmarks, tests) keeps the one-warpgroup kernel
         pinned = (block_m, block_n, block_k, warps, stages, areg, split, tma, maxnreg) != (None,) * 9 or probe
-        paired = not pinned and pair_path.takes((num_blocks(p, ne, bm) - 1) * triton.cdiv(f, 64), _sm_count(x.device),
-                                              d, f)
+        programs = (num_blocks(p, ne, bm) - 1) * triton.cdiv(f, 64)  # the one-warpgroup up launch's live ones
+        paired = not pinned and pair_path.takes(programs, _sm_count(x.device), d, f)
     if paired:
         bm = pair_path.PAIR_BLOCK_M
     tbn, tbk, tw, ts, ta = SWAP_TUNE.get(bm, SWAP_TUNE[16])
     bn, bk, warps, stages = block_n or tbn, block_k or tbk, warps or tw, stages or ts
     areg = ta if areg is None else areg
-    if paired:  # its own tiles: 64 x 128 of the fragment decode, 8 warps
-        bn, bk, warps, areg = 64, 128, 8, 2
+    if paired:  # its own tiles: 64 x 128 of the fragment decode, 8 warps, its own ring depth unless given
+        bn, bk, warps, areg, stages = 64, 128, 8, 2, pair_stages or pair_path.PAIR_STAGES
     if areg == 2 and not paired and (d % 128 or f % 128 or bn != 64 or bk != 128 or warps != 4):
         areg = 1  # the fragment layout covers 64 x 128 tiles of 4 warps over whole 128-column tiles only
     if safe is None:
@@ -555,10 +556,10 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
     if paired:
         wt = weights.reshape(-1).float().contiguous()
         pair_path.launch(True, nb * nt1, xp, pair, bexp, u8[0], u8[1], u8[2], u8[3], wt, h, p, ne, f, d,
-                         xp.stride(0), limit, nt1, k, safe, pdl_launch(), False)
+                         xp.stride(0), limit, nt1, k, safe, pdl_launch(), False, stages)
         y = torch.empty(p, d, dtype=torch.float32, device=x.device)
         pair_path.launch(False, nb * nt2, h, pair, bexp, u8[4], u8[5], u8[4], u8[5], wt, y, p, ne, d, f, f,
-                         limit, nt2, k, safe, pdl_launch(), SWAP_DOWN_SKIP_PAD)
+                         limit, nt2, k, safe, pdl_launch(), SWAP_DOWN_SKIP_PAD, stages)
         return sum_slices(y, t, d, k, d, k * d, x.dtype)
     if split is None:  # programs that can hold pairs: at most min(E, P) + P // BLOCK_M blocks (num_blocks - 1)
         live = max(1, nb - 1)

@@ -30,7 +30,10 @@ from deepinfer_nvidia.kernels import gluon_moe_swap as _swap
 PAIR_WARPGROUPS = os.environ.get("DEEPINFER_NV_SWAP_PAIR", "1") == "1"
 PAIR_MAX_WAVES = 1.0
 PAIR_BLOCK_M = 8  # pairs a block: N = 16 for the two-tile wgmma, so the accumulators stay 8 registers a matrix
-PAIR_STAGES = 3
+# cp.async ring depth (steps of two K tiles). 3: 94 KB of shared memory a program with the staged scales; 4: 112 KB,
+# still two programs an SM (2 x (112 + 1 reserved) <= 228 KB), prepared for timing (``DEEPINFER_NV_SWAP_PAIR_STAGES``,
+# ``bench_swap --pair-stages``), not yet measured.
+PAIR_STAGES = int(os.environ.get("DEEPINFER_NV_SWAP_PAIR_STAGES", "3"))
 # Registers a thread: two 8-warp programs an SM need <= 128 (Triton 3.6 allocates 128 for the up kernel unasked,
 # 3.9 130, and under the cap spills 6 outside the K loop, none inside: tests/kernels/test_gluon_swap_pair_sass.py).
 PAIR_MAXNREG = 128
@@ -245,15 +248,16 @@ def takes(programs: int, sms: int, d: int, f: int) -> bool:
 
 
 def launch(up: bool, grid: int, x, pair, bexp, w, s, wb, sb, wt, out, p: int, ne: int, n: int, k: int,
-           stride_x: int, limit: float, nt: int, topk: int, safe: bool, pdl: dict, skip_pad: bool) -> None:
+           stride_x: int, limit: float, nt: int, topk: int, safe: bool, pdl: dict, skip_pad: bool,
+           stages: int) -> None:
     """One launch of ``_swap_pair_kernel`` (the arguments of ``gluon_moe_swap._swap_kernel``'s, byte stacks
-    ``w`` and UE8M0 bytes ``s`` (``wb``/``sb``: w3 for the up launch, else repeated))."""
+    ``w`` and UE8M0 bytes ``s`` (``wb``/``sb``: w3 for the up launch, else repeated)), ``stages`` deep."""
     import torch
     import triton
 
     words = [a.view(torch.int32) for a in (s, sb)]  # a row's 4 scale bytes of a 128-column tile as one word
     _swap_pair_kernel[(grid,)](x, pair, bexp, w, words[0], wb, words[1], wt, out, p, ne, n, k, k // 2, stride_x,
                                float(limit), nt,
-                               TOPK=topk, UP=int(up), BLOCK_M=PAIR_BLOCK_M, STAGES=PAIR_STAGES, SAFE=int(safe),
+                               TOPK=topk, UP=int(up), BLOCK_M=PAIR_BLOCK_M, STAGES=stages, SAFE=int(safe),
                                SKIP_PAD=int(skip_pad), KT_PAD=triton.next_power_of_2(triton.cdiv(k // 128, 2)),
                                num_warps=8, maxnreg=PAIR_MAXNREG, **pdl)

@@ -92,6 +92,8 @@ def main() -> None:
                     "be bit-equal")
     ap.add_argument("--pair", action="store_true", help="also time the swap with two warpgroups a program "
                     "(gluon_swap_pair) and with one, whatever the policy picks; parity against aten checked")
+    ap.add_argument("--pair-stages", default="", help="with --pair, also the two-warpgroup launches at these ring "
+                    "depths, e.g. 3,4 (gluon_swap_pair.PAIR_STAGES otherwise)")
     ap.add_argument("--skip-parity", action="store_true")
     args = ap.parse_args()
     import deepinfer_nvidia.kernels.gluon_moe_swap as sw
@@ -176,13 +178,15 @@ def main() -> None:
             line += f" | tma s{st} {us:8.1f} (rel {r:.0e})"
         if args.pair:
             ref_out = aten_ops.moe_experts_mxfp4(x, w, ids, *ws, 10.0)
-            for on in (False, True):
-                fn = lambda on=on: sw.swap_mxfp4(x, w, ids, *ws, 10.0, paired=on)  # noqa: E731
+            runs = [("one warpgroup", {"paired": False}), ("two warpgroups", {"paired": True})]
+            runs += [(f"two warpgroups s{v}", {"paired": True, "stages": int(v)})
+                     for v in args.pair_stages.split(",") if v]
+            for label, kw in runs:
+                fn = lambda kw=kw: sw.swap_mxfp4(x, w, ids, *ws, 10.0, **kw)  # noqa: E731
                 r = _rel(fn(), ref_out)
                 if not (r == r and r <= 2e-2):
-                    failures.append(("pair", t, on, r))
+                    failures.append(("pair", t, label, r))
                 us = graph_us(fn, **_TIMING)
-                label = "two warpgroups" if on else "one warpgroup"
                 row["swap"][label] = round(us, 1)
                 line += f" | {label} {us:8.1f} (rel {r:.0e})"
         # module switches timed against their other setting: (flag on, knob, tag, label when the knob is on / off)
