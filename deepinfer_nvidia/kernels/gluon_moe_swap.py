@@ -556,10 +556,10 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
     if paired:
         wt = weights.reshape(-1).float().contiguous()
         pair_path.launch(True, nb * nt1, xp, pair, bexp, u8[0], u8[1], u8[2], u8[3], wt, h, p, ne, f, d,
-                         xp.stride(0), limit, nt1, k, safe, pdl_launch(), False, stages)
+                         xp.stride(0), limit, nt1, k, safe, False, stages)
         y = torch.empty(p, d, dtype=torch.float32, device=x.device)
         pair_path.launch(False, nb * nt2, h, pair, bexp, u8[4], u8[5], u8[4], u8[5], wt, y, p, ne, d, f, f,
-                         limit, nt2, k, safe, pdl_launch(), SWAP_DOWN_SKIP_PAD, stages)
+                         limit, nt2, k, safe, SWAP_DOWN_SKIP_PAD, stages)
         return sum_slices(y, t, d, k, d, k * d, x.dtype)
     if split is None:  # programs that can hold pairs: at most min(E, P) + P // BLOCK_M blocks (num_blocks - 1)
         live = max(1, nb - 1)

@@ -23,7 +23,11 @@ from __future__ import annotations
 
 import os
 
+import torch
+import triton
+
 from deepinfer_nvidia.kernels import gluon_moe_swap as _swap
+from deepinfer_nvidia.kernels.triton_pdl import pdl_launch
 
 # On where the one-warpgroup up launch would fill less than ``PAIR_MAX_WAVES`` waves of 3 programs an SM (1 token:
 # 216 programs, 0.55 waves) and the pairs fit 8-pair blocks. ``DEEPINFER_NV_SWAP_PAIR=0`` turns it off (A/B runs).
@@ -127,10 +131,10 @@ if _GLUON:
         """One (expert block, 64-row tile) of ``gluon_moe_swap._swap_kernel`` (AREG 2, no split; the same
         arguments, layouts and outputs; the scale stacks as int32 words) on two warpgroups, each taking every other
         128-column K tile. ``KT_PAD``: a power of 2 >= the steps, cdiv(K / 128, 2)."""
-        gl.static_assert(num_warps == 8)
         if PDL:  # programmatic dependent launch (triton_pdl): wait for the previous kernel, release the next
             _grid_dependency(True)
             _grid_dependency(False)
+        gl.static_assert(num_warps == 8)
         L3: gl.constexpr = _FRAG_PAIR
         LS: gl.constexpr = gl.SliceLayout(2, L3)
         LX: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0])
@@ -248,16 +252,12 @@ def takes(programs: int, sms: int, d: int, f: int) -> bool:
 
 
 def launch(up: bool, grid: int, x, pair, bexp, w, s, wb, sb, wt, out, p: int, ne: int, n: int, k: int,
-           stride_x: int, limit: float, nt: int, topk: int, safe: bool, pdl: dict, skip_pad: bool,
-           stages: int) -> None:
+           stride_x: int, limit: float, nt: int, topk: int, safe: bool, skip_pad: bool, stages: int) -> None:
     """One launch of ``_swap_pair_kernel`` (the arguments of ``gluon_moe_swap._swap_kernel``'s, byte stacks
     ``w`` and UE8M0 bytes ``s`` (``wb``/``sb``: w3 for the up launch, else repeated)), ``stages`` deep."""
-    import torch
-    import triton
-
     words = [a.view(torch.int32) for a in (s, sb)]  # a row's 4 scale bytes of a 128-column tile as one word
     _swap_pair_kernel[(grid,)](x, pair, bexp, w, words[0], wb, words[1], wt, out, p, ne, n, k, k // 2, stride_x,
                                float(limit), nt,
                                TOPK=topk, UP=int(up), BLOCK_M=PAIR_BLOCK_M, STAGES=stages, SAFE=int(safe),
                                SKIP_PAD=int(skip_pad), KT_PAD=triton.next_power_of_2(triton.cdiv(k // 128, 2)),
-                               num_warps=8, maxnreg=PAIR_MAXNREG, **pdl)
+                               num_warps=8, maxnreg=PAIR_MAXNREG, **pdl_launch())
