@@ -116,15 +116,17 @@ def available() -> bool:
 
 
 if _GLUON:
-    def _fragment_bytes_layout(block_n):
+    def _fragment_bytes_layout(block_n, warpgroups=1):
         """[BLOCK_N, 4, 16] packed bytes (a 128-element K tile): warp w, lane (r = lane // 4, c = lane % 4) holds
         rows 16w + r and 16w + r + 8 (+64 per further register row block), bytes 16c..16c+15: the rows and the
-        K quarter of its wgmma A fragment (m64n*k16, bf16) over the 8 k-steps of the tile."""
+        K quarter of its wgmma A fragment (m64n*k16, bf16) over the 8 k-steps of the tile. ``warpgroups`` 2
+        (``gluon_swap_pair``, BLOCK_N 128): warps 4-7 hold rows 64-127 instead of registers."""
         regs = [[0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 0, 8], [8, 0, 0]]
-        regs += [[64 * (1 << i), 0, 0] for i in range((block_n // 64).bit_length() - 1)]
-        return gl.DistributedLinearLayout(reg_bases=regs, lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0],
-                                                                      [4, 0, 0]],
-                                          warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[block_n, 4, 16])
+        warps = [[16, 0, 0], [32, 0, 0]] + [[64 * (1 << i), 0, 0] for i in range(warpgroups.bit_length() - 1)]
+        regs += [[64 * warpgroups * (1 << i), 0, 0] for i in range((block_n // (64 * warpgroups)).bit_length() - 1)]
+        lanes = [[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]]
+        return gl.DistributedLinearLayout(reg_bases=regs, lane_bases=lanes, warp_bases=warps, block_bases=[],
+                                          shape=[block_n, 4, 16])
 
     _FRAG_BYTES = gl.constexpr(_fragment_bytes_layout(64))
     _ASM_SAFE = gl.constexpr(_word_asm(True))
@@ -229,13 +231,18 @@ if _GLUON:
         rn = gl.expand_dims(tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, LR)), 0)
         words = gl.load(s_ptr + e64 * N * KW + rn.to(gl.int64) * KW + (k0 + kt), mask=(kt < n_k) & (rn < N),
                         other=0x7F7F7F7F)
-        ss = gl.allocate_shared_memory(gl.int32, [KT_PAD, BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        return _word_buffers(words, KT_PAD, BLOCK_N)
+
+    @gluon.jit
+    def _word_buffers(words, ROWS: gl.constexpr, WIDTH: gl.constexpr):
+        """int32 ``words [ROWS, WIDTH]`` -> shared memory, viewed as ROWS buffers of [WIDTH] (a rank-1 layout), so
+        ``.index(t)`` gives row t (``_staged`` reads one)."""
+        ss = gl.allocate_shared_memory(gl.int32, [ROWS, WIDTH], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
         ss.store(words)
-        # the same row-major words viewed as KT_PAD buffers of [BLOCK_N] (a rank-1 layout), so ``.index`` gives a tile
         if _REINTERPRET_PUBLIC:
-            return ss.reinterpret(gl.int32, [KT_PAD, BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+            return ss.reinterpret(gl.int32, [ROWS, WIDTH], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         else:
-            return ss._reinterpret(gl.int32, [KT_PAD, BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+            return ss._reinterpret(gl.int32, [ROWS, WIDTH], gl.SwizzledSharedLayout(1, 1, 1, [0]))
 
     @gluon.jit
     def _staged(ss, t, rg3, LS: gl.constexpr):
@@ -553,8 +560,8 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
     h = torch.empty(r, f, dtype=x.dtype, device=x.device)
     nt1, nt2 = triton.cdiv(f, bn), triton.cdiv(d, bn)
     kt1, kt2 = triton.cdiv(d, bk), triton.cdiv(f, bk)
+    wt = weights.reshape(-1).float().contiguous()
     if paired:
-        wt = weights.reshape(-1).float().contiguous()
         pair_path.launch(True, nb * nt1, xp, pair, bexp, u8[0], u8[1], u8[2], u8[3], wt, h, p, ne, f, d,
                          xp.stride(0), limit, nt1, k, safe, False, stages)
         y = torch.empty(p, d, dtype=torch.float32, device=x.device)
@@ -567,7 +574,6 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
     sp1, sp2 = policy.even_split(split[0], kt1), policy.even_split(split[1], kt2)
     if max(nb * nt1, nb * nt2) > (1 << 16):  # the shared counters cover 65536 tiles
         sp1 = sp2 = 1
-    wt = weights.reshape(-1).float().contiguous()
     cnt = _counters(x.device, max(nb * nt1, nb * nt2)) if max(sp1, sp2) > 1 else wt
     part1 = torch.empty(sp1, 2, r, f, dtype=torch.float32, device=x.device) if sp1 > 1 else wt
     tma = SWAP_TMA if tma is None else tma

@@ -61,18 +61,11 @@ if _GLUON:
     _up_finish = _swap._up_finish
     _down_finish = _swap._down_finish
     _grid_dependency = _swap._grid_dependency
-    _REINTERPRET_PUBLIC = _swap._REINTERPRET_PUBLIC
+    _word_buffers = _swap._word_buffers
+    _pair_scales = _swap._staged  # step i's bytes [128, 4, 1] from the staged words (row 64h + r: tile 2i + h)
 
-    def _pair_fragment_layout():
-        """[128, 4, 16] packed bytes: rows 64h + r are weight row r of K tile 2i + h; warp w, lane (r = lane // 4,
-        c = lane % 4) holds rows 16w + r and 16w + r + 8 (warps 4-7: the second tile), bytes 16c..16c+15, as
-        ``gluon_moe_swap._fragment_bytes_layout`` with a third warp bit for the second warpgroup."""
-        return gl.DistributedLinearLayout(
-            reg_bases=[[0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 0, 8], [8, 0, 0]],
-            lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
-            warp_bases=[[16, 0, 0], [32, 0, 0], [64, 0, 0]], block_bases=[], shape=[128, 4, 16])
-
-    _FRAG_PAIR = gl.constexpr(_pair_fragment_layout())
+    # [128, 4, 16] packed bytes: rows 64h + r are weight row r of K tile 2i + h, held by warpgroup h
+    _FRAG_PAIR = gl.constexpr(_swap._fragment_bytes_layout(128, warpgroups=2))
 
     @gluon.jit
     def _issue_pair(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, gcol3, xoff, vx, xk, KG, K, j, stage,
@@ -99,18 +92,7 @@ if _GLUON:
         kt = 2 * st + q // 64
         words = gl.load(s_ptr + e64 * N * KW + rn.to(gl.int64) * KW + kt, mask=(st < n_s) & (kt < KW) & (rn < N),
                         other=0x7F7F7F7F)
-        ss = gl.allocate_shared_memory(gl.int32, [KT_PAD, 128], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]), words)
-        # viewed as KT_PAD buffers of [128] (a rank-1 layout), so ``.index`` gives a step (as ``_stage_scales``)
-        if _REINTERPRET_PUBLIC:
-            return ss.reinterpret(gl.int32, [KT_PAD, 128], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-        else:
-            return ss._reinterpret(gl.int32, [KT_PAD, 128], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-
-    @gluon.jit
-    def _pair_scales(ss, i, rg3, LS: gl.constexpr):
-        """Step ``i``'s UE8M0 bytes [128, 4, 1] (row 64h + r: tile 2i + h) from the staged words."""
-        w = gl.expand_dims(ss.index(i).load(gl.SliceLayout(1, LS)), 1)
-        return gl.expand_dims(((w >> (8 * gl.expand_dims(rg3, 0))) & 255).to(gl.uint8), 2)
+        return _word_buffers(words, KT_PAD, 128)
 
     @gluon.jit
     def _fold(acc, BLOCK_M: gl.constexpr, LO: gl.constexpr):
