@@ -235,8 +235,7 @@ if _GLUON:
 
     @gluon.jit
     def _word_buffers(words, ROWS: gl.constexpr, WIDTH: gl.constexpr):
-        """int32 ``words [ROWS, WIDTH]`` -> shared memory, viewed as ROWS buffers of [WIDTH] (a rank-1 layout), so
-        ``.index(t)`` gives row t (``_staged`` reads one)."""
+        """int32 ``words [ROWS, WIDTH]`` -> shared memory as ROWS rank-1 buffers of [WIDTH] (``_staged`` reads one)."""
         ss = gl.allocate_shared_memory(gl.int32, [ROWS, WIDTH], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
         ss.store(words)
         if _REINTERPRET_PUBLIC:
