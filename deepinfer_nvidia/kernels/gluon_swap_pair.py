@@ -108,8 +108,9 @@ if _GLUON:
     @gluon.jit
     def _swap_pair_kernel(x_ptr, pair_ptr, bexp_ptr, wa_ptr, sa_ptr, wb_ptr, sb_ptr, wt_ptr, out_ptr, P, E, N, K,
                           row_bytes, stride_x, limit, NT, TOPK: gl.constexpr, UP: gl.constexpr,
-                          BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SAFE: gl.constexpr, PDL: gl.constexpr,
-                          SKIP_PAD: gl.constexpr, KT_PAD: gl.constexpr, num_warps: gl.constexpr):
+                          BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SAFE: gl.constexpr,
+                          SKIP_PAD: gl.constexpr, KT_PAD: gl.constexpr, num_warps: gl.constexpr,
+                          PDL: gl.constexpr = 0):
         """One (expert block, 64-row tile) of ``gluon_moe_swap._swap_kernel`` (AREG 2, no split; the same
         arguments, layouts and outputs; the scale stacks as int32 words) on two warpgroups, each taking every other
         128-column K tile. ``KT_PAD``: a power of 2 >= the steps, cdiv(K / 128, 2)."""

@@ -72,6 +72,22 @@ def test_every_pdl_kernel_waits_first_and_every_launch_passes_the_option():
                 assert "pdl_launch()" in text or "launch_pdl" in text, (fname, name, text[:200])
 
 
+def test_kernels_launched_with_the_switch_default_pdl_to_off():
+    """``pdl_launch()`` is ``{}`` with ``DEEPINFER_NV_PDL=0``, so a kernel launched with it must default ``PDL`` to 0
+    (``_swap_pair_kernel`` lacked the default and failed every launch with PDL off: twenty-sixth pass)."""
+    for fname, kernels in _pdl_kernels().items():
+        for name, tree in kernels:
+            fn = next(f for f in _jit_functions(tree) if f.name == name)
+            launches = [ast.unparse(c) for c in ast.walk(tree) if isinstance(c, ast.Call)
+                        and isinstance(c.func, ast.Subscript) and ast.unparse(c.func.value) == name]
+            if not any("**pdl_launch()" in text for text in launches):
+                continue
+            params = fn.args.args + fn.args.kwonlyargs
+            defaults = dict(zip([a.arg for a in fn.args.args][::-1], fn.args.defaults[::-1]))
+            defaults.update({a.arg: d for a, d in zip(fn.args.kwonlyargs, fn.args.kw_defaults) if d is not None})
+            assert "PDL" in defaults and ast.unparse(defaults["PDL"]) == "0", (fname, name, [a.arg for a in params])
+
+
 def test_pdl_launch_follows_the_switch(monkeypatch):
     monkeypatch.setattr(_common, "PDL", 1)
     monkeypatch.setattr(pdl, "_platform_ok", lambda: True)
