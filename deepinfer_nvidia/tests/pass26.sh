@@ -37,8 +37,8 @@ if has swapfile; then
 fi
 if has x2; then
   stamp x2
-  FILE_S=${FILE_S:-330} xdist_files x2_tests $HERE/test_conformance_fp8_x2.py
-  timeout 200 python3 -m deepinfer_nvidia.tests.bench_fp8 --out "$OUT" --rows 1,8 --variants "" --gemv-variants "" \
+  [ "${X2_FILE:-1}" = 1 ] && FILE_S=${FILE_S:-330} xdist_files x2_tests $HERE/test_conformance_fp8_x2.py
+  timeout 200 python3 -m deepinfer_nvidia.tests.bench_fp8 --out "$OUT" --rows "${X2_ROWS:-1,8}" --variants "" --gemv-variants "" \
     --wgmma-programs 4r7 --wgmma-pdl 1 --fp8x2 "${X2_VARIANTS:-4x2x4,6x2x4,4x1x4,8x2x4,4x2x8}" 2>&1 | quiet \
     | tee "$OUT/x2_bench.txt" | grep -E "in rings|M=|Error|error" | tail -8
 fi

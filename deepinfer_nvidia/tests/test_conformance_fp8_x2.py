@@ -25,7 +25,9 @@ def _run(x, q, s, block, **knobs):
 
 
 def _rel(out, ref):
-    return float((out.float().cpu() - ref).norm() / ref.norm())
+    """Relative error in float64 (the extreme weights' outputs reach 1e21: fp32 norms overflow)."""
+    ref = ref.double()
+    return float((out.double().cpu() - ref).norm() / ref.norm())
 
 
 @pytest.mark.parametrize("t", [1, 2, 3, 5, 8, 9, 16])
@@ -53,12 +55,14 @@ def test_fp8x2_gemv_wide_range_blocks_and_zero_rows(t):
     mags = torch.pow(2.0, torch.randint(-20, 11, (t, k), generator=g).float())
     x = (torch.randn(t, k, generator=g).sign() * mags).bfloat16()
     x[:, 64:96] = 0
-    x[t // 2] = 0
+    if t > 1:
+        x[t // 2] = 0
     ref = _ref(x, q, s, block)
     out = _run(x, q, s, block)
     close(out, ref.bfloat16(), 2e-2, 2e-2)
     assert _rel(out, ref) < 3e-3
-    assert torch.all(out[t // 2].float() == 0)
+    if t > 1:
+        assert torch.all(out[t // 2].float() == 0)
 
 
 @pytest.mark.parametrize("t", [1, 8])
