@@ -50,8 +50,6 @@ def main() -> None:
     ap.add_argument("--wgmma-pdl", default="0", help="programmatic dependent launch off (0) / on (1) for the wgmma "
                     "candidates, crossed with the above: in a ring each call's weight prologue then overlaps the "
                     "previous call's tail")
-    ap.add_argument("--fp8x2", default="", help="FP8-wgmma GEMV (gluon_fp8_gemv_x2) candidates as "
-                    "stages x ksub x programs, e.g. 4x2x4,6x2x4 (rows <= 16; twenty-sixth pass)")
     ap.add_argument("--ring-mb", type=int, default=256,
                     help="also time each candidate over weight copies totalling this many MB in one graph (0: off)")
     args = ap.parse_args()
@@ -61,7 +59,6 @@ def main() -> None:
     from deepinfer_core.kernels.ops.quant import quant_fp8_block
     from deepinfer_nvidia.graphs import CudaGraphRunner
     from deepinfer_nvidia.kernels import gluon_fp8_gemv as gg
-    from deepinfer_nvidia.kernels import gluon_fp8_gemv_x2 as gx
     from deepinfer_nvidia.kernels import triton_fp8_fine as ff
     from deepinfer_nvidia.kernels import triton_fp8_gemv as gv
     from deepinfer_nvidia.kernels import triton_gemm as tg
@@ -120,11 +117,6 @@ def main() -> None:
                                     lambda a, qq, ss, pg=pg, st=st, pd=pd, tm=tm, rs=rs, sw=sw: gg.gemv_wgmma(
                                         a, qq, ss, sb, 32, 32, sms, programs=pg, stages=st or None, pdl=bool(pd),
                                         tma=bool(tm), resident=rs, swizzle=bool(sw)))
-            for v in [tuple(int(a) for a in fs.split("x")) for fs in args.fp8x2.split(",") if fs]:
-                if m <= 16:
-                    cands["fp8x2 " + "x".join(map(str, v))] = (
-                        lambda a, qq, ss, v=v: gx.gemv_fp8x2(a, qq, ss, sb, 32, 32, sms, stages=v[0], ksub=v[1],
-                                                             programs=v[2], pdl=True))
             cands["provider"] = lambda a, qq, ss: tg.gemm_fp8_block(a, qq, ss.view(torch.float8_e8m0fnu),  # noqa: E731
                                                                     (32, 32))
             # ring: enough weight copies that they do not stay in L2 (50 MB on the H200), all in one graph, so
@@ -164,7 +156,7 @@ def main() -> None:
     layer_bytes = sum(n * k * t for _, n, k, t in V41_SHAPES)
     for m, tot in layer.items():
         best = min(((u, lab) for lab, u in tot.items() if lab.startswith("fine")), default=(float("nan"), "-"))
-        gbest = min(((u, lab) for lab, u in tot.items() if lab.startswith(("gemv", "wgmma", "fp8x2"))),
+        gbest = min(((u, lab) for lab, u in tot.items() if lab.startswith(("gemv", "wgmma"))),
                     default=(float("nan"), "-"))
         nan = float("nan")
         print(f"M={m}: general {tot.get('general', nan):.0f}, provider {tot.get('provider', nan):.0f}, "
