@@ -15,9 +15,7 @@ Two launches instead of the reference's ~70 small ops:
 2. ``_gate_kernel``: one program per token sums the partials in fixed order,
    applies the RMS factor (``fn . (x * r) == (fn . x) * r``), the sigmoid gates,
    the row softmax of the n x n block and ``sinkhorn_iters`` Sinkhorn
-   normalisations, all in registers. Decode-sized launches (``DECODE_FUSED_GATE``) run
-   this in the projection launch instead: the last program of each token tile to
-   arrive gates the tile's tokens (``_proj_gate_kernel``), one launch a call.
+   normalisations, all in registers.
 
 n (hc_mult) must be a power of two (V4 uses 4) so the n x n block is a
 register tile without padding inside the softmax.
@@ -30,8 +28,6 @@ D tile, fixed sums over n).
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -42,9 +38,12 @@ from deepinfer_nvidia.kernels.triton_pdl import pdl_enter, pdl_launch
 
 
 @triton.jit
-def _project(x_ptr, fn_ptr, part_ptr, ss_ptr, T, K, R, k_per_split, pid_t, sp, NR: tl.constexpr,
-             BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, SPLIT_FN: tl.constexpr):
-    """One (token tile, K split) program's projection partials and sums of squares, stored to ``part``/``ss``."""
+def _proj_kernel(x_ptr, fn_ptr, part_ptr, ss_ptr, T, K, R, k_per_split,
+                 NR: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr = "ieee",
+                 SPLIT_FN: tl.constexpr = False, PDL: tl.constexpr = 0):
+    pdl_enter(PDL)
+    pid_t = tl.program_id(0)
+    sp = tl.program_id(1)
     rt = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     rr = tl.arange(0, NR)
     tmask = rt < T
@@ -84,22 +83,12 @@ def _project(x_ptr, fn_ptr, part_ptr, ss_ptr, T, K, R, k_per_split, pid_t, sp, N
 
 
 @triton.jit
-def _proj_kernel(x_ptr, fn_ptr, part_ptr, ss_ptr, T, K, R, k_per_split,
-                 NR: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr = "ieee",
-                 SPLIT_FN: tl.constexpr = False, PDL: tl.constexpr = 0):
+def _gate_kernel(part_ptr, ss_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, T, K, n, norm_eps, hc_eps,
+                 iters, NR: tl.constexpr, NP: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr = 0):
     pdl_enter(PDL)
-    _project(x_ptr, fn_ptr, part_ptr, ss_ptr, T, K, R, k_per_split, tl.program_id(0), tl.program_id(1), NR, BLOCK_T,
-             BLOCK_K, PRECISION, SPLIT_FN)
-
-
-@triton.jit
-def _gate_token(t, part_ptr, ss_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, T, K, n, norm_eps, hc_eps,
-                iters, NR: tl.constexpr, NP: tl.constexpr, SPLITS: tl.constexpr, CACHE: tl.constexpr):
-    """Token ``t``'s gates from the split partials: sums them in split order, applies the RMS factor, the sigmoid
-    gates, the row softmax of the n x n block and the Sinkhorn rounds. ``CACHE``: the partials' load modifier
-    (``.cg`` when other programs of the same launch wrote them)."""
+    t = tl.program_id(0)
     s = tl.arange(0, SPLITS)
-    ss = tl.sum(tl.load(ss_ptr + s * T + t, cache_modifier=CACHE), axis=0)
+    ss = tl.sum(tl.load(ss_ptr + s * T + t), axis=0)
     r = 1.0 / tl.sqrt(ss / K + norm_eps)
     sc0 = tl.load(scale_ptr)
     sc1 = tl.load(scale_ptr + 1)
@@ -108,10 +97,8 @@ def _gate_token(t, part_ptr, ss_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, com
     imask = i < n
     prow = (s[:, None] * T + t).to(tl.int64) * NR  # [SPLITS, 1]
     # pre / post: columns [0, n) and [n, 2n) of the projection
-    m_pre = tl.sum(tl.load(part_ptr + prow + i[None, :], mask=imask[None, :], other=0.0, cache_modifier=CACHE),
-                   axis=0) * r
-    m_post = tl.sum(tl.load(part_ptr + prow + n + i[None, :], mask=imask[None, :], other=0.0,
-                            cache_modifier=CACHE), axis=0) * r
+    m_pre = tl.sum(tl.load(part_ptr + prow + i[None, :], mask=imask[None, :], other=0.0), axis=0) * r
+    m_post = tl.sum(tl.load(part_ptr + prow + n + i[None, :], mask=imask[None, :], other=0.0), axis=0) * r
     b_pre = tl.load(base_ptr + i, mask=imask, other=0.0)
     b_post = tl.load(base_ptr + n + i, mask=imask, other=0.0)
     pre = tl.sigmoid(m_pre * sc0 + b_pre) + hc_eps
@@ -123,8 +110,7 @@ def _gate_token(t, part_ptr, ss_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, com
     cmask = imask[:, None] & (j[None, :] < n)
     cidx = 2 * n + i[:, None] * n + j[None, :]
     prow3 = (s[:, None, None] * T + t).to(tl.int64) * NR
-    m_c = tl.sum(tl.load(part_ptr + prow3 + cidx[None, :, :], mask=cmask[None, :, :], other=0.0,
-                         cache_modifier=CACHE), axis=0) * r
+    m_c = tl.sum(tl.load(part_ptr + prow3 + cidx[None, :, :], mask=cmask[None, :, :], other=0.0), axis=0) * r
     z = m_c * sc2 + tl.load(base_ptr + cidx, mask=cmask, other=0.0)
     z = tl.where(cmask, z, float("-inf"))
     z = tl.exp(z - tl.max(z, axis=1)[:, None])
@@ -136,34 +122,6 @@ def _gate_token(t, part_ptr, ss_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, com
         c = c / (tl.sum(c, axis=1)[:, None] + hc_eps)
         c = c / (tl.sum(c, axis=0)[None, :] + hc_eps)
     tl.store(comb_ptr + t * n * n + i[:, None] * n + j[None, :], c, mask=cmask)
-
-
-@triton.jit
-def _gate_kernel(part_ptr, ss_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, T, K, n, norm_eps, hc_eps,
-                 iters, NR: tl.constexpr, NP: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr = 0):
-    pdl_enter(PDL)
-    _gate_token(tl.program_id(0), part_ptr, ss_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, T, K, n,
-                norm_eps, hc_eps, iters, NR, NP, SPLITS, "")
-
-
-@triton.jit
-def _proj_gate_kernel(x_ptr, fn_ptr, part_ptr, ss_ptr, cnt_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr,
-                      T, K, R, k_per_split, n, norm_eps, hc_eps, iters, NR: tl.constexpr, BLOCK_T: tl.constexpr,
-                      BLOCK_K: tl.constexpr, NP: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr = "ieee",
-                      SPLIT_FN: tl.constexpr = False, PDL: tl.constexpr = 0):
-    """``_proj_kernel``, then the last program of each token tile to arrive (``cnt``: zeroed int32 per tile, reset
-    here) runs ``_gate_kernel``'s work for the tile's tokens: one launch instead of two (twenty-sixth pass). The
-    gates read the same partials in the same order, so the outputs are bit-equal to the two launches'."""
-    pdl_enter(PDL)
-    pid_t = tl.program_id(0)
-    _project(x_ptr, fn_ptr, part_ptr, ss_ptr, T, K, R, k_per_split, pid_t, tl.program_id(1), NR, BLOCK_T, BLOCK_K,
-             PRECISION, SPLIT_FN)
-    tl.debug_barrier()  # every thread's partials are stored before the arrival is counted
-    if tl.atomic_add(cnt_ptr + pid_t, 1, sem="acq_rel") == SPLITS - 1:
-        for tt in range(pid_t * BLOCK_T, tl.minimum(pid_t * BLOCK_T + BLOCK_T, T)):
-            _gate_token(tt, part_ptr, ss_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, T, K, n, norm_eps,
-                        hc_eps, iters, NR, NP, SPLITS, ".cg")
-        tl.atomic_xchg(cnt_ptr + pid_t, 0)
 
 
 def supports(residual, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters) -> bool:
@@ -193,10 +151,6 @@ SPLIT_FN_BF16 = True
 # DECODE_GATE_WARPS 4 -> 1 (twenty-fourth pass, ``bench_decode_small``: a call in a CUDA graph of 20, 8.08 -> 7.52 us
 # at 1 token, 8.27 -> 7.55 at 8): the gate's 19 Sinkhorn rounds are a chain of intra-warp reductions on a 4 x 4 tile,
 # and with 4 warps the sum over the splits adds 13 CTA barriers (SASS, Triton 3.6) that one warp does not need.
-# DECODE_FUSED_GATE: the decode launch's gate runs in the last projection program of each token tile to arrive
-# (``_proj_gate_kernel``: one launch instead of two, bit-equal; twenty-sixth pass; ``DEEPINFER_NV_MHC_FUSED_GATE=0``
-# keeps two launches).
-DECODE_FUSED_GATE = os.environ.get("DEEPINFER_NV_MHC_FUSED_GATE", "1") == "1"
 DECODE_SPLIT_FN = True
 DECODE_MAX_SPLITS = 64
 DECODE_STAGES = 3
@@ -210,8 +164,8 @@ def mix(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: tor
 
     ``batch_invariant``: tiles and split from (n, D) only (``mix_bi``). ``force_kernel`` runs on CPU tensors
     (Triton's interpreter, tests only). ``prefill_launch`` overrides ``PREFILL_LAUNCH``; ``decode_launch``
-    (keys ``splits`` (a power of two), ``stages``, ``split_fn``, ``gate_warps``, ``fused_gate``) the decode-sized
-    default launch (benchmarks, tests)."""
+    (keys ``splits`` (a power of two), ``stages``, ``split_fn``, ``gate_warps``) the decode-sized default launch
+    (benchmarks, tests)."""
     if not (supports(residual, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters) or force_kernel):
         return hand_off("mhc.mix", f"operands residual {residual.dtype} {tuple(residual.shape)} on "
                         f"{residual.device} not covered", mhc_mix, residual, fn, base, scale, norm_eps, hc_eps,
@@ -275,15 +229,6 @@ def mix(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: tor
     part = torch.empty(splits, t, nr, dtype=torch.float32, device=dev)
     ss = torch.empty(splits, t, dtype=torch.float32, device=dev)
     opts = {"num_warps": warps} if stages is None else {"num_warps": warps, "num_stages": stages}
-    if decode and dl.get("fused_gate", DECODE_FUSED_GATE):  # one launch: the last program per tile gates it
-        from deepinfer_nvidia.kernels.triton_fp8_gemv import _counters
-
-        _proj_gate_kernel[(tiles, splits)](x, fn.contiguous(), part, ss, _counters(dev, tiles), base.contiguous(),
-                                           scale.contiguous(), pre, post, comb, t, kdim, rows, k_per, n,
-                                           float(norm_eps), float(hc_eps), int(sinkhorn_iters), NR=nr, BLOCK_T=bt,
-                                           BLOCK_K=bk, NP=max(2, n), SPLITS=splits, SPLIT_FN=split_fn, **opts,
-                                           **pdl_launch())
-        return pre, post, comb
     _proj_kernel[(tiles, splits)](x, fn.contiguous(), part, ss, t, kdim, rows, k_per, NR=nr, BLOCK_T=bt,
                                   BLOCK_K=bk, PRECISION="tf32x3" if prefill else "ieee", SPLIT_FN=split_fn, **opts,
                                   **pdl_launch())

@@ -4,9 +4,6 @@
 #               call profiled with PDL off (each launch's own time, not its wait for the one before); when 4
 #               stages beat 3 by more than 1 us, the pair file with DEEPINFER_NV_SWAP_PAIR_STAGES=4
 #   swapfile    the one-warpgroup swap file (not re-run since the twenty-fifth pass's wrapper change)
-#   mixgate     mhc.mix's decode launch with the gate fused into the projection's last program (DECODE_FUSED_GATE):
-#               the mix conformance cases and the PDL chain file, bench_decode_small --only mix at 1, 2, 8 tokens
-#               (fused against two launches), then the V4.1 rows with DEEPINFER_NV_MHC_FUSED_GATE 0 / 1 (MIX_ROWS)
 #   nopdl       the one-token swap call profiled with PDL off (each launch's own time), after the pair kernel's fix
 #   (x2, run as pass26b and pass26c: the FP8-wgmma GEMV on split activations, gluon_fp8_gemv_x2; slower than the
 #   bf16 wgmma GEMV at every V4.1 shape, so the kernel, its tests and the stage were removed: docs/performance.md,
@@ -38,19 +35,6 @@ fi
 if has swapfile; then
   stamp swapfile
   FILE_S=${FILE_S:-400} xdist_files swap_tests $HERE/test_conformance_moe_swap.py
-fi
-if has mixgate; then
-  stamp mixgate
-  FILE_S=150 xdist_files mix_tests $HERE/test_conformance.py -k "mhc" $HERE/test_batch_invariance.py
-  timeout 100 python3 -m deepinfer_nvidia.tests.bench_decode_small --out "$OUT" --only mix --tokens 1,2,8 2>&1 \
-    | quiet > "$OUT/mix_bench.txt"; grep -E "default|fused_gate': 0}|fused_gate': False}  " "$OUT/mix_bench.txt" | head -12
-  for v in ${MIX_ROWS:-0 1}; do  # one row each (the device budget): ROWS "0 1 0 1" for rows_vals's four
-    echo "== DEEPINFER_NV_MHC_FUSED_GATE=$v"
-    DEEPINFER_NV_MHC_FUSED_GATE=$v timeout 110 python3 benchmarks/sweep.py --arch v41 --out "$OUT/v41_$v" \
-      --providers triton --decode 1,64 --prefill "" --skip-hf --graphs --profile-decode "" 2>&1 \
-      | grep -E "pipelined|Error" | sed -E 's/capture.*alternated/alternated/'
-  done | tee -a "$OUT/rows_vals.txt"
-  rm -rf "$OUT"/v41_*
 fi
 if has nopdl; then
   stamp nopdl

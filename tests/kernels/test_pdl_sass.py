@@ -48,7 +48,7 @@ def _pdl_kernels() -> dict[str, list[tuple[str, ast.Module]]]:
 
 def test_step_kernels_take_part():
     names = {n for kernels in _pdl_kernels().values() for n, _ in kernels}
-    for kernel in ("_rms_kernel", "_rope_kernel", "_proj_kernel", "_gate_kernel", "_proj_gate_kernel", "_collapse_kernel",
+    for kernel in ("_rms_kernel", "_rope_kernel", "_proj_kernel", "_gate_kernel", "_collapse_kernel",
                    "_expand_kernel", "_attn_kernel", "_merge_kernel", "_topk_kernel", "_scores_kernel",
                    "_align_sort_kernel", "_sum_slices_kernel", "_write_rows_kernel", "_swap_kernel",
                    "_wgmma_gemv_kernel", "_engram_gate_kernel"):

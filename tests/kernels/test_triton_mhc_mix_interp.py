@@ -2,8 +2,7 @@
 the reference at V4.1's width (n 4, D 5120): decode sizes with the ieee dot take 256 K splits, 160 of them with
 one K tile and the rest empty (they must add zeros), in the default and the batch-invariant launch; and the
 prefill launch's tiles and split (at 37 tokens, its threshold lowered to 16, and a narrower width) with its fp32
-dot; the decode launch's fused gate (one launch, the last projection program of a tile gating it) bit-equal
-to the two launches. Triton 3.9's interpreter returns garbage for any bf16 x bf16 ``tl.dot``, so the bf16-pieces products
+dot. Triton 3.9's interpreter returns garbage for any bf16 x bf16 ``tl.dot``, so the bf16-pieces products
 (``DECODE_SPLIT_FN``, ``SPLIT_FN_BF16``) are turned off here and checked on the GPU
 (``deepinfer_nvidia/tests/test_conformance.py::test_mhc_mix_model_width``, ``test_conformance_mhc_prefill.py``)."""
 from __future__ import annotations
@@ -28,11 +27,6 @@ for t in (1, 3):
         for o, rr in zip(out, ref):
             torch.testing.assert_close(o, rr, atol=1e-5, rtol=1e-5)
         cases += 1
-    # the decode launch gates in its last projection program (DECODE_FUSED_GATE): bit-equal to two launches
-    two = tm.mix(r, fn, base, scale, 1e-6, 1e-6, 20, force_kernel=True, decode_launch={"fused_gate": False})
-    fused = tm.mix(r, fn, base, scale, 1e-6, 1e-6, 20, force_kernel=True, decode_launch={"fused_gate": True})
-    assert all(torch.equal(a, b) for a, b in zip(two, fused))
-    cases += 1
 # the prefill launch (>= TF32X3_MIN_T tokens) with its fp32 dot
 tm.SPLIT_FN_BF16 = False
 tm.TF32X3_MIN_T = 16  # the prefill launch at a size the interpreter runs quickly
@@ -52,4 +46,4 @@ print("INTERPRETED", cases)
 
 
 def test_mix_in_the_interpreter(run_interpreted):
-    run_interpreted(_INTERPRETED, "INTERPRETED 8")
+    run_interpreted(_INTERPRETED, "INTERPRETED 6")
