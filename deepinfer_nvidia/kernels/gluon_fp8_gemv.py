@@ -1,4 +1,5 @@
-"""``gemm.fp8_block`` for 1-16 rows on Hopper: a swap-AB ``wgmma`` GEMV written in Gluon.
+"""``gemm.fp8_block`` for 1-16 rows (1-32 with ``DEEPINFER_NV_WGMMA_GEMV_ROWS=32``) on Hopper: a swap-AB ``wgmma``
+GEMV written in Gluon.
 
 Why (docs/performance.md, twelfth pass). The CUDA-core GEMV (``triton_fp8_gemv``) spends ~6 instructions per
 weight byte at V4.1's [32, 32] scale blocks (byte shuffles, e4m3 -> f16 -> f32, one FMA per element), and at
@@ -60,8 +61,16 @@ if _GLUON:
 # ``triton_pdl.pdl_launch`` (``_common.PDL``).
 # ``resident``: programs of the 3-stage ring that fit on an SM at once (30.7 KB of shared memory, 71 registers: 7);
 # when > 0 the split is halved until the launch fits in one wave of them (0: no cap; ``split_k_tiles``).
-WGMMA_GEMV_TUNE: dict[str, int] = {"max_rows": 16, "stages": 3, "programs": 4, "resident": 7,
+# ``max_rows`` 32 (``DEEPINFER_NV_WGMMA_GEMV_ROWS=32``, prepared in the twenty-sixth pass, not yet measured): 17-32
+# rows take the kernel with 32 activation rows as the wgmma's N instead of the general FP8 GEMM (which reached ~20%
+# of the copy bandwidth in the V4 batch-32 step, pass26g); 48 KB of shared memory a program at 3 stages, so the
+# one-wave cap is ``RESIDENT_32`` programs an SM there.
+WGMMA_GEMV_TUNE: dict[str, int] = {"max_rows": int(os.environ.get("DEEPINFER_NV_WGMMA_GEMV_ROWS", "16")), "stages": 3,
+                                   "programs": 4, "resident": 7,
                                    "enabled": int(os.environ.get("DEEPINFER_NV_WGMMA_GEMV", "1"))}
+if WGMMA_GEMV_TUNE["max_rows"] not in (16, 32):
+    raise ValueError(f"DEEPINFER_NV_WGMMA_GEMV_ROWS must be 16 or 32, got {WGMMA_GEMV_TUNE['max_rows']}")
+RESIDENT_32 = 4
 # Weight tiles by TMA ([64 rows, 128 bytes] boxes, one mbarrier a stage) instead of 128 threads' cp.async:
 # bit-equal on the H200, slower (a V4.1 layer's GEMVs in rings 133 -> 142 us at one row: docs/performance.md,
 # twentieth pass), so off.
@@ -377,7 +386,7 @@ def gemv_wgmma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, b
                ng: int | None = None, stages: int | None = None, programs: int | None = None,
                safe: bool | None = None, pdl: bool | None = None, tma: bool | None = None,
                resident: int | None = None, swizzle: bool | None = None) -> torch.Tensor:
-    """y [M, N] bf16 = x [M, K] @ dequant(q [N, K] e4m3, s)^T for M <= max_rows (``takes`` must hold); s the
+    """y [M, N] bf16 = x [M, K] @ dequant(q [N, K] e4m3, s)^T for M <= 32 (``takes`` must hold); s the
     UE8M0 bytes [ceil(N / bn_blk), s_cols]. Keyword arguments: tuning knobs (defaults ``WGMMA_GEMV_TUNE``)."""
     from deepinfer_nvidia.kernels.triton_fp8_gemv import _counters
 
@@ -385,8 +394,10 @@ def gemv_wgmma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, b
     tune = WGMMA_GEMV_TUNE
     xp = x if x.stride(1) == 1 and x.stride(0) % 2 == 0 else x.contiguous()  # the kernel gathers permute_x's order
     tiles = triton.cdiv(n, 64)
-    k_per = split_k_tiles(tiles, k // 128, sms, programs or tune["programs"],
-                          tune["resident"] if resident is None else resident) * 128
+    block_m = 8 if m <= 8 else 16 if m <= 16 else 32
+    if resident is None:
+        resident = RESIDENT_32 if block_m == 32 and tune["resident"] else tune["resident"]
+    k_per = split_k_tiles(tiles, k // 128, sms, programs or tune["programs"], resident) * 128
     split = triton.cdiv(k, k_per)
     if safe is None:
         safe = not scales_allow_fast(s)
@@ -400,7 +411,7 @@ def gemv_wgmma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, b
     cnt = _counters(x.device, tiles) if split > 1 else part
     _wgmma_gemv_kernel[(tiles, split)](xp, q.view(torch.uint8), s.view(torch.uint8), y, part, cnt, m, n, k,
                                        xp.stride(0), s_cols, ng or n, k_per, BN_BLK=bn_blk, BK_BLK=bk_blk, SPLIT=split,
-                                       BLOCK_M=8 if m <= 8 else 16, STAGES=stages or tune["stages"],
+                                       BLOCK_M=block_m, STAGES=stages or tune["stages"],
                                        SAFE=int(safe), PDL=int(pdl), TMA=int(desc is not None), q_desc=desc,
                                        num_warps=4, SWIZZLE=int(swizzle),
                                        **({"launch_pdl": True} if pdl else {}))

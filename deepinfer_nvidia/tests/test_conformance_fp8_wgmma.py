@@ -201,3 +201,29 @@ def test_wgmma_gemv_tma(t, n, k, knobs):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(y, gg.gemv_wgmma(static, qc, sc, sc.shape[1], 128, 128, 132, tma=False, **knobs)), seed
+
+
+@pytest.mark.parametrize("t", [17, 24, 32])
+@pytest.mark.parametrize("n,k", [(1280, 5120), (32768, 1280), (512, 5120), (64, 128), (2304, 5120)])
+@pytest.mark.parametrize("block", [(32, 32), (128, 128)])
+def test_wgmma_gemv_thirty_two_rows(t, n, k, block, monkeypatch):
+    """``DEEPINFER_NV_WGMMA_GEMV_ROWS=32`` (prepared in the twenty-sixth pass): 17-32 rows with 32 activation rows
+    as the wgmma's N, against the reference; and through the registry's ``gemm.fp8_block``."""
+    from deepinfer_core.kernels.registry import get_registry
+    from deepinfer_core.kernels.resolve import ensure_platform_kernels
+    from deepinfer_nvidia.kernels import gluon_fp8_gemv as gg
+    from deepinfer_nvidia.platform import NvidiaPlatform
+
+    monkeypatch.setitem(gg.WGMMA_GEMV_TUNE, "max_rows", 32)
+    x, q, s = _operands(t, n, k, block, 13 * t + n + k)
+    ref = _ref(x, q, s, block)
+    poison()
+    xc, qc, sc = x.cuda(), q.cuda(), s.view(torch.uint8).contiguous().cuda()
+    assert gg.takes(xc, qc, block[0], block[1], True)
+    out = gg.gemv_wgmma(xc, qc, sc, sc.shape[1], block[0], block[1], 132)
+    close(out, ref.bfloat16(), 2e-2, 2e-2)
+    reg = get_registry()
+    ensure_platform_kernels(reg, NvidiaPlatform())
+    poison()
+    out2 = reg.impl("gemm.fp8_block", "triton")(xc, qc, s.cuda(), block)
+    assert torch.equal(out2, out)

@@ -171,3 +171,35 @@ def test_split_fits_one_wave_of_resident_programs():
             split = -(-k_tiles // per)
             assert 1 <= per <= k_tiles and (split - 1) * per < k_tiles <= split * per
             assert split == 1 or tiles * split <= 7 * 132
+
+
+def test_thirty_two_rows_behind_the_knob(monkeypatch):
+    """``max_rows`` 32 (``DEEPINFER_NV_WGMMA_GEMV_ROWS=32``, prepared, off by default): 17-32 rows launch with 32
+    activation rows as the wgmma's N and the one-wave split cap of ``RESIDENT_32`` programs an SM (48 KB of shared
+    memory a program); 9-16 rows keep 16 and the default cap; the default (16) does not take 17 rows."""
+    from deepinfer_nvidia.kernels import gluon_fp8_gemv as gg
+
+    assert gg.WGMMA_GEMV_TUNE["max_rows"] == 16  # the default until the device measures 32
+    calls = []
+
+    class Rec:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: calls.append((grid, args, kw))
+
+    monkeypatch.setattr(gg, "_wgmma_gemv_kernel", Rec())
+    monkeypatch.setattr(gg, "split_k_tiles", lambda tiles, k_tiles, sms, programs, resident: calls.append(resident)
+                        or k_tiles)
+    q = torch.randint(0, 120, (256, 512), dtype=torch.uint8).view(torch.float8_e4m3fn)
+    s = torch.full((2, 4), 127, dtype=torch.uint8)
+    for m, block_m, resident in ((20, 32, gg.RESIDENT_32), (32, 32, gg.RESIDENT_32), (12, 16, 7), (3, 8, 7)):
+        calls.clear()
+        gg.gemv_wgmma(torch.randn(m, 512).bfloat16(), q, s, 4, 128, 128, 132, safe=False, pdl=False)
+        cap, (_, _, kw) = calls
+        assert kw["BLOCK_M"] == block_m and cap == resident, (m, kw["BLOCK_M"], cap)
+    x = torch.randn(17, 512).bfloat16()
+    monkeypatch.setattr(gg, "_sm90", lambda dev: True)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    assert not gg.takes(x, q, 128, 128, True)
+    monkeypatch.setitem(gg.WGMMA_GEMV_TUNE, "max_rows", 32)
+    assert gg.takes(x, q, 128, 128, True) == gg.available()
+    assert not gg.takes(torch.randn(33, 512).bfloat16(), q, 128, 128, True)

@@ -38,6 +38,21 @@ def test_loop(split, block_m, blk, safe):
     assert n / 64 < (5.0 if not safe else 5.6), (n / 64, ops)
 
 
+def test_thirty_two_rows():
+    """BLOCK_M 32 (``DEEPINFER_NV_WGMMA_GEMV_ROWS=32``): the same loop with 32 activation rows as the wgmma's N,
+    8 ``HGMMA.64x32x16`` a tile, 16 four-byte activation gathers a thread, no spill (Triton 3.6: 334 loop
+    instructions against 305 at 16 rows)."""
+    consts = {"BN_BLK": 128, "BK_BLK": 128, "SPLIT": 4, "BLOCK_M": 32, "STAGES": 3, "SAFE": 0, "PDL": 1, "TMA": 0,
+              "q_desc": None, "num_warps": 4, "SWIZZLE": int(gg.GEMV_SWIZZLE)}
+    r = count(gg._wgmma_gemv_kernel, SIG, consts, warps=4, div16=frozenset({"N", "K", "stride_x", "k_per_split"}))
+    ops = r["ops"]
+    assert ops.get("HGMMA.64x32x16.F32.BF16", 0) == 8, ops
+    assert ops.get("LDGSTS.E", 0) == 16 and ops.get("LDGSTS.E.BYPASS.128", 0) == 4, ops
+    every = opcodes(r["sass"])
+    assert not any(o.startswith(("STL", "LDL")) for o in every), "a spill"
+    assert len(r["loop"]) < 1.2 * 305, len(r["loop"])
+
+
 def test_programmatic_dependent_launch_orders_the_prologue():
     """With PDL the kernel waits for the previous kernel (``griddepcontrol.wait``: ACQBULK) after requesting
     the first weight tiles (16-byte copies) and before any activation copy (the 4-byte gathers) or store, and
