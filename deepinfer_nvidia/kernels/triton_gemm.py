@@ -62,28 +62,48 @@ _ue8m0 = ue8m0  # the name the MoE kernel modules import
 
 
 @triton.jit
+def _tile(M, N, K, k_per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This program's output tile and K range (grid: M tiles, N tiles, K splits): rows ``rm [BLOCK_M]``, columns
+    ``rn [BLOCK_N]``, their masks, and ``k_lo .. k_hi``."""
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_lo = tl.program_id(2) * k_per_split
+    return rm, rn, rm < M, rn < N, k_lo, tl.minimum(k_lo + k_per_split, K)
+
+
+@triton.jit
+def _x_tile(x_ptr, rm, rk, mmask, kmask, stride_xm):
+    """Activations ``x[rm, rk]`` (zero outside the masks)."""
+    return tl.load(x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :], mask=mmask[:, None] & kmask[None, :],
+                   other=0.0)
+
+
+@triton.jit
+def _store_tile(y_ptr, acc, rm, rn, mmask, nmask, M, N, stride_ym, SPLIT_K: tl.constexpr):
+    """SPLIT_K 1: ``y [M, N]`` in y's dtype; else this split's fp32 partials, slice ``program_id(2)`` of
+    ``y [SPLIT_K, M, N]`` (``_finish`` sums them)."""
+    if SPLIT_K == 1:
+        tl.store(y_ptr + rm[:, None].to(tl.int64) * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
+                 mask=mmask[:, None] & nmask[None, :])
+    else:
+        off = (tl.program_id(2) * M + rm[:, None]).to(tl.int64) * N + rn[None, :]
+        tl.store(y_ptr + off, acc, mask=mmask[:, None] & nmask[None, :])
+
+
+@triton.jit
 def _fp8_gemm_kernel(x_ptr, q_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_ym, s_cols, bn_blk, bk_blk, k_per_split,
                      NG, SCALE_E8M0: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, PREC: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    pid_k = tl.program_id(2)
     # grouped weights (``gemm.fp8_block_grouped``): the column tile's group reads x columns g*K .. (g+1)*K;
     # NG (rows per group) is N when there is one group, so g is 0
-    x_ptr += ((pid_n * BLOCK_N) // NG).to(tl.int64) * K
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mmask = rm < M
-    nmask = rn < N
+    x_ptr += ((tl.program_id(1) * BLOCK_N) // NG).to(tl.int64) * K
+    rm, rn, mmask, nmask, k_lo, k_hi = _tile(M, N, K, k_per_split, BLOCK_M, BLOCK_N)
     srow = (rn // bn_blk) * s_cols
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    k_lo = pid_k * k_per_split
-    k_hi = tl.minimum(k_lo + k_per_split, K)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         kmask = rk < k_hi
-        x = tl.load(x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :],
-                    mask=mmask[:, None] & kmask[None, :], other=0.0)
+        x = _x_tile(x_ptr, rm, rk, mmask, kmask, stride_xm)
         w8 = tl.load(q_ptr + rn[:, None].to(tl.int64) * K + rk[None, :], mask=nmask[:, None] & kmask[None, :],
                      other=0.0)
         if SCALE_E8M0:
@@ -92,35 +112,21 @@ def _fp8_gemm_kernel(x_ptr, q_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_ym, 
             sc = tl.load(s_ptr + srow + k0 // bk_blk, mask=nmask, other=1.0)
         w = (w8.to(tl.float32) * sc[:, None]).to(x.dtype)
         acc += tl.dot(x, tl.trans(w), input_precision=PREC)
-    if SPLIT_K == 1:
-        tl.store(y_ptr + rm[:, None].to(tl.int64) * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
-                 mask=mmask[:, None] & nmask[None, :])
-    else:
-        off = (pid_k * M + rm[:, None]).to(tl.int64) * N + rn[None, :]
-        tl.store(y_ptr + off, acc, mask=mmask[:, None] & nmask[None, :])
+    _store_tile(y_ptr, acc, rm, rn, mmask, nmask, M, N, stride_ym, SPLIT_K)
 
 
 @triton.jit
 def _mxfp4_gemm_kernel(x_ptr, p_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_ym, k_per_split,
                        SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        PREC: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    pid_k = tl.program_id(2)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mmask = rm < M
-    nmask = rn < N
+    rm, rn, mmask, nmask, k_lo, k_hi = _tile(M, N, K, k_per_split, BLOCK_M, BLOCK_N)
     HALF: tl.constexpr = BLOCK_K // 2
     GROUPS: tl.constexpr = BLOCK_K // 32
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    k_lo = pid_k * k_per_split
-    k_hi = tl.minimum(k_lo + k_per_split, K)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         kmask = rk < k_hi
-        x = tl.load(x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :],
-                    mask=mmask[:, None] & kmask[None, :], other=0.0)
+        x = _x_tile(x_ptr, rm, rk, mmask, kmask, stride_xm)
         rj = k0 // 2 + tl.arange(0, HALF)
         byte = tl.load(p_ptr + rn[:, None].to(tl.int64) * (K // 2) + rj[None, :],
                        mask=nmask[:, None] & (rj[None, :] < k_hi // 2), other=0).to(tl.int32)
@@ -138,12 +144,7 @@ def _mxfp4_gemm_kernel(x_ptr, p_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_ym
         sc = tl.reshape(tl.broadcast_to(sc[:, :, None], [BLOCK_N, GROUPS, 32]), [BLOCK_N, BLOCK_K])
         w = (val * sc).to(x.dtype)
         acc += tl.dot(x, tl.trans(w), input_precision=PREC)
-    if SPLIT_K == 1:
-        tl.store(y_ptr + rm[:, None].to(tl.int64) * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
-                 mask=mmask[:, None] & nmask[None, :])
-    else:
-        off = (pid_k * M + rm[:, None]).to(tl.int64) * N + rn[None, :]
-        tl.store(y_ptr + off, acc, mask=mmask[:, None] & nmask[None, :])
+    _store_tile(y_ptr, acc, rm, rn, mmask, nmask, M, N, stride_ym, SPLIT_K)
 
 
 def _tiles(m: int, n: int, k: int, dtype: torch.dtype, device, k_align: int):
@@ -196,6 +197,18 @@ def sum_slices(src: torch.Tensor, m: int, n: int, s: int, stride_s: int, stride_
 def _finish(part: torch.Tensor, m: int, n: int, dtype: torch.dtype) -> torch.Tensor:
     """Sum split-K partials [S, M, N] (fp32) in fixed order and cast: one launch."""
     return sum_slices(part, m, n, part.shape[0], m * n, n, dtype)
+
+
+def _split_plan(x: torch.Tensor, n: int, k: int, bm: int, bn: int, bk: int, split: int):
+    """(grid, K columns a split, split count, output) of a split-K launch over x [M, K] and N columns: the K range a
+    split takes is rounded up to whole ``bk`` tiles (so fewer splits may remain), and the output is y [M, N] in x's
+    dtype at one split, else the fp32 partials [S, M, N] that ``_finish`` sums."""
+    m = x.shape[0]
+    k_per = triton.cdiv(triton.cdiv(k, split), bk) * bk
+    split = triton.cdiv(k, k_per)
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device) if split == 1 else \
+        torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    return (triton.cdiv(m, bm), triton.cdiv(n, bn), split), k_per, split, y
 
 
 @triton.jit
@@ -265,11 +278,7 @@ def _launch_fp8(x, q, s, s_cols, bn_blk, bk_blk, e8, tiles, ng: int | None = Non
     multiple of the column tile), default N (one group)."""
     m, (n, k) = x.shape[0], q.shape
     bm, bn, bk, split, warps, stages = tiles
-    k_per = triton.cdiv(triton.cdiv(k, split), bk) * bk
-    split = triton.cdiv(k, k_per)
-    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), split)
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device) if split == 1 else \
-        torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    grid, k_per, split, y = _split_plan(x, n, k, bm, bn, bk, split)
     _fp8_gemm_kernel[grid](x, q, s, y, m, n, k, x.stride(0), n, s_cols, bn_blk, bk_blk, k_per, ng or n,
                            SCALE_E8M0=e8, SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                            PREC=dot_precision(x.dtype), num_warps=warps, num_stages=stages)
@@ -399,11 +408,7 @@ def _launch_mxfp4(x, p, s, tiles) -> torch.Tensor:
     m, n, k = x.shape[0], p.shape[0], 2 * p.shape[1]
     bm, bn, bk, split, warps, stages = tiles
     bk = max(bk, 32)  # one scale group at least
-    k_per = triton.cdiv(triton.cdiv(k, split), bk) * bk
-    split = triton.cdiv(k, k_per)
-    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), split)
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device) if split == 1 else \
-        torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    grid, k_per, split, y = _split_plan(x, n, k, bm, bn, bk, split)
     _mxfp4_gemm_kernel[grid](x, p, s, y, m, n, k, x.stride(0), n, k_per, SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn,
                              BLOCK_K=bk, PREC=dot_precision(x.dtype), num_warps=warps, num_stages=stages)
     return y if split == 1 else _finish(y, m, n, x.dtype)
@@ -475,30 +480,16 @@ def _dense_gemm_kernel(x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, strid
                        SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        PREC: tl.constexpr):
     """y = x @ w^T with w cast to x's dtype in registers (the reference casts the whole weight first)."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    pid_k = tl.program_id(2)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mmask = rm < M
-    nmask = rn < N
+    rm, rn, mmask, nmask, k_lo, k_hi = _tile(M, N, K, k_per_split, BLOCK_M, BLOCK_N)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    k_lo = pid_k * k_per_split
-    k_hi = tl.minimum(k_lo + k_per_split, K)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         kmask = rk < k_hi
-        x = tl.load(x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :],
-                    mask=mmask[:, None] & kmask[None, :], other=0.0)
+        x = _x_tile(x_ptr, rm, rk, mmask, kmask, stride_xm)
         w = tl.load(w_ptr + rn[:, None].to(tl.int64) * stride_wn + rk[None, :], mask=nmask[:, None] & kmask[None, :],
                     other=0.0).to(x.dtype)
         acc += tl.dot(x, tl.trans(w), input_precision=PREC)
-    if SPLIT_K == 1:
-        tl.store(y_ptr + rm[:, None].to(tl.int64) * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
-                 mask=mmask[:, None] & nmask[None, :])
-    else:
-        off = (pid_k * M + rm[:, None]).to(tl.int64) * N + rn[None, :]
-        tl.store(y_ptr + off, acc, mask=mmask[:, None] & nmask[None, :])
+    _store_tile(y_ptr, acc, rm, rn, mmask, nmask, M, N, stride_ym, SPLIT_K)
 
 
 def supports_dense_bi(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -521,12 +512,14 @@ def gemm_dense_bi(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return x.new_zeros(0, n)
     x = x if x.stride(1) == 1 else x.contiguous()
     w = w if w.stride(1) == 1 else w.contiguous()
-    bm, bn, bk, split, warps, stages = bi_tiles(n, k, x.dtype, 128)
-    k_per = triton.cdiv(triton.cdiv(k, split), bk) * bk
-    split = triton.cdiv(k, k_per)
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device) if split == 1 else \
-        torch.empty(split, m, n, dtype=torch.float32, device=x.device)
-    _dense_gemm_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn), split)](
-        x, w, y, m, n, k, x.stride(0), w.stride(0), n, k_per, SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        PREC=dot_precision(x.dtype), num_warps=warps, num_stages=stages)
+    return _launch_dense(x, w, bi_tiles(n, k, x.dtype, 128))
+
+
+def _launch_dense(x: torch.Tensor, w: torch.Tensor, tiles) -> torch.Tensor:
+    """One launch of the dense kernel (+ the split-K sum): x [M, K] @ w [N, K]^T, both unit-stride in K."""
+    m, (n, k) = x.shape[0], w.shape
+    bm, bn, bk, split, warps, stages = tiles
+    grid, k_per, split, y = _split_plan(x, n, k, bm, bn, bk, split)
+    _dense_gemm_kernel[grid](x, w, y, m, n, k, x.stride(0), w.stride(0), n, k_per, SPLIT_K=split, BLOCK_M=bm,
+                             BLOCK_N=bn, BLOCK_K=bk, PREC=dot_precision(x.dtype), num_warps=warps, num_stages=stages)
     return y if split == 1 else _finish(y, m, n, x.dtype)

@@ -82,6 +82,7 @@ from deepinfer_nvidia.kernels import triton_moe_scaled as _sc
 from deepinfer_nvidia.kernels import triton_moe_segments as _seg
 from deepinfer_nvidia.kernels import triton_moe_splitk as _splitk
 from deepinfer_nvidia.kernels._common import dot_precision, hand_off, next_pow2, on_cuda
+from deepinfer_nvidia.kernels.triton_moe_splitk import _swiglu
 from deepinfer_nvidia.kernels.triton_gemm import _ue8m0, gemm_dense_bi, gemm_fp8_block, gemm_fp8_block_bi, sum_slices
 
 
@@ -206,11 +207,7 @@ def _moe_up_kernel(x_ptr, pair_ptr, bexp_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_
         lo, hi = _mxfp4_planes(w3, s3, rn, nmask, k0, D, dtype, BLOCK_N, BLOCK_K, INT_DECODE)
         acc3 += tl.dot(xe, tl.trans(lo), input_precision=PREC)
         acc3 += tl.dot(xo, tl.trans(hi), input_precision=PREC)
-    # clamped SwiGLU with the reference's roundings: silu(min(g, L)) * clamp(u, -L, L), g, u in x.dtype
-    g = tl.minimum(acc1.to(dtype).to(tl.float32), limit).to(dtype).to(tl.float32)
-    s = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
-    u = tl.minimum(tl.maximum(acc3.to(dtype).to(tl.float32), -limit), limit).to(dtype).to(tl.float32)
-    h = (s * u).to(dtype)
+    h = _swiglu(acc1, acc3, limit, dtype)  # the reference's clamped SwiGLU and roundings
     tl.store(h_ptr + rows[:, None].to(tl.int64) * F + rn[None, :], h, mask=nmask[None, :])
 
 
