@@ -18,8 +18,9 @@ from __future__ import annotations
 
 _INTERPRETED = r"""
 import torch
+from tests.kernels.moe_cases import mxfp4_experts, routing
 from deepinfer_core.kernels.ops.moe import _gen_experts_mxfp4, experts_mxfp4
-from deepinfer_core.kernels.ops.quant import QuantFormatError, quant_mxfp4
+from deepinfer_core.kernels.ops.quant import QuantFormatError
 from deepinfer_nvidia.kernels import triton_moe as tm
 
 g = torch.Generator().manual_seed(0)
@@ -32,17 +33,10 @@ for e, d, f, cases in (
                       (f32, 20, 6, "one", None, None, None))),
         (4, 288, 224, ((f32, 2, 4, "rand", 16, 128, 1), (f16, 20, 3, "one", 32, 128, 0),
                        (f32, 17, 2, "rand", 64, 64, 1)))):
-    def stack(rows, cols):
-        q = [quant_mxfp4(torch.randn(rows, cols, generator=g) / cols ** 0.5) for _ in range(e)]
-        return [torch.stack([a for a, _ in q]), torch.stack([b for _, b in q])]
-
-    ws = stack(f, d) + stack(f, d) + stack(d, f)
+    ws = mxfp4_experts(g, e, d, f)
     for dtype, t, k, route, bm, bn, idec in cases:
         x = torch.randn(t, d, generator=g).to(dtype)
-        if route == "one":
-            ids = torch.full((t, k), e - 1, dtype=torch.long)
-        else:
-            ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+        ids = routing(g, t, k, e, route)
         w = torch.rand(t, k, generator=g)
         ref = experts_mxfp4(x, w, ids, *ws, 1.0)  # limit 1.0: the clamps are active
         out = tm.grouped_mxfp4(x, w, ids, *ws, 1.0, block_m=bm, block_n=bn, int_decode=idec)

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 _INTERPRETED = r"""
 import torch
+from tests.kernels.moe_cases import mxfp4_experts, routing
 from deepinfer_core.kernels.ops.moe import experts_mxfp4
-from deepinfer_core.kernels.ops.quant import quant_mxfp4
 from deepinfer_nvidia.kernels import triton_moe_segments as sg
 from deepinfer_nvidia.kernels.triton_moe_splitk import split_for
 
@@ -60,12 +60,7 @@ kernel = sg._segments_kernel
 e, d, f = 6, 288, 160
 
 
-def stack(rows, cols):
-    q = [quant_mxfp4(torch.randn(rows, cols, generator=g) / cols ** 0.5) for _ in range(e)]
-    return [torch.stack([a for a, _ in q]), torch.stack([b for _, b in q])]
-
-
-ws = stack(f, d) + stack(f, d) + stack(d, f)
+ws = mxfp4_experts(g, e, d, f)
 tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 3e-2}
 deep = 1 << 20  # programs to aim for: forces the deepest K split
 for dtype, t, k, route, r, tiles, splits, reverse in (
@@ -78,10 +73,7 @@ for dtype, t, k, route, r, tiles, splits, reverse in (
         (torch.float16, 9, 2, "one", 8, dict(block_n=256, groups=8, programs=deep), (1, 1), True),
         (torch.bfloat16, 4, 6, "rand", 1, dict(block_n=256, groups=8, programs=1), (1, 1), False)):
     x = torch.randn(t, d, generator=g).to(dtype)
-    if route == "one":
-        ids = torch.full((t, k), e - 1, dtype=torch.long)
-    else:
-        ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+    ids = routing(g, t, k, e, route)
     w = torch.rand(t, k, generator=g)
     bn, gr, prog = tiles.get("block_n", 16), tiles.get("groups", 8), tiles.get("programs", 2048)
     plan = tuple(split_for(max(1, t * k // r), nn, kk // 32, bn, gr, prog)[0] for nn, kk in ((f, d), (d, f)))

@@ -16,20 +16,15 @@ from __future__ import annotations
 
 _INTERPRETED = r"""
 import torch
+from tests.kernels.moe_cases import mxfp4_experts, routing
 from deepinfer_core.kernels.ops.moe import experts_mxfp4
-from deepinfer_core.kernels.ops.quant import quant_mxfp4
 from deepinfer_nvidia.kernels import triton_moe_splitk as sk
 
 g = torch.Generator().manual_seed(0)
 e, d, f = 6, 288, 160
 
 
-def stack(rows, cols):
-    q = [quant_mxfp4(torch.randn(rows, cols, generator=g) / cols ** 0.5) for _ in range(e)]
-    return [torch.stack([a for a, _ in q]), torch.stack([b for _, b in q])]
-
-
-ws = stack(f, d) + stack(f, d) + stack(d, f)
+ws = mxfp4_experts(g, e, d, f)
 tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 3e-2}
 deep = 1 << 20  # programs to aim for: forces the deepest K split
 n = 0
@@ -42,10 +37,7 @@ for dtype, t, k, route, bn, groups, programs, splits in (
         (torch.float16, 9, 2, "one", 256, 8, deep, (1, 1)),
         (torch.bfloat16, 4, 6, "rand", 256, 8, 1, (1, 1))):
     x = torch.randn(t, d, generator=g).to(dtype)
-    if route == "one":
-        ids = torch.full((t, k), e - 1, dtype=torch.long)
-    else:
-        ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+    ids = routing(g, t, k, e, route)
     w = torch.rand(t, k, generator=g)
     tune = sk.SPLITK_TUNE
     plan = [sk.split_for(t * k, nn, kk // 32, bn or tune["block_n"], groups or tune["groups"],
