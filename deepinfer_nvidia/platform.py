@@ -46,7 +46,8 @@ class _ProvidersByMode:
     non-invariant ``triton`` one, and ops whose ``triton`` kernel is itself invariant still get it.
     The ``triton_bi`` launches never run in default mode, where the faster row-count-dependent
     tiles, cuBLAS and grouped GEMMs are free to differ in the last bits. Read on the class it is the
-    default order (what the platform contract states).
+    default order (what the platform contract states). An instance's vendor providers (``vendors``: FlashMLA,
+    DeepGEMM where they import, ``kernels.vendors``) go first in default mode; none is batch-invariant.
     """
 
     def __init__(self, default: tuple[str, ...], invariant: tuple[str, ...]) -> None:
@@ -57,7 +58,9 @@ class _ProvidersByMode:
             return self.default
         from deepinfer_core.kernels.mode import batch_invariant_enabled
 
-        return self.invariant + self.default if batch_invariant_enabled() else self.default
+        if batch_invariant_enabled():
+            return self.invariant + self.default
+        return tuple(getattr(obj, "vendors", ())) + self.default
 
 
 class NvidiaPlatform(Platform):
@@ -85,6 +88,11 @@ class NvidiaPlatform(Platform):
         self.compute_capability: tuple[int, int] = (props.major, props.minor)
         # An instance attribute shadows the conservative class default.
         self.capabilities = capabilities_for(props.major, props.minor)
+        from deepinfer_nvidia.kernels.vendors import vendor_providers
+
+        # FlashMLA / DeepGEMM providers tried before Triton, where they import and fit this GPU (none on SM90
+        # by default; nothing imports them here)
+        self.vendors: tuple[str, ...] = vendor_providers(self.compute_capability)
 
     def total_memory_bytes(self) -> int:
         """Total memory of the current device in bytes (``cudaMemGetInfo``'s total)."""
@@ -96,7 +104,7 @@ class NvidiaPlatform(Platform):
         torch.cuda.synchronize(self.index)
 
     def register_kernels(self, registry: Any) -> None:
-        """Register the Triton (and later FlashMLA / DeepGEMM) implementations, lazily."""
+        """Register the Triton, aten, FlashMLA and DeepGEMM implementations, lazily (nothing imported)."""
         from deepinfer_nvidia.kernels import register
 
         done = register(registry)

@@ -87,6 +87,11 @@ IMPLS: tuple[tuple, ...] = (
     ("moe.experts", "triton_bi", f"{_K}.triton_moe:moe_experts_dense_bi", f"{_K}.triton_moe:supports", True),
     ("moe.experts_fp8", "triton_bi", f"{_K}.triton_moe:moe_experts_fp8_bi", f"{_K}.triton_moe:supports", True),
     ("moe.experts_mxfp4", "triton_bi", f"{_K}.triton_moe:moe_experts_mxfp4_bi", f"{_K}.triton_moe:supports", True),
+    # vendor libraries (kernels/vendors.py: tried before triton only where they import, on SM100; never run on
+    # any machine of this project): FlashMLA's sparse attention, DeepGEMM's FP8 GEMM and FP8 x FP4 grouped GEMM
+    ("attention.sparse_sink", "flashmla", f"{_K}.flashmla:sparse_sink", f"{_K}.flashmla:supports"),
+    ("gemm.fp8_block", "deepgemm", f"{_K}.deepgemm:gemm_fp8_block", f"{_K}.deepgemm:supports_fp8"),
+    ("moe.experts_mxfp4", "deepgemm", f"{_K}.deepgemm:moe_experts_mxfp4", f"{_K}.deepgemm:supports_experts"),
 )
 
 

@@ -16,6 +16,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an 
 
 from deepinfer_nvidia.kernels import IMPLS  # noqa: E402  (metadata only, imports no triton)
 
+VENDOR_LIBRARIES = {"flashmla": "flash_mla", "deepgemm": "deep_gemm"}
+
 
 @pytest.fixture(scope="module")
 def reg():
@@ -31,6 +33,14 @@ def reg():
 @pytest.mark.parametrize("op,provider", [(op, prov) for op, prov, *_ in IMPLS])
 def test_harness(reg, op, provider):
     from deepinfer_core.testing.conformance import check_impl
+    from deepinfer_nvidia.kernels.vendors import importable
+
+    if provider in VENDOR_LIBRARIES:  # test_conformance_vendors.py holds their checks
+        if not importable(VENDOR_LIBRARIES[provider]):
+            pytest.skip(f"{VENDOR_LIBRARIES[provider]} is not installed: the provider hands every call to triton")
+        if provider == "deepgemm":
+            pytest.skip("deepgemm computes on FP8 activations: checked against that definition in "
+                        "test_conformance_vendors.py, not at the bf16 tolerance")
 
     assert check_impl(op, provider, "cuda", seeds=(0, 1, 2), registry=reg) > 0
 
