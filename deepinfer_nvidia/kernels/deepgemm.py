@@ -23,6 +23,7 @@ checkpoint) and sfb its scales, transformed once per stack by ``transform_sf_int
 from __future__ import annotations
 
 import torch
+from torch.utils.weak import WeakTensorKeyDictionary
 
 from deepinfer_core.kernels.ops.moe import clamped_swiglu
 from deepinfer_core.kernels.ops.quant import fp8_scale_to_float, ue8m0_to_float
@@ -35,7 +36,8 @@ E4M3_MAX = 448.0
 # grouped FP4 GEMM is taken: every expert's rows are padded to that alignment (128), so at decode sizes most
 # of the tensor-core work would be padding; below this the Triton kernels run.
 MOE_MIN_FILL = 0.5
-_packed: dict[tuple, torch.Tensor] = {}
+# scale stacks in DeepGEMM's layout, one per checkpoint tensor (dropped with it)
+_packed = WeakTensorKeyDictionary()
 
 
 def _sm100(t: torch.Tensor) -> bool:
@@ -96,7 +98,7 @@ def call_fp8_gemm(fp8_gemm_nt, x: torch.Tensor, q: torch.Tensor, scale: torch.Te
 def supports_experts(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, alignment: int = 128) -> bool:
     """CUDA bf16 x [T, D] on SM100, D and F multiples of 128, and enough pairs per expert (``MOE_MIN_FILL``)."""
     if not (on_cuda(x, weights, ids, w1, w3, w2) and x.dtype == torch.bfloat16 and x.dim() == 2
-            and ids.dim() == 2 and _sm100(x)):
+            and ids.dim() == 2 and ids.numel() > 0 and _sm100(x)):
         return False
     e, f = w1.shape[0], w1.shape[1]
     return (x.shape[1] % GROUP == 0 and f % GROUP == 0
@@ -115,12 +117,11 @@ def moe_experts_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit):
 
 
 def _packed_scales(dg, s: torch.Tensor, n: int, k: int) -> torch.Tensor:
-    """``s`` [E, N, K/32] UE8M0 in DeepGEMM's required layout, made once per stack and kept (keyed by storage)."""
-    key = (s.data_ptr(), tuple(s.shape), s.device)
-    if key not in _packed:
-        _packed[key] = dg.transform_sf_into_required_layout(ue8m0_to_float(s), mn=n, k=k, recipe=(1, 32),
-                                                             num_groups=s.shape[0])
-    return _packed[key]
+    """``s`` [E, N, K/32] UE8M0 in DeepGEMM's required layout, made once per stack tensor and kept while it lives."""
+    if s not in _packed:
+        _packed[s] = dg.transform_sf_into_required_layout(ue8m0_to_float(s), mn=n, k=k, recipe=(1, 32),
+                                                          num_groups=s.shape[0])
+    return _packed[s]
 
 
 def contiguous_layout(ids: torch.Tensor, experts: int, alignment: int) -> tuple[torch.Tensor, torch.Tensor]:

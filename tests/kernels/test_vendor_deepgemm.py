@@ -150,3 +150,18 @@ def test_vendors_go_first_in_default_mode_only(monkeypatch):
     monkeypatch.delenv("DEEPINFER_KERNELS", raising=False)  # the suite's conftest forces the references
     provider, _fn = reg.resolve("attention.sparse_sink", ("flashmla", "triton"))
     assert provider == "flashmla"
+
+
+def test_scale_stacks_are_transformed_once_per_tensor():
+    calls = []
+
+    def transform(sf, mn, k, recipe, num_groups=None, is_sfa=None, disable_ue8m0_cast=False):
+        calls.append(mn)
+        return vendor_contracts.transform_sf_into_required_layout(sf, mn, k, recipe, num_groups)
+
+    dg = types.SimpleNamespace(transform_sf_into_required_layout=transform)
+    w1, s1, *_ = _experts(2, 128, 64, seed=5)
+    first = deepgemm._packed_scales(dg, s1, 128, 64)
+    assert deepgemm._packed_scales(dg, s1, 128, 64) is first and calls == [128]
+    deepgemm._packed_scales(dg, s1.clone(), 128, 64)  # another tensor: its own entry
+    assert calls == [128, 128]
