@@ -103,7 +103,8 @@ def call_sparse_fwd(fwd, q: torch.Tensor, kv_a: torch.Tensor, idx_a: torch.Tenso
     sink = sinks.float()
     if hp != h:
         sink = torch.cat([sink, sink.new_full((hp - h,), float("-inf"))])
-    out = fwd(qp.contiguous(), kv.unsqueeze(1), indices, float(scale), d_v=d, attn_sink=sink.contiguous())[0]
+    out = fwd(qp.contiguous(), kv.contiguous().unsqueeze(1), indices, float(scale), d_v=d,
+              attn_sink=sink.contiguous())[0]
     out = out[:, :h]
     any_valid = (rows >= 0).any(dim=1)
     return torch.where(any_valid[:, None, None], out, torch.zeros_like(out)).to(q.dtype)
