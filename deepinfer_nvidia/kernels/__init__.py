@@ -91,6 +91,8 @@ IMPLS: tuple[tuple, ...] = (
     # any machine of this project): FlashMLA's sparse attention, DeepGEMM's FP8 GEMM and FP8 x FP4 grouped GEMM
     ("attention.sparse_sink", "flashmla", f"{_K}.flashmla:sparse_sink", f"{_K}.flashmla:supports"),
     ("gemm.fp8_block", "deepgemm", f"{_K}.deepgemm:gemm_fp8_block", f"{_K}.deepgemm:supports_fp8"),
+    ("gemm.fp8_block_grouped", "deepgemm", f"{_K}.deepgemm:gemm_fp8_block_grouped",
+     f"{_K}.deepgemm:supports_fp8_grouped"),
     ("moe.experts_mxfp4", "deepgemm", f"{_K}.deepgemm:moe_experts_mxfp4", f"{_K}.deepgemm:supports_experts"),
 )
 

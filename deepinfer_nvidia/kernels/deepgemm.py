@@ -1,5 +1,5 @@
-"""DeepGEMM (deepseek-ai/DeepGEMM, import name ``deep_gemm``) as the ``deepgemm`` provider of ``gemm.fp8_block``
-(128x128 block weights) and ``moe.experts_mxfp4`` (prefill-sized batches), SM100 only.
+"""DeepGEMM (deepseek-ai/DeepGEMM, import name ``deep_gemm``) as the ``deepgemm`` provider of ``gemm.fp8_block`` and
+``gemm.fp8_block_grouped`` (128x128 block weights) and ``moe.experts_mxfp4`` (prefill-sized batches), SM100 only.
 
 NOT RUN HERE: no machine of this project has DeepGEMM installed, and the one GPU here is an SM90 H200, where its
 FP4 paths do not exist. Written against DeepGEMM's public API at commit 54e2261 (2026-06-23, version 2.6.1:
@@ -92,6 +92,46 @@ def call_fp8_gemm(fp8_gemm_nt, x: torch.Tensor, q: torch.Tensor, scale: torch.Te
     if x.shape[0]:
         fp8_gemm_nt((xq, xs), (q, fp8_scale_to_float(scale).contiguous()), d)
     return d
+
+
+def supports_fp8_grouped(x, q, scale, block, groups) -> bool:
+    """``supports_fp8`` per group: x [T, G*Kg], q [G*Ng, Kg] with Kg and Ng multiples of 128."""
+    g = int(groups)
+    return (g >= 1 and q.dim() == 2 and x.dim() == 2 and q.shape[0] % g == 0 and x.shape[1] == g * q.shape[1]
+            and (q.shape[0] // g) % GROUP == 0 and on_cuda(x, q, scale) and x.dtype == torch.bfloat16
+            and q.dtype == torch.float8_e4m3fn and scale.dtype in (torch.float8_e8m0fnu, torch.uint8)
+            and tuple(int(b) for b in block) == (GROUP, GROUP) and q.shape[1] % GROUP == 0 and q.is_contiguous()
+            and _sm100(x))
+
+
+def gemm_fp8_block_grouped(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, block, groups: int) -> torch.Tensor:
+    """``gemm.fp8_block_grouped`` (V4's ``wo_a``) through DeepGEMM, one ``fp8_gemm_nt`` a group on FP8
+    activations: [T, G*Ng] bf16. Others go to the Triton kernel."""
+    from deepinfer_nvidia.kernels import triton_gemm
+
+    if not supports_fp8_grouped(x, q, scale, block, groups):
+        return triton_gemm.gemm_fp8_block_grouped(x, q, scale, block, groups)
+    import deep_gemm
+
+    return call_fp8_gemm_grouped(deep_gemm.fp8_gemm_nt, x, q, scale, int(groups))
+
+
+def call_fp8_gemm_grouped(fp8_gemm_nt, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
+                          groups: int) -> torch.Tensor:
+    """Marshal G groups into ``fp8_gemm_nt``: x quantised once (its 128-column groups never straddle two
+    weight groups, Kg being a multiple of 128), then group g's columns, rows and scale rows per call."""
+    t = x.shape[0]
+    ng, kg = q.shape[0] // groups, q.shape[1]
+    xq, xs = quantize_rows(x.contiguous())
+    s = fp8_scale_to_float(scale)
+    sb, kb = ng // GROUP, kg // GROUP
+    out = torch.empty(t, groups * ng, dtype=torch.bfloat16, device=x.device)
+    for g in range(groups if t else 0):
+        d = torch.empty(t, ng, dtype=torch.bfloat16, device=x.device)  # row-major, as the library requires
+        fp8_gemm_nt((xq[:, g * kg:(g + 1) * kg].contiguous(), xs[:, g * kb:(g + 1) * kb].contiguous()),
+                    (q[g * ng:(g + 1) * ng], s[g * sb:(g + 1) * sb].contiguous()), d)
+        out[:, g * ng:(g + 1) * ng] = d
+    return out
 
 
 # -- moe.experts_mxfp4 ------------------------------------------------------------------------------

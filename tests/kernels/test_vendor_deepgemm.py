@@ -13,7 +13,7 @@ import types
 import pytest
 import torch
 
-from deepinfer_core.kernels.ops.gemm import fp8_block
+from deepinfer_core.kernels.ops.gemm import fp8_block, fp8_block_grouped
 from deepinfer_core.kernels.ops.moe import clamped_swiglu, experts_mxfp4
 from deepinfer_core.kernels.ops.quant import dequant_mxfp4, quant_fp8_block, quant_mxfp4
 from deepinfer_core.kernels.registry import KernelRegistry
@@ -54,6 +54,17 @@ def test_fp8_gemm_adapter_matches_the_reference_on_quantised_activations(t, n, k
     exact = fp8_block(x, wq, ws, (128, 128)).float()  # the op's bf16-activation definition
     rel = float((got.float() - exact).norm() / exact.norm())
     assert 1e-3 < rel < 0.05, rel  # FP8 activation rounding: visible, and small
+
+
+@pytest.mark.parametrize("t,groups,ng,kg", [(1, 2, 128, 256), (7, 4, 256, 128), (0, 2, 128, 128)])
+def test_grouped_fp8_gemm_adapter_matches_the_reference_on_quantised_activations(t, groups, ng, kg):
+    g = torch.Generator().manual_seed(t + groups + ng)
+    x = torch.randn(t, groups * kg, generator=g).to(torch.bfloat16)
+    wq, ws = quant_fp8_block(torch.randn(groups * ng, kg, generator=g) * 0.05, (128, 128), scale_fmt="ue8m0")
+    got = deepgemm.call_fp8_gemm_grouped(DG.fp8_gemm_nt, x, wq, ws, groups)
+    want = fp8_block_grouped(_qdq(x) if t else x, wq, ws, (128, 128), groups)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
 
 
 def _experts(e, f, d, seed):
@@ -112,6 +123,9 @@ def test_not_taken_off_a_gpu():
     wq, ws = quant_fp8_block(torch.randn(128, 128), (128, 128), scale_fmt="ue8m0")
     assert not deepgemm.supports_fp8(x, wq, ws, (128, 128))
     torch.testing.assert_close(deepgemm.gemm_fp8_block(x, wq, ws, (128, 128)), fp8_block(x, wq, ws, (128, 128)))
+    assert not deepgemm.supports_fp8_grouped(x, wq, ws, (128, 128), 1)
+    torch.testing.assert_close(deepgemm.gemm_fp8_block_grouped(x, wq, ws, (128, 128), 1),
+                               fp8_block_grouped(x, wq, ws, (128, 128), 1))
 
 
 @pytest.mark.parametrize("cap,env,present,want", [
@@ -145,7 +159,8 @@ def test_vendors_go_first_in_default_mode_only(monkeypatch):
     register_builtin_ops(reg)
     register(reg)
     assert "flashmla" in reg.providers("attention.sparse_sink")
-    assert "deepgemm" in reg.providers("gemm.fp8_block") and "deepgemm" in reg.providers("moe.experts_mxfp4")
+    for op in ("gemm.fp8_block", "gemm.fp8_block_grouped", "moe.experts_mxfp4"):
+        assert "deepgemm" in reg.providers(op)
     monkeypatch.delenv("DEEPINFER_BATCH_INVARIANT")
     monkeypatch.delenv("DEEPINFER_KERNELS", raising=False)  # the suite's conftest forces the references
     provider, _fn = reg.resolve("attention.sparse_sink", ("flashmla", "triton"))
