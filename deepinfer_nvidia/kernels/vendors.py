@@ -35,7 +35,12 @@ def arch_of(device: torch.device) -> tuple[int, int]:
 
 
 def _knob(name: str) -> str:
-    return os.environ.get(name, "").strip()
+    """``""`` (unset), ``"0"`` or ``"1"``; anything else is refused with the variable's name (a typo such as
+    ``yes`` must not silently mean "off")."""
+    value = os.environ.get(name, "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{name} must be 0 or 1 (or unset), got {value!r}")
+    return value
 
 
 def vendor_providers(capability: tuple[int, int], has=importable) -> tuple[str, ...]:

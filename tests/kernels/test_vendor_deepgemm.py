@@ -144,6 +144,12 @@ def test_vendor_providers_rule(monkeypatch, cap, env, present, want):
     assert vendors.vendor_providers(cap, has=lambda module: present) == want
 
 
+def test_a_bad_knob_value_is_refused_by_name(monkeypatch):
+    monkeypatch.setenv("DEEPINFER_NV_DEEPGEMM", "yes")
+    with pytest.raises(ValueError, match="DEEPINFER_NV_DEEPGEMM must be 0 or 1"):
+        vendors.vendor_providers((10, 0), has=lambda module: True)
+
+
 def test_vendors_go_first_in_default_mode_only(monkeypatch):
     class Platform:
         default_providers = _ProvidersByMode(("triton", "aten"), ("triton_bi",))
