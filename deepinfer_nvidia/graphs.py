@@ -18,11 +18,55 @@ Why this shape:
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Callable
 
 import torch
 
 logger = logging.getLogger(__name__)
+
+# ``DEEPINFER_NV_COMPILE=1``: the step function is compiled by ``torch.compile`` (inductor) before it is captured,
+# so the model's torch glue between kernel calls (index math, casts, the shared expert's SwiGLU: 326 small ops a
+# batch-1 V4.1 step on 10 layers, ``benchmarks/step_glue_ops.py``) runs as a few fused kernels; the registered
+# kernels themselves stay opaque (``NvidiaPlatform.wrap_kernel`` -> ``opaque_kernel``: graph breaks around them). Prepared in the twenty-eighth pass and
+# not yet measured on a GPU (``docs/performance.md``), so it is off by default. Never in batch-invariant mode:
+# fused kernels do not promise batch-independent bits.
+_COMPILE_RECOMPILES = 256  # graphs per process: one per (batch, context) bucket of each step function
+
+
+def compile_enabled() -> bool:
+    """Whether ``DEEPINFER_NV_COMPILE`` asks for compiled steps (``0``/``1``/unset; anything else is refused)
+    and the kernel mode allows them (not batch-invariant)."""
+    value = os.environ.get("DEEPINFER_NV_COMPILE", "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"DEEPINFER_NV_COMPILE must be 0 or 1 (or unset), got {value!r}")
+    if value != "1":
+        return False
+    from deepinfer_core.kernels.mode import batch_invariant_enabled
+
+    if batch_invariant_enabled():
+        logger.warning("DEEPINFER_NV_COMPILE=1 is ignored in batch-invariant mode")
+        return False
+    return True
+
+
+def opaque_kernel(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` hidden from ``torch.compile`` (called as it is, a graph break around it): a registered kernel is
+    one or a few launches already, and dynamo could neither trace its Gluon / PDL launches nor inductor its
+    reference's float8_e8m0fnu scales (seen on the CPU)."""
+    return torch.compiler.disable(fn)
+
+
+def compiled_step(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` under ``torch.compile(dynamic=False)``: every step shape gets its own specialised graph (the
+    buckets are few and fixed), so dynamo's per-function recompile limit is raised to ``_COMPILE_RECOMPILES``."""
+    import torch._dynamo
+
+    cfg = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):  # the newer name, and the older one
+        if hasattr(cfg, name):
+            setattr(cfg, name, max(int(getattr(cfg, name)), _COMPILE_RECOMPILES))
+    return torch.compile(fn, dynamic=False)
 
 
 def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
@@ -66,7 +110,7 @@ class CudaGraphRunner:
     def __init__(self, fn: Callable[..., Any], warmup: int = 2) -> None:
         if warmup < 1:
             raise ValueError(f"warmup must be >= 1 (lazy init must not be captured), got {warmup}")
-        self.fn = fn
+        self.fn = compiled_step(fn) if compile_enabled() else fn
         self.warmup = warmup
         self._graphs: dict[tuple[Any, ...], _Captured] = {}
         self._pool: Any = None

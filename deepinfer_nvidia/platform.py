@@ -110,6 +110,13 @@ class NvidiaPlatform(Platform):
         done = register(registry)
         logger.info("nvidia: registered %d kernel implementations", len(done))
 
+    def wrap_kernel(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """With ``DEEPINFER_NV_COMPILE=1`` (``graphs.compile_enabled``) every resolved kernel is opaque to
+        ``torch.compile``: it runs as it is, and only the model's glue between kernel calls is fused."""
+        from deepinfer_nvidia.graphs import compile_enabled, opaque_kernel
+
+        return opaque_kernel(fn) if compile_enabled() else fn
+
     def graph_runner(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Wrap ``fn`` so each new input signature is captured once as a CUDA graph and replayed."""
         from deepinfer_nvidia.graphs import CudaGraphRunner

