@@ -2,7 +2,8 @@
 # Twenty-eighth pass's device stages (prepared without device time, not run): OUT=dir bash pass28.sh STAGES
 #   gemv32        pass27.sh's stage (the wgmma GEMV at 17-32 rows), still the first call to make.
 #   compile_ok    DEEPINFER_NV_COMPILE=1 (graphs.py: the step compiled by torch.compile before capture, every
-#                 registered kernel opaque): graphs_engine --quick, engine tokens with graphs against eager.
+#                 registered kernel opaque): compiled_step_check (graphed compiled steps against eager ones, tiny
+#                 V4.1, fp32 and bf16), then graphs_engine --quick (engine tokens, graphs against eager).
 #   compile_rows  the V4.1 row at batch 1 with the knob at 0 and 1, then the V4 batch-32 row (the HF row, 2
 #                 layers). Why: the batch-1 step carries 326 glue ops on 10 layers (step_glue_ops.py); compiled,
 #                 the CPU count is 53 fused kernels and 10 cats (step_glue_compile.py). Predicted: batch 1
@@ -20,7 +21,9 @@ if has gemv32; then
 fi
 if has compile_ok; then
   stamp compile_ok
-  DEEPINFER_NV_COMPILE=1 timeout 400 python3 -m deepinfer_nvidia.tests.graphs_engine --quick 2>&1 | quiet \
+  DEEPINFER_NV_COMPILE=1 timeout 200 python3 -m deepinfer_nvidia.tests.compiled_step_check 2>&1 | quiet \
+    | tee "$OUT/compile_check.txt" | tail -8
+  DEEPINFER_NV_COMPILE=1 timeout 350 python3 -m deepinfer_nvidia.tests.graphs_engine --quick 2>&1 | quiet \
     | tee "$OUT/compile_engine.txt" | tail -30
 fi
 if has compile_rows; then
