@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Twenty-eighth pass's device stages (prepared without device time, not run): OUT=dir bash pass28.sh STAGES
 #   gemv32        pass27.sh's stage (the wgmma GEMV at 17-32 rows), still the first call to make.
+#   gemv32hf      its short form: the 17-32-row device cases, the V4 batch-32 row with HF at 32 rows, without at 16.
 #   compile_ok    DEEPINFER_NV_COMPILE=1 (graphs.py: the step compiled by torch.compile before capture, every
 #                 registered kernel opaque): compiled_step_check (graphed compiled steps against eager ones, tiny
 #                 V4.1, fp32 and bf16), then graphs_engine --quick (engine tokens, graphs against eager).
@@ -18,6 +19,17 @@ source "$(dirname "$0")/pass_lib.sh"
 HERE=$(dirname "$0")
 if has gemv32; then
   OUT="$OUT" bash "$HERE/pass27.sh" gemv32
+fi
+if has gemv32hf; then  # the short form of gemv32: its device cases, then the V4 batch-32 row with HF at 32, without at 16
+  stamp gemv32hf
+  FILE_S=150 xdist_files gemv32_tests $HERE/test_conformance_fp8_wgmma.py -k thirty_two
+  DEEPINFER_NV_WGMMA_GEMV_ROWS=32 timeout 220 python3 benchmarks/sweep.py --out "$OUT/v4_32" --providers triton \
+    --layers 2 --decode "" --prefill "" --hf-batch 32 --graphs --reps 9 --budget-s 170 --profile-decode "" 2>&1 \
+    | tee "$OUT/sweep_v4_32.txt" | grep -E "pipelined|HF|Error" | tail -6
+  DEEPINFER_NV_WGMMA_GEMV_ROWS=16 timeout 150 python3 benchmarks/sweep.py --out "$OUT/v4_16" --providers triton \
+    --layers 2 --decode "" --prefill "" --skip-hf --graphs --reps 9 --budget-s 120 --profile-decode "" 2>    --layers 2 --decode 32 --prefill "" --skip-hf --graphs --reps 9 --budget-s 120 --profile-decode "" 2>&1 \1 \
+    | grep -E "pipelined|Error"
+  rm -rf "$OUT"/v4_16 "$OUT"/v4_32/*.png
 fi
 if has compile_ok; then
   stamp compile_ok
