@@ -27,7 +27,7 @@ if has gemv32hf; then  # the short form of gemv32: its device cases, then the V4
     --layers 2 --decode "" --prefill "" --hf-batch 32 --graphs --reps 9 --budget-s 170 --profile-decode "" 2>&1 \
     | tee "$OUT/sweep_v4_32.txt" | grep -E "pipelined|HF|Error" | tail -6
   DEEPINFER_NV_WGMMA_GEMV_ROWS=16 timeout 150 python3 benchmarks/sweep.py --out "$OUT/v4_16" --providers triton \
-    --layers 2 --decode "" --prefill "" --skip-hf --graphs --reps 9 --budget-s 120 --profile-decode "" 2>    --layers 2 --decode 32 --prefill "" --skip-hf --graphs --reps 9 --budget-s 120 --profile-decode "" 2>&1 \1 \
+    --layers 2 --decode "" --prefill "" --skip-hf --graphs --reps 9 --budget-s 120 --profile-decode "" 2>&1 \
     | grep -E "pipelined|Error"
   rm -rf "$OUT"/v4_16 "$OUT"/v4_32/*.png
 fi
