@@ -107,10 +107,11 @@ class CudaGraphRunner:
     not recorded into the graph.
     """
 
-    def __init__(self, fn: Callable[..., Any], warmup: int = 2) -> None:
+    def __init__(self, fn: Callable[..., Any], warmup: int = 2, compile: bool = False) -> None:
+        """``compile``: run ``fn`` through ``compiled_step`` (the platform passes ``compiles_steps()``)."""
         if warmup < 1:
             raise ValueError(f"warmup must be >= 1 (lazy init must not be captured), got {warmup}")
-        self.fn = compiled_step(fn) if compile_enabled() else fn
+        self.fn = compiled_step(fn) if compile else fn
         self.warmup = warmup
         self._graphs: dict[tuple[Any, ...], _Captured] = {}
         self._pool: Any = None

@@ -93,6 +93,7 @@ class NvidiaPlatform(Platform):
         # FlashMLA / DeepGEMM providers tried before Triton, where they import and fit this GPU (none on SM90
         # by default; nothing imports them here)
         self.vendors: tuple[str, ...] = vendor_providers(self.compute_capability)
+        self._kernels_opaque = self._kernels_plain = 0  # kernels resolved with / without wrap_kernel's wrapper
 
     def total_memory_bytes(self) -> int:
         """Total memory of the current device in bytes (``cudaMemGetInfo``'s total)."""
@@ -115,13 +116,26 @@ class NvidiaPlatform(Platform):
         ``torch.compile``: it runs as it is, and only the model's glue between kernel calls is fused."""
         from deepinfer_nvidia.graphs import compile_enabled, opaque_kernel
 
-        return opaque_kernel(fn) if compile_enabled() else fn
+        if compile_enabled():
+            self._kernels_opaque += 1
+            return opaque_kernel(fn)
+        self._kernels_plain += 1
+        return fn
+
+    def compiles_steps(self) -> bool:
+        """Compile graphed steps only when every kernel resolved through this platform is opaque: a kernel
+        resolved while compiling was off (batch-invariant mode is entered around model loading, not around
+        graph capture) would be traced by dynamo, and inductor cannot compile the Triton launchers (H200,
+        pass28e: ``NameError: _ue8m0``; the capture then failed and the steps ran eagerly)."""
+        from deepinfer_nvidia.graphs import compile_enabled
+
+        return compile_enabled() and self._kernels_opaque > 0 and self._kernels_plain == 0
 
     def graph_runner(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Wrap ``fn`` so each new input signature is captured once as a CUDA graph and replayed."""
         from deepinfer_nvidia.graphs import CudaGraphRunner
 
-        return CudaGraphRunner(fn)
+        return CudaGraphRunner(fn, compile=self.compiles_steps())
 
     def __repr__(self) -> str:
         major, minor = self.compute_capability

@@ -66,3 +66,26 @@ def test_compiled_decode_steps_match_eager(tmp_path):
     for i in range(len(reqs)):
         torch.testing.assert_close(compiled[i], eager[i], atol=1e-4, rtol=1e-4)
     torch._dynamo.reset()
+
+
+def test_steps_compile_only_when_every_kernel_is_opaque(monkeypatch):
+    """A kernel resolved while compiling was off (batch-invariant mode is entered around model loading, not
+    around capture) would be traced by dynamo; then the platform's graph runner does not compile (H200, pass28e:
+    inductor failed on a Triton launcher and the capture fell back to eager steps)."""
+    from deepinfer_nvidia.platform import NvidiaPlatform
+
+    p = NvidiaPlatform.__new__(NvidiaPlatform)  # no GPU here: only the bookkeeping of the two hooks
+    p._kernels_opaque = p._kernels_plain = 0
+    monkeypatch.setenv("DEEPINFER_NV_COMPILE", "1")
+    monkeypatch.delenv("DEEPINFER_BATCH_INVARIANT", raising=False)
+
+    def kernel(x):
+        return x + 1
+
+    assert not p.compiles_steps()  # nothing resolved yet
+    wrapped = p.wrap_kernel(kernel)
+    assert wrapped is not kernel and wrapped(1) == 2 and p.compiles_steps()
+    monkeypatch.setenv("DEEPINFER_BATCH_INVARIANT", "1")
+    assert p.wrap_kernel(kernel) is kernel
+    monkeypatch.delenv("DEEPINFER_BATCH_INVARIANT")
+    assert not p.compiles_steps()
