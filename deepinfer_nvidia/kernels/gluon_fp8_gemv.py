@@ -61,7 +61,8 @@ if _GLUON:
 # ``triton_pdl.pdl_launch`` (``_common.PDL``).
 # ``resident``: programs of the 3-stage ring that fit on an SM at once (30.7 KB of shared memory, 71 registers: 7);
 # when > 0 the split is halved until the launch fits in one wave of them (0: no cap; ``split_k_tiles``).
-# ``max_rows`` 32 (``DEEPINFER_NV_WGMMA_GEMV_ROWS=32``, prepared in the twenty-sixth pass, not yet measured): 17-32
+# ``max_rows`` 32 (``DEEPINFER_NV_WGMMA_GEMV_ROWS=32``; H200, twenty-eighth pass: correct, but the V4 batch-32 step
+# took 2.68 ms pipelined against 2.66 at 16, 2.99 graphed against 2.78, so the default stays 16): 17-32
 # rows take the kernel with 32 activation rows as the wgmma's N instead of the general FP8 GEMM (which reached ~20%
 # of the copy bandwidth in the V4 batch-32 step, pass26g); 48 KB of shared memory a program at 3 stages, so the
 # one-wave cap is ``RESIDENT_32`` programs an SM there.
