@@ -78,6 +78,10 @@ class NvidiaPlatform(Platform):
     # mode "triton_bi" first (see _ProvidersByMode). "aten" (cuBLAS, grouped GEMMs through torch) serves
     # the ops Triton does not: without it gemm.dense and moe.experts ran their references (8-row GEMM tiles).
     default_providers = _ProvidersByMode(("triton", "aten"), ("triton_bi",))
+    # kernels resolved with / without wrap_kernel's compile wrapper (class defaults: instances made without
+    # __init__, as the CPU plugin tests do, count from zero too)
+    _kernels_opaque = 0
+    _kernels_plain = 0
 
     def __init__(self) -> None:
         if not torch.cuda.is_available():
