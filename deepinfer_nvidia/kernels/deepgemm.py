@@ -95,13 +95,13 @@ def call_fp8_gemm(fp8_gemm_nt, x: torch.Tensor, q: torch.Tensor, scale: torch.Te
 
 
 def supports_fp8_grouped(x, q, scale, block, groups) -> bool:
-    """``supports_fp8`` per group: x [T, G*Kg], q [G*Ng, Kg] with Kg and Ng multiples of 128."""
+    """``supports_fp8`` for one group (x's first Kg columns against q's first Ng rows; views, no copy), with Ng a
+    multiple of 128 and x holding G groups."""
     g = int(groups)
-    return (g >= 1 and q.dim() == 2 and x.dim() == 2 and q.shape[0] % g == 0 and x.shape[1] == g * q.shape[1]
-            and (q.shape[0] // g) % GROUP == 0 and on_cuda(x, q, scale) and x.dtype == torch.bfloat16
-            and q.dtype == torch.float8_e4m3fn and scale.dtype in (torch.float8_e8m0fnu, torch.uint8)
-            and tuple(int(b) for b in block) == (GROUP, GROUP) and q.shape[1] % GROUP == 0 and q.is_contiguous()
-            and _sm100(x))
+    if not (g >= 1 and q.dim() == 2 and x.dim() == 2 and q.shape[0] % g == 0 and x.shape[1] == g * q.shape[1]):
+        return False
+    ng = q.shape[0] // g
+    return ng % GROUP == 0 and q.is_contiguous() and supports_fp8(x[:, :q.shape[1]], q[:ng], scale, block)
 
 
 def gemm_fp8_block_grouped(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, block, groups: int) -> torch.Tensor:
