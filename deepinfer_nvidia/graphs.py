@@ -28,10 +28,16 @@ logger = logging.getLogger(__name__)
 # ``DEEPINFER_NV_COMPILE=1``: the step function is compiled by ``torch.compile`` (inductor) before it is captured,
 # so the model's torch glue between kernel calls (index math, casts, the shared expert's SwiGLU: 326 small ops a
 # batch-1 V4.1 step on 10 layers, ``benchmarks/step_glue_ops.py``) runs as a few fused kernels; the registered
-# kernels themselves stay opaque (``NvidiaPlatform.wrap_kernel`` -> ``opaque_kernel``: graph breaks around them). Prepared in the twenty-eighth pass and
-# not yet measured on a GPU (``docs/performance.md``), so it is off by default. Never in batch-invariant mode:
-# fused kernels do not promise batch-independent bits.
-_COMPILE_RECOMPILES = 256  # graphs per process: one per (batch, context) bucket of each step function
+# kernels themselves stay opaque (``NvidiaPlatform.wrap_kernel`` -> ``opaque_kernel``: graph breaks around them).
+# Measured in the twenty-eighth pass (H200, ``docs/performance.md``): batch-1 V4.1 step 2.48 -> 2.26 ms. Never in
+# batch-invariant mode: fused kernels do not promise batch-independent bits.
+#
+# Shapes are dynamic (``dynamic=True``): a graph signature is a (batch bucket, context bucket) pair, and a
+# generation crosses context buckets as it grows, so static shapes compiled again at every new pair (20-35 s each
+# on the H200 host, pass28c). Dynamic shapes compile a step function twice: once for batch 1 (torch specialises
+# sizes of 1) and once for every other bucket and context (CPU, tiny V4.1: buckets 1, 2, 4, 8 and two context
+# buckets gave two compiles, against one a pair with static shapes).
+_COMPILE_RECOMPILES = 64  # compiles a step function may take: a few (batch 1, the rest; taps, query lengths)
 
 
 def compile_enabled() -> bool:
@@ -58,15 +64,16 @@ def opaque_kernel(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def compiled_step(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` under ``torch.compile(dynamic=False)``: every step shape gets its own specialised graph (the
-    buckets are few and fixed), so dynamo's per-function recompile limit is raised to ``_COMPILE_RECOMPILES``."""
+    """``fn`` under ``torch.compile(dynamic=True)``: one compiled graph serves every batch and context bucket
+    but batch 1 (above). Dynamo's per-function recompile limit is raised to ``_COMPILE_RECOMPILES`` so the
+    step's other variants (taps, speculative query lengths) never fall back to eager frames."""
     import torch._dynamo
 
     cfg = torch._dynamo.config
     for name in ("recompile_limit", "cache_size_limit"):  # the newer name, and the older one
         if hasattr(cfg, name):
             setattr(cfg, name, max(int(getattr(cfg, name)), _COMPILE_RECOMPILES))
-    return torch.compile(fn, dynamic=False)
+    return torch.compile(fn, dynamic=True)
 
 
 def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:

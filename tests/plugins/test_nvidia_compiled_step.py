@@ -89,3 +89,45 @@ def test_steps_compile_only_when_every_kernel_is_opaque(monkeypatch):
     assert p.wrap_kernel(kernel) is kernel
     monkeypatch.delenv("DEEPINFER_BATCH_INVARIANT")
     assert not p.compiles_steps()
+
+
+def test_one_compile_serves_every_bucket_but_batch_one():
+    """Dynamic shapes: a step shaped like ``DecodeGraphs._step`` (packed int64 metadata plus a hashable layout
+    of host ints, an opaque kernel between glue ops) compiles once for batch 1 and once for every other
+    (batch, context) bucket; static shapes compiled again at each new pair (20-35 s each on the H200 host)."""
+    import dataclasses
+
+    from torch._dynamo.utils import counters
+
+    @dataclasses.dataclass(frozen=True)
+    class Layout:
+        num_seqs: int
+        ctx: int
+
+    kernel = graphs.opaque_kernel(lambda x, idx: x[idx].sum(-1))
+    weight = torch.randn(64, 8)
+
+    def step(packed: torch.Tensor, layout: Layout) -> torch.Tensor:
+        ids = packed[:layout.num_seqs]
+        table = packed[layout.num_seqs:].view(layout.num_seqs, layout.ctx)
+        x = torch.nn.functional.silu(weight[ids % 64].float()) * 2.0  # glue
+        s = kernel(weight, table % 64)  # the registered kernel: a graph break
+        return x + s.sum(-1, keepdim=True)
+
+    def inputs(b, ctx):
+        packed = torch.randint(0, 1000, (b + b * ctx,))
+        return packed, Layout(b, ctx)
+
+    torch._dynamo.reset()
+    counters.clear()
+    fn = graphs.compiled_step(step)
+    graphs_after = []
+    for b, ctx in [(1, 256), (2, 256), (4, 256), (8, 320), (2, 384), (16, 512)]:
+        packed, layout = inputs(b, ctx)
+        torch.testing.assert_close(fn(packed, layout), step(packed, layout))
+        graphs_after.append(counters["stats"]["unique_graphs"])
+    torch._dynamo.reset()
+    per_compile = graphs_after[0]
+    assert per_compile > 0
+    assert graphs_after[1] > per_compile  # batch 2: the dynamic compile
+    assert graphs_after[2:] == [graphs_after[1]] * 4, graphs_after  # no compile for the later buckets
