@@ -10,9 +10,7 @@
 set -u
 STAGES=${1:-compile_engine}
 OUT=${OUT:-.}
-export PYTHONUNBUFFERED=1 DEEPINFER_ACCELERATOR=nvidia
-source "$(dirname "$0")/pass_lib.sh"
-HERE=$(dirname "$0")
+source "$(dirname "$0")/pass_lib.sh"  # stamp, has, quiet; exports; HERE
 if has compile_engine; then
   OUT="$OUT" bash "$HERE/pass28.sh" compile_engine
 fi
