@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any, Callable
 
 import torch
@@ -123,6 +124,8 @@ class CudaGraphRunner:
         self._graphs: dict[tuple[Any, ...], _Captured] = {}
         self._pool: Any = None
         self.failed_captures = 0  # captures that failed and were repeated (a diagnostic)
+        self.capture_seconds: list[float] = []  # wall time of each successful capture, warm-ups (and compiles) included
+        self.compiles = compile
 
     @property
     def num_graphs(self) -> int:
@@ -151,14 +154,19 @@ class CudaGraphRunner:
         for a in list(args) + list(kwargs.values()):
             if isinstance(a, torch.Tensor) and a.device.type != "cuda":
                 raise ValueError(f"CudaGraphRunner needs device tensors, got one on {a.device}")
+        t0 = time.perf_counter()
         try:
-            return self._capture_once(args, kwargs)
+            captured = self._capture_once(args, kwargs)
         except Exception as exc:  # noqa: BLE001 - retried once, then re-raised
             self.failed_captures += 1
             logger.warning("CUDA graph capture failed (%s); synchronising and capturing again",
                            str(exc).splitlines()[0][:300])
             torch.cuda.synchronize()
-            return self._capture_once(args, kwargs)
+            captured = self._capture_once(args, kwargs)
+        self.capture_seconds.append(time.perf_counter() - t0)
+        logger.info("captured graph %d in %.2f s (compiled step: %s)", len(self._graphs) + 1,
+                    self.capture_seconds[-1], self.compiles)
+        return captured
 
     def _capture_once(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Captured:
         # Private copies: the caller's tensors may be freed or reused between steps.

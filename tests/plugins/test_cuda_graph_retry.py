@@ -28,13 +28,14 @@ def test_a_failed_capture_is_repeated_once(monkeypatch):
                                                               "capture"), "captured"])
     assert runner._capture((1, 2), {}) == "captured"
     assert len(calls) == 2 and syncs == [1] and runner.failed_captures == 1
+    assert len(runner.capture_seconds) == 1 and runner.capture_seconds[0] >= 0.0  # the capture that succeeded
 
 
 def test_a_second_failure_propagates(monkeypatch):
     runner, calls, _ = _runner(monkeypatch, [RuntimeError("first"), ValueError("second")])
     with pytest.raises(ValueError, match="second"):
         runner._capture((1,), {})
-    assert len(calls) == 2 and runner.failed_captures == 1
+    assert len(calls) == 2 and runner.failed_captures == 1 and runner.capture_seconds == []
 
 
 def test_host_tensors_are_refused_before_any_attempt(monkeypatch):
