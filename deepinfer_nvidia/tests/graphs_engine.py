@@ -42,6 +42,13 @@ def make_llm(path, dtype, eager, bi, max_num_seqs=8):
                kv_cache_memory_bytes=2 << 30, platform=NvidiaPlatform(), enforce_eager=eager)
 
 
+def captures(g) -> str:
+    """How many graphs the engine's runners captured, and their wall time (compiles included)."""
+    runners = [r for r in (getattr(g, "graphed", None), getattr(g, "_graphed_draft", None)) if r is not None]
+    secs = [t for r in runners for t in getattr(r, "capture_seconds", [])]
+    return f"{len(secs)} captures in {sum(secs):.1f} s (longest {max(secs, default=0.0):.1f} s)"
+
+
 def correctness(ckpts, dtypes) -> bool:
     ps = prompts((5, 40, 130, 300, 9, 77))
     params = [SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, logprobs=2),
@@ -50,19 +57,22 @@ def correctness(ckpts, dtypes) -> bool:
     for name, path in ckpts.items():
         for dtype in dtypes:
             for bi in (True, False):
-                res = {}
+                res, cap = {}, "no graphs"
                 for eager in (True, False):
                     llm = make_llm(path, dtype, eager, bi)
                     res[eager] = fingerprint(llm.generate(ps, params, use_tqdm=False))
                     g = llm.llm_engine.executor.graphs
                     steps = 0 if g is None else g.steps
+                    if g is not None:
+                        cap = captures(g)
                     del llm
                 same = res[True] == res[False]
                 tok_same = [a[0] == b[0] for a, b in zip(res[True], res[False])]
                 lp = max((abs(x[1] - y[1]) for a, b in zip(res[True], res[False]) for da, db in zip(a[1], b[1])
                           for x, y in zip(da, db)), default=0.0)
                 print(f"{name:5s} {dtype:8s} batch_invariant={bi!s:5} graph steps {steps:4d}: identical "
-                      f"(ids+logprobs) {same}; ids per request {tok_same}; max |logprob diff| {lp:.2e}", flush=True)
+                      f"(ids+logprobs) {same}; ids per request {tok_same}; max |logprob diff| {lp:.2e}; {cap}",
+                      flush=True)
                 if bi and not same:
                     ok = False
                 if steps == 0:
@@ -119,7 +129,7 @@ def speculative(root, batches, new_tokens) -> bool:
         res[eager] = fingerprint(outs)
         steps = 0 if g is None else g.steps + g.draft_steps
         print(f"dspark bf16 eager={eager!s:5}: graph steps (verify + draft) {steps}, mean acceptance "
-              f"{st['mean_acceptance_length']:.2f}", flush=True)
+              f"{st['mean_acceptance_length']:.2f}{'' if g is None else '; ' + captures(g)}", flush=True)
         del llm
     same_ids = [a[0] == b[0] for a, b in zip(res[True], res[False])]
     print(f"dspark graphs vs eager (bf16, default mode, reported): ids+logprobs identical {res[True] == res[False]}, "
