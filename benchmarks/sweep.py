@@ -122,19 +122,32 @@ def ceilings() -> dict[str, float]:
 
 
 # -- running ---------------------------------------------------------------------------------------
+_PLATFORMS: dict[str, object] = {}
+
+
+def nvidia_platform(provider: str):
+    """One ``NvidiaPlatform`` a provider ("triton" or "bi"), shared by its model, step kernels and graph runner:
+    the platform compiles graphed steps (``DEEPINFER_NV_COMPILE=1``) only when every kernel resolved through
+    that instance is opaque, so a fresh instance for the graph runner never compiled (H200, pass29a)."""
+    from deepinfer_nvidia.platform import NvidiaPlatform
+
+    if provider not in _PLATFORMS:
+        _PLATFORMS[provider] = NvidiaPlatform()
+    return _PLATFORMS[provider]
+
+
 def make_model(cfg, weights, provider: str):
     """The slice's model class (V4 or V4.1: ``model_class``; V4.1 also gets its Engram token map)."""
     cls, extra = model_class(cfg)
     if provider == "reference":
         return cls(cfg, weights, dtype=torch.bfloat16, device=DEV, platform=None, **extra)
-    from deepinfer_nvidia.platform import NvidiaPlatform
-
+    platform = nvidia_platform(provider)
     if provider == "bi":  # batch-invariant mode: only providers registered batch_invariant=True, else references
         from deepinfer_core.kernels.mode import kernel_mode
 
         with kernel_mode(batch_invariant=True):
-            return cls(cfg, weights, dtype=torch.bfloat16, device="cuda", platform=NvidiaPlatform(), **extra)
-    return cls(cfg, weights, dtype=torch.bfloat16, device="cuda", platform=NvidiaPlatform(), **extra)
+            return cls(cfg, weights, dtype=torch.bfloat16, device="cuda", platform=platform, **extra)
+    return cls(cfg, weights, dtype=torch.bfloat16, device="cuda", platform=platform, **extra)
 
 
 def step_kernels(provider: str) -> dict | None:
@@ -145,10 +158,9 @@ def step_kernels(provider: str) -> dict | None:
     from deepinfer_core.kernels.mode import kernel_mode
     from deepinfer_core.kernels.resolve import resolve_kernels
     from deepinfer_core.runner.executor import STEP_KERNEL_OPS
-    from deepinfer_nvidia.platform import NvidiaPlatform
 
     with kernel_mode(batch_invariant=provider == "bi"):
-        return resolve_kernels(STEP_KERNEL_OPS, NvidiaPlatform())
+        return resolve_kernels(STEP_KERNEL_OPS, nvidia_platform(provider))
 
 
 def setup_step(model, cfg, batch: int, ctx: int, new_tokens: int, kernels: dict | None = None):
@@ -171,14 +183,13 @@ def setup_step(model, cfg, batch: int, ctx: int, new_tokens: int, kernels: dict 
     return ex, slices, ids
 
 
-def graph_steps(ex, batch: int, ctx: int):
+def graph_steps(ex, batch: int, ctx: int, provider: str = "triton"):
     """Whole decode steps replayed from CUDA graphs, as the engine runs them: ``ex.graphs`` pads the
     step to its bucket and replays the graph captured for it (``deepinfer_core/runner/decode_graphs.py``
-    over ``deepinfer_nvidia.graphs.CudaGraphRunner``)."""
+    over ``deepinfer_nvidia.graphs.CudaGraphRunner``, from the provider's platform: ``nvidia_platform``)."""
     from deepinfer_core.runner.decode_graphs import DecodeGraphs
-    from deepinfer_nvidia.platform import NvidiaPlatform
 
-    return DecodeGraphs(ex, NvidiaPlatform().graph_runner, (batch,), max_context=ctx + 2)
+    return DecodeGraphs(ex, nvidia_platform(provider).graph_runner, (batch,), max_context=ctx + 2)
 
 
 def run_hf(cfg: DeepseekV4Config, batch: int, prompt: int, results: dict) -> None:

@@ -120,3 +120,24 @@ def test_sweep_executor_gets_the_engines_step_kernels(cfg, weights, monkeypatch)
     model = sweep.make_model(cfg, weights, "reference")
     ex, _, _ = sweep.setup_step(model, cfg, 1, 0, 4, kernels)
     assert ex.kernels is kernels
+
+
+def test_sweep_graph_runner_compiles_with_the_models_platform(cfg, weights, monkeypatch):
+    """With ``DEEPINFER_NV_COMPILE=1`` the sweep's graph runner compiles: it comes from the same platform instance
+    that resolved the kernels (a fresh instance has resolved nothing, so it never compiled: H200, pass29a)."""
+    pytest.importorskip("triton")
+    from deepinfer_nvidia.platform import NvidiaPlatform
+
+    monkeypatch.delenv("DEEPINFER_KERNELS", raising=False)
+    monkeypatch.delenv("DEEPINFER_BATCH_INVARIANT", raising=False)
+    monkeypatch.setenv("DEEPINFER_NV_COMPILE", "1")
+    monkeypatch.setattr(NvidiaPlatform, "__init__", lambda self: None)
+    monkeypatch.setattr(sweep, "DEV", "cpu")
+    monkeypatch.setattr(sweep, "_PLATFORMS", {})
+    kernels = sweep.step_kernels("triton")
+    assert sweep.nvidia_platform("triton") is sweep.nvidia_platform("triton")
+    model = sweep.make_model(cfg, weights, "reference")
+    ex, _, _ = sweep.setup_step(model, cfg, 1, 0, 4, kernels)
+    assert sweep.graph_steps(ex, 1, 8).graphed.compiles
+    monkeypatch.setattr(sweep, "_PLATFORMS", {})  # a fresh platform: nothing resolved through it
+    assert not sweep.graph_steps(ex, 1, 8).graphed.compiles
