@@ -33,12 +33,12 @@ logger = logging.getLogger(__name__)
 # Measured in the twenty-eighth pass (H200, ``docs/performance.md``): batch-1 V4.1 step 2.48 -> 2.26 ms. Never in
 # batch-invariant mode: fused kernels do not promise batch-independent bits.
 #
-# Shapes are dynamic (``dynamic=True``): a graph signature is a (batch bucket, context bucket) pair, and a
-# generation crosses context buckets as it grows, so static shapes compiled again at every new pair (20-35 s each
-# on the H200 host, pass28c). Dynamic shapes compile a step function twice: once for batch 1 (torch specialises
-# sizes of 1) and once for every other bucket and context (CPU, tiny V4.1: buckets 1, 2, 4, 8 and two context
-# buckets gave two compiles, against one a pair with static shapes).
-_COMPILE_RECOMPILES = 64  # compiles a step function may take: a few (batch 1, the rest; taps, query lengths)
+# Shapes are static (``dynamic=False``): each (batch bucket, context bucket) signature compiles once, 20-35 s on the
+# H200 host (pass28c). Dynamic shapes would bound the count (two compiles: batch 1, then every other bucket and
+# context), but measured on the H200 (pass29b) they lost: the capture that compiles took 89-124 s, and the steps
+# were slower (V4 batch 32 pipelined 2.60 ms against 2.45 static and 2.66 uncompiled; V4.1 batch 1 2.34 against
+# 2.26 static).
+_COMPILE_RECOMPILES = 256  # graphs per process: one per (batch, context) bucket of each step function
 
 
 def compile_enabled() -> bool:
@@ -65,16 +65,16 @@ def opaque_kernel(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def compiled_step(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` under ``torch.compile(dynamic=True)``: one compiled graph serves every batch and context bucket
-    but batch 1 (above). Dynamo's per-function recompile limit is raised to ``_COMPILE_RECOMPILES`` so the
-    step's other variants (taps, speculative query lengths) never fall back to eager frames."""
+    """``fn`` under ``torch.compile(dynamic=False)``: every step shape gets its own specialised graph (above), so
+    dynamo's per-function recompile limit (8 by default) is raised to ``_COMPILE_RECOMPILES``: past it, new
+    buckets would silently run as eager frames."""
     import torch._dynamo
 
     cfg = torch._dynamo.config
     for name in ("recompile_limit", "cache_size_limit"):  # the newer name, and the older one
         if hasattr(cfg, name):
             setattr(cfg, name, max(int(getattr(cfg, name)), _COMPILE_RECOMPILES))
-    return torch.compile(fn, dynamic=True)
+    return torch.compile(fn, dynamic=False)
 
 
 def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
