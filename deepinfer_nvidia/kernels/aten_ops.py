@@ -10,6 +10,8 @@ the references with the ops' tolerances like any other provider.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from deepinfer_core.kernels.ops.gemm import _check_x, dense
@@ -21,8 +23,50 @@ def supports_dense(x: torch.Tensor, w: torch.Tensor) -> bool:
     return on_cuda(x, w) and x.dtype in FLOATS and w.is_floating_point()
 
 
+# ``DEEPINFER_NV_DENSE_SPLITK=S`` (opt-in, prepared in the twenty-ninth pass and not yet measured): fp32 calls of
+# 5-64 rows on small weights run as S K-slices through one strided-batched cuBLAS GEMM, then a sum. Why: in the V4
+# batch-32 step (pass29a) the 8 fp32 GEMMs [32, 4096] x [4096, 256 / 512 / 1024] took 126 us for ~16 us of bytes;
+# cuBLAS's kernels for them are 32x32-tile GEMMs with 8-32 programs. Predicted -50 to -80 us a batch-32 V4 step.
+SPLITK_ENV = "DEEPINFER_NV_DENSE_SPLITK"
+SPLITK_MAX_ROWS = 64
+SPLITK_MIN_K = 2048
+SPLITK_MAX_ELEMS = 1 << 24  # 16 M weight elements (64 MB of fp32): past that the GEMM has programs enough
+
+
+def splitk_splits() -> int:
+    """``DEEPINFER_NV_DENSE_SPLITK``: 0 or 1 (unset: 0) keeps one GEMM; 2-32 K slices; anything else is refused."""
+    raw = os.environ.get(SPLITK_ENV, "").strip() or "0"
+    if not raw.isdigit() or int(raw) > 32:
+        raise ValueError(f"{SPLITK_ENV} must be an integer 0-32 (K slices of fp32 gemm.dense calls), got {raw!r}")
+    return int(raw)
+
+
+def splitk_takes(x: torch.Tensor, w: torch.Tensor, splits: int) -> bool:
+    """fp32 x and w, 5..SPLITK_MAX_ROWS rows (fewer go to the Triton GEMV), K >= SPLITK_MIN_K and divisible
+    by ``splits``, a weight of at most SPLITK_MAX_ELEMS elements."""
+    return (splits > 1 and x.dtype == w.dtype == torch.float32 and x.dim() == w.dim() == 2
+            and 4 < x.shape[0] <= SPLITK_MAX_ROWS and x.shape[1] == w.shape[1] >= SPLITK_MIN_K
+            and x.shape[1] % splits == 0 and w.numel() <= SPLITK_MAX_ELEMS)
+
+
+def splitk_mm(x: torch.Tensor, w: torch.Tensor, splits: int) -> torch.Tensor:
+    """x [M, K] @ w [N, K]^T in fp32 as ``splits`` K slices: one batched GEMM [S, M, K/S] x [S, K/S, N] on
+    strided views (no copies), then the S partials summed in slice order. Products and sums are fp32; only the
+    order of the sums differs from one GEMM (not batch-invariant, as cuBLAS is not)."""
+    m, k = x.shape
+    n = w.shape[0]
+    kc = k // splits
+    xs = x.view(m, splits, kc).transpose(0, 1)  # [S, M, Kc]
+    ws = w.view(n, splits, kc).permute(1, 2, 0)  # [S, Kc, N]
+    return torch.bmm(xs, ws).sum(0)
+
+
+SPLITK = splitk_splits()  # read once, at import (the platform imports its kernels when it resolves them)
+
+
 def gemm_dense(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``gemm.dense``: ``x [T, K] @ w [N, K]^T -> [T, N]`` in x.dtype (w cast to x.dtype), one cuBLAS GEMM.
+    """``gemm.dense``: ``x [T, K] @ w [N, K]^T -> [T, N]`` in x.dtype (w cast to x.dtype), one cuBLAS GEMM
+    (or ``splitk_mm`` with ``DEEPINFER_NV_DENSE_SPLITK``, above).
 
     fp32 operands run in full fp32 (torch's default ``allow_tf32=False`` for matmul).
     """
@@ -31,6 +75,8 @@ def gemm_dense(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     if w.dim() != 2:
         raise ValueError(f"gemm.dense: w must be [N, K], got shape {tuple(w.shape)}")
     _check_x(x, w.shape[1], "gemm.dense")
+    if splitk_takes(x, w, SPLITK):
+        return splitk_mm(x, w, SPLITK)
     return x @ w.to(x.dtype).t()
 
 

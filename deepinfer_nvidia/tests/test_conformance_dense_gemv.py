@@ -1,8 +1,8 @@
 """``gemm.dense``'s Triton GEMV (``triton_dense_gemv.py``) at DeepSeek-V4.1 widths on the GPU, with the allocator
 poisoned with NaN first: the router [384, 5120] and the compressors' wkv [512, 5120] / index wk [128, 5120] in fp32,
 bf16 projections, 1-4 rows, against float64 sums of the same operands; the same bits on a second call and from a
-captured CUDA graph (the split counters reset themselves); 5 rows and the vocabulary head go to cuBLAS. Skipped
-without a GPU; the shared harness cases are in test_conformance.py."""
+captured CUDA graph (the split counters reset themselves); 5 rows and the vocabulary head go to cuBLAS; the aten
+provider's opt-in split-K path at 5-64 rows. Skipped without a GPU; the shared harness cases are in test_conformance.py."""
 from __future__ import annotations
 
 import pytest
@@ -62,3 +62,29 @@ def test_graph_replay_and_cublas_cases():
     assert torch.equal(dg.gemm_dense(x5, w), x5 @ w.t())  # the cuBLAS call itself
     head = torch.randn(16384, 5120, generator=g, dtype=torch.bfloat16).cuda()
     assert not dg.takes(x.bfloat16(), head)  # 84 M elements: cuBLAS
+
+
+@pytest.mark.parametrize("splits", [4, 8, 16])
+@pytest.mark.parametrize("rows", [5, 32, 64])
+def test_aten_splitk(rows, splits):
+    """The ``aten`` provider's opt-in split-K path (``DEEPINFER_NV_DENSE_SPLITK``) at V4's fp32 widths: within fp32
+    sums of float64, the same bits on a second call and from a captured CUDA graph."""
+    from deepinfer_nvidia.kernels import aten_ops
+
+    g = torch.Generator().manual_seed(rows * splits)
+    for n, k in [(256, 4096), (512, 4096), (1024, 4096), (384, 5120)]:
+        x = torch.randn(rows, k, generator=g).cuda()
+        w = (torch.randn(n, k, generator=g) / k ** 0.5).cuda()
+        assert aten_ops.splitk_takes(x, w, splits)
+        exact = x.double() @ w.double().t()
+        _poison()
+        got = aten_ops.splitk_mm(x, w, splits)
+        assert (got.double() - exact).abs().max().item() <= 1e-5 * max(1.0, exact.abs().max().item())
+        assert torch.equal(got, aten_ops.splitk_mm(x, w, splits))
+        graph = torch.cuda.CUDAGraph()
+        aten_ops.splitk_mm(x, w, splits)  # warm-up (cuBLAS workspace) outside the capture
+        with torch.cuda.graph(graph):
+            out = aten_ops.splitk_mm(x, w, splits)
+        out.zero_()
+        graph.replay()
+        assert torch.equal(out, got)
