@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Twenty-ninth pass's device stages: OUT=dir bash pass29.sh STAGES (comma-separated)
+# Twenty-ninth pass's device stages (run: pass29a, pass29b): OUT=dir bash pass29.sh STAGES (comma-separated)
 #   compile_engine  pass28.sh's stage again: graphs_engine --quick with DEEPINFER_NV_COMPILE=1, after the fix that
 #                   compiles only when every resolved kernel is opaque (batch-invariant configs must now capture
 #                   graphed steps with no inductor error).
-#   prof32          the HF row (V4, 2 layers, batch 32, 128-token contexts) with the compiled step (now dynamic
-#                   shapes: one compile for batch 1, one for the rest): the HF peer in the same run, graphed profile.
+#   prof32          the HF row (V4, 2 layers, batch 32, 128-token contexts) with the compiled step (dynamic shapes
+#                   when pass29b ran it; static again since, as they were slower): the HF peer in the same run,
+#                   graphed profile.
 #   dense32         gemm.dense's split-K GEMV at up to 32 rows (DEEPINFER_NV_DENSE_GEMV_ROWS=32) against 4 rows (cuBLAS
 #                   above), the HF row without compile. Why: pass29a's batch-32 profile has 8 fp32 cuBLAS GEMMs
 #                   ([32, 4096] x [4096, 256 / 512 / 1024]) at 126 us for ~16 us of bytes. Predicted -60 to -100 us.
