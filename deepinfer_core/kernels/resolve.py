@@ -5,6 +5,7 @@ import logging
 from typing import Callable, Iterable
 
 from deepinfer_core.kernels.registry import KernelRegistry, get_registry
+from deepinfer_core.kernels.spec import REFERENCE
 
 logger = logging.getLogger(__name__)
 
@@ -16,6 +17,10 @@ def resolve_kernels(names: Iterable[str], platform=None, overrides: dict[str, st
     Logs the chosen provider of every op once. The result is what layers keep: each callable passed through
     the platform's ``wrap_kernel`` where it has one (the nvidia platform makes kernels opaque to
     ``torch.compile`` when it compiles steps; identity otherwise).
+
+    A fused op (``OpSpec.components``) that no preferred provider implements is built by its ``compose`` from
+    its components as resolved here (logged as ``composed``), not from their references; its components are
+    resolved (and returned) with it.
     """
     reg = registry or get_registry()
     if platform is not None:
@@ -24,8 +29,17 @@ def resolve_kernels(names: Iterable[str], platform=None, overrides: dict[str, st
     wrap = getattr(platform, "wrap_kernel", None)
     table: dict[str, Callable] = {}
     chosen: dict[str, str] = {}
-    for name in sorted(set(names)):
+    wanted = set(names)
+    for name in list(wanted):
+        wanted.update(reg.op(name).components)
+    fused = sorted(name for name in wanted if reg.op(name).compose is not None)
+    for name in sorted(wanted - set(fused)) + fused:  # components before the ops made of them
         provider, fn = reg.resolve(name, preferred, overrides)
+        spec = reg.op(name)
+        if provider == REFERENCE and spec.compose is not None:
+            table[name] = spec.compose({c: table[c] for c in spec.components})  # the parts are wrapped already
+            chosen[name] = "composed"
+            continue
         table[name] = wrap(fn) if wrap is not None else fn
         chosen[name] = provider
     logger.info("kernels: %s", ", ".join(f"{k}={v}" for k, v in chosen.items()))

@@ -34,6 +34,12 @@ class OpSpec:
     representative shapes; ``tolerances`` overrides ``DEFAULT_TOLERANCES``.
     ``compare`` (optional) replaces allclose for ops whose outputs are sets
     (e.g. top-k indices in unspecified order).
+
+    A fused op names the ops it is made of (``components``) and ``compose(kernels) -> callable``, which
+    builds it from those ops' callables (``{op: callable}``); its reference is ``compose`` over the
+    components' references. Where no provider implements the fused op, ``resolve_kernels`` builds it from
+    the components as they resolve on the platform, so a model may call the fused op everywhere and loses
+    nothing on a platform that only has the parts.
     """
 
     name: str
@@ -42,6 +48,8 @@ class OpSpec:
     tolerances: dict = field(default_factory=dict)
     compare: Callable[[Any, Any, torch.dtype], None] | None = None
     doc: str = ""
+    components: tuple[str, ...] = ()
+    compose: Callable[[dict], Callable[..., Any]] | None = None
 
     def tolerance(self, dtype: torch.dtype) -> tuple[float, float]:
         return self.tolerances.get(dtype, DEFAULT_TOLERANCES.get(dtype, (1e-4, 1e-4)))

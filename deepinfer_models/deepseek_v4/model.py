@@ -18,7 +18,8 @@ from deepinfer_models.layers.static_index import use_kernels
 
 KERNEL_OPS = (
     "norm.rms", "norm.rms_unweighted", "rope.interleaved", "attention.sparse_sink", "compress.softmax_pool",
-    "index.scores", "index.topk", "mhc.mix", "mhc.collapse", "mhc.expand", "mhc.head_pre", "moe.route_topk",
+    "index.scores", "index.topk", "mhc.mix", "mhc.collapse", "mhc.expand", "mhc.head_pre", "mhc.pre_norm",
+    "mhc.expand_pre_norm", "moe.route_topk",
     "moe.route_hash", "moe.experts", "moe.experts_fp8", "moe.experts_mxfp4", "gemm.dense", "gemm.fp8_block", "gemm.mxfp4",
     "gemm.fp8_block_grouped", "cache.write_rows",
 )
@@ -127,21 +128,27 @@ class DeepseekV4ForCausalLM(DeepseekCausalLMBase):
         return max((4 for layer in self.layers if layer["attn"].ratio == 4), default=0)
 
     # -- forward -------------------------------------------------------------
-    def _mix(self, residual: torch.Tensor, hc: tuple) -> tuple:
-        cfg = self.cfg
-        return self.k["mhc.mix"](residual, *hc, cfg.rms_norm_eps, cfg.hc_eps, cfg.hc_sinkhorn_iters)
-
     def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        """input_ids [T] int64 -> final hidden states [T, D] in ``dtype`` (after the last norm)."""
+        """input_ids [T] int64 -> final hidden states [T, D] in ``dtype`` (after the last norm).
+
+        Each sublayer boundary is one fused op: the previous sublayer's expand into the streams, the next
+        one's mix, collapse and input norm (``mhc.expand_pre_norm``; the first is ``mhc.pre_norm``).
+        """
         k, cfg = self.k, self.cfg
+        hc_args = (cfg.rms_norm_eps, cfg.hc_eps, cfg.hc_sinkhorn_iters)
         x = self.embed[input_ids]
         residual = x.unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()  # [T, n, D]
-        for layer in self.layers:
-            pre, post, comb = self._mix(residual, layer["hc"]["attn"])
-            h = k["norm.rms"](k["mhc.collapse"](residual, pre), layer["attn_norm"], cfg.rms_norm_eps)
-            residual = k["mhc.expand"](residual, layer["attn"](h, ctx), post, comb)
-            pre, post, comb = self._mix(residual, layer["hc"]["ffn"])
-            h = k["norm.rms"](k["mhc.collapse"](residual, pre), layer["ffn_norm"], cfg.rms_norm_eps)
-            residual = k["mhc.expand"](residual, layer["ffn"](h, input_ids), post, comb)
+        first = self.layers[0]
+        h, _pre, post, comb = k["mhc.pre_norm"](residual, *first["hc"]["attn"], first["attn_norm"], *hc_args)
+        for i, layer in enumerate(self.layers):
+            residual, h, _pre, post, comb = k["mhc.expand_pre_norm"](
+                residual, layer["attn"](h, ctx), post, comb, *layer["hc"]["ffn"], layer["ffn_norm"], *hc_args)
+            y = layer["ffn"](h, input_ids)
+            if i + 1 < len(self.layers):
+                nxt = self.layers[i + 1]
+                residual, h, _pre, post, comb = k["mhc.expand_pre_norm"](
+                    residual, y, post, comb, *nxt["hc"]["attn"], nxt["attn_norm"], *hc_args)
+            else:
+                residual = k["mhc.expand"](residual, y, post, comb)
         pre = k["mhc.head_pre"](residual, *self.hc_head, cfg.rms_norm_eps, cfg.hc_eps)
         return k["norm.rms"](k["mhc.collapse"](residual, pre), self.norm_w, cfg.rms_norm_eps)

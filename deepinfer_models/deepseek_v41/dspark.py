@@ -283,9 +283,9 @@ class DSparkDrafter:
         ids = ids.reshape(-1).to(self.device)
         share = IndexShare()
         stack = [HCLayer(
-            hc_attn=layer["hc"]["attn"], hc_ffn=layer["hc"]["ffn"],
-            attn=lambda x, a=layer["attn"], w=layer["attn_norm"]: a(k["norm.rms"](x, w, self.eps), bctx, None, share),
-            ffn=lambda x, f=layer["ffn"], w=layer["ffn_norm"]: f(k["norm.rms"](x, w, self.eps), ids),
+            hc_attn=layer["hc"]["attn"], hc_ffn=layer["hc"]["ffn"], attn_norm=layer["attn_norm"],
+            ffn_norm=layer["ffn_norm"], attn=lambda h, a=layer["attn"]: a(h, bctx, None, share),
+            ffn=lambda h, f=layer["ffn"]: f(h, ids),
         ) for layer in self.layers]
         x = self.embed[ids]
         residual = x.unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()

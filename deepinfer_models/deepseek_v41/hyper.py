@@ -21,13 +21,15 @@ import torch
 class HCLayer:
     """One decoder layer as the driver sees it.
 
-    ``hc_attn`` / ``hc_ffn``: ``(fn, base, scale)``; ``attn`` / ``ffn``: collapsed stream [T, D]
-    -> sublayer output [T, D] (each applies its own input norm); ``inject``: optional
-    ``R [T, n, D] -> R`` (Engram) run before the attention mix.
+    ``hc_attn`` / ``hc_ffn``: ``(fn, base, scale)``; ``attn_norm`` / ``ffn_norm``: the sublayers' input RMSNorm
+    weights [D] (the driver applies them, fused with the mix); ``attn`` / ``ffn``: normed input [T, D] -> sublayer
+    output [T, D]; ``inject``: optional ``R [T, n, D] -> R`` (Engram) run before the attention mix.
     """
 
     hc_attn: tuple
     hc_ffn: tuple
+    attn_norm: torch.Tensor
+    ffn_norm: torch.Tensor
     attn: Callable[[torch.Tensor], torch.Tensor]
     ffn: Callable[[torch.Tensor], torch.Tensor]
     inject: Callable[[torch.Tensor], torch.Tensor] | None = None
@@ -38,37 +40,46 @@ def run_delayed_mhc(residual: torch.Tensor, layers: list[HCLayer], kernels: dict
                     ) -> torch.Tensor:
     """residual [T, n, D] (the embedding broadcast to n streams) -> collapsed final stream [T, D].
 
-    The caller applies the final ``norm``. ``cut = (c, keep)``: decoder-side replay (MODEL_SPEC.md
-    6.2). At layer ``c``, ``keep(x)`` gets the collapsed attention input ``x [T, D]`` of every row
-    (it writes their KV) and returns the rows to keep (int64 [K]) or None; from there on the stream
+    The caller applies the final ``norm``. A sublayer boundary is one fused op (``mhc.expand_pre_norm``: the
+    previous sublayer's expand, this one's mix, the collapse with the previous ``pre`` and the input norm);
+    an Engram layer expands first, injects, then runs ``mhc.pre_norm``. ``cut = (c, keep)``: decoder-side
+    replay (MODEL_SPEC.md 6.2). At layer ``c``, ``keep(h)`` gets the normed attention input ``h [T, D]`` of
+    every row (it writes their KV) and returns the rows to keep (int64 [K]) or None; from there on the stream
     holds only those rows (mixes are per row, so kept rows are computed as before) and the result is
     scattered back to [T, D], trimmed rows zero (nothing reads them).
     """
-    mix, collapse, expand = kernels["mhc.mix"], kernels["mhc.collapse"], kernels["mhc.expand"]
+    k = kernels
     if not layers:
         raise ValueError("run_delayed_mhc needs at least one layer")
+    args = (norm_eps, hc_eps, sinkhorn_iters)
     num_rows = residual.shape[0]
     kept = None
     pre_prev = None
-    y_f = post_f = comb_f = None
+    pending = None  # (y, post, comb) of the previous FFN, not yet expanded into the stream
     for i, layer in enumerate(layers):
-        if y_f is not None:  # finish the previous layer's FFN update
-            residual = expand(residual, y_f, post_f, comb_f)
         if layer.inject is not None:
+            if pending is not None:
+                residual, pending = k["mhc.expand"](residual, *pending), None
             residual = layer.inject(residual)
-        x = residual[:, 0] if pre_prev is None else collapse(residual, pre_prev)
+        if pre_prev is None:  # layer 0: the attention input is stream 0
+            pre_a, post_a, comb_a = k["mhc.mix"](residual, *layer.hc_attn, *args)
+            h = k["norm.rms"](residual[:, 0], layer.attn_norm, norm_eps)
+        elif pending is None:
+            h, pre_a, post_a, comb_a = k["mhc.pre_norm"](residual, *layer.hc_attn, layer.attn_norm, *args, pre_prev)
+        else:
+            residual, h, pre_a, post_a, comb_a = k["mhc.expand_pre_norm"](residual, *pending, *layer.hc_attn,
+                                                                          layer.attn_norm, *args, pre_prev)
         if cut is not None and i == cut[0]:
-            kept = cut[1](x)
+            kept = cut[1](h)
             if kept is not None:
-                residual, x = residual.index_select(0, kept), x.index_select(0, kept)
-                pre_prev = None if pre_prev is None else pre_prev.index_select(0, kept)
-        pre_a, post_a, comb_a = mix(residual, *layer.hc_attn, norm_eps, hc_eps, sinkhorn_iters)
-        residual = expand(residual, layer.attn(x), post_a, comb_a)
-        pre_f, post_f, comb_f = mix(residual, *layer.hc_ffn, norm_eps, hc_eps, sinkhorn_iters)
-        y_f = layer.ffn(collapse(residual, pre_a))
+                residual, h, pre_a, post_a, comb_a = (v.index_select(0, kept)
+                                                      for v in (residual, h, pre_a, post_a, comb_a))
+        residual, h, pre_f, post_f, comb_f = k["mhc.expand_pre_norm"](residual, layer.attn(h), post_a, comb_a,
+                                                                      *layer.hc_ffn, layer.ffn_norm, *args, pre_a)
+        pending = (layer.ffn(h), post_f, comb_f)
         pre_prev = pre_f
-    residual = expand(residual, y_f, post_f, comb_f)
-    out = collapse(residual, pre_prev)
+    residual = k["mhc.expand"](residual, *pending)
+    out = k["mhc.collapse"](residual, pre_prev)
     if kept is None:
         return out
     return out.new_zeros((num_rows, *out.shape[1:])).index_copy_(0, kept, out)

@@ -24,7 +24,7 @@ from deepinfer_models.deepseek_v41.step import IndexShare, StepRows
 _OWN_OPS = (
     "norm.rms", "norm.rms_unweighted", "rope.interleaved", "attention.sparse_sink", "compress.softmax_pool",
     "index.scores", "index.topk", "index.candidate_blocks", "index.candidate_mask", "mhc.mix", "mhc.collapse",
-    "mhc.expand", "gemm.dense", "gemm.fp8_block", "gemm.mxfp4", "engram.hash_ids", "engram.gather", "engram.gate",
+    "mhc.expand", "mhc.pre_norm", "mhc.expand_pre_norm", "gemm.dense", "gemm.fp8_block", "gemm.mxfp4", "engram.hash_ids", "engram.gather", "engram.gate",
     "gemm.fp8_block_grouped", "cache.write_rows",
 )
 # The MoE is V4's: take whatever routing / expert ops it uses from V4's list.
@@ -143,24 +143,21 @@ class DeepseekV41ForCausalLM(DeepseekCausalLMBase):
             if taps is not None and i in taps:  # read-only: record the stream, return it unchanged
                 inject = _tapping(inject, taps, i)
             if plan is None or i < c:
-                attn_fn = lambda x, a=attn, w=layer["attn_norm"]: a(k["norm.rms"](x, w, eps), ctx, rows, share)
+                attn_fn = lambda h, a=attn: a(h, ctx, rows, share)
             elif i == c:  # the cut: every row's KV is already written, attend on the kept rows
-                attn_fn = lambda x, a=attn, w=layer["attn_norm"]: a.attend(k["norm.rms"](x, w, eps), plan.cut_ctx,
-                                                                           share)
+                attn_fn = lambda h, a=attn: a.attend(h, plan.cut_ctx, share)
             else:  # owns only window KV: kept rows, windows floored where rows were trimmed
-                attn_fn = lambda x, a=attn, w=layer["attn_norm"]: a(k["norm.rms"](x, w, eps), plan.late_ctx, None,
-                                                                    share)
+                attn_fn = lambda h, a=attn: a(h, plan.late_ctx, None, share)
             ids = kept_ids if plan is not None and i >= c else input_ids
             stack.append(HCLayer(
-                hc_attn=layer["hc"]["attn"], hc_ffn=layer["hc"]["ffn"], attn=attn_fn,
-                ffn=lambda x, f=ffn, w=layer["ffn_norm"], ids=ids: f(k["norm.rms"](x, w, eps), ids),
-                inject=inject,
+                hc_attn=layer["hc"]["attn"], hc_ffn=layer["hc"]["ffn"], attn_norm=layer["attn_norm"],
+                ffn_norm=layer["ffn_norm"], attn=attn_fn, ffn=lambda h, f=ffn, ids=ids: f(h, ids), inject=inject,
             ))
 
-        def keep(x: torch.Tensor) -> torch.Tensor:
-            """At the cut: write every row's KV of layer c, move what earlier index sources published
-            to the kept rows, hand the kept rows to the driver."""
-            self.layers[c]["attn"].write_kv(k["norm.rms"](x, self.layers[c]["attn_norm"], eps), ctx, rows)
+        def keep(h: torch.Tensor) -> torch.Tensor:
+            """At the cut: write every row's KV of layer c from its normed input ``h``, move what earlier index
+            sources published to the kept rows, hand the kept rows to the driver."""
+            self.layers[c]["attn"].write_kv(h, ctx, rows)
             for key, v in share.topk.items():
                 share.topk[key] = v.index_select(0, plan.rows)
             if share.candidates is not None:

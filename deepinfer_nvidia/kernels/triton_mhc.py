@@ -83,10 +83,11 @@ def _proj_kernel(x_ptr, fn_ptr, part_ptr, ss_ptr, T, K, R, k_per_split,
 
 
 @triton.jit
-def _gate_kernel(part_ptr, ss_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, T, K, n, norm_eps, hc_eps,
-                 iters, NR: tl.constexpr, NP: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr = 0):
-    pdl_enter(PDL)
-    t = tl.program_id(0)
+def _gate_math(part_ptr, ss_ptr, base_ptr, scale_ptr, t, T, K, n, norm_eps, hc_eps, iters,
+               NR: tl.constexpr, NP: tl.constexpr, SPLITS: tl.constexpr):
+    """Token ``t``'s mix weights from the projection partials ``part [SPLITS, T, NR]`` and the sums of squares
+    ``ss [SPLITS, T]``: fp32 ``pre [NP]``, ``post [NP]``, ``comb [NP, NP]`` (rows i, columns j; lanes >= n are
+    not weights: masked stores only). Shared by ``_gate_kernel`` and ``triton_mhc_fused``."""
     s = tl.arange(0, SPLITS)
     ss = tl.sum(tl.load(ss_ptr + s * T + t), axis=0)
     r = 1.0 / tl.sqrt(ss / K + norm_eps)
@@ -103,8 +104,6 @@ def _gate_kernel(part_ptr, ss_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_
     b_post = tl.load(base_ptr + n + i, mask=imask, other=0.0)
     pre = tl.sigmoid(m_pre * sc0 + b_pre) + hc_eps
     post = 2.0 * tl.sigmoid(m_post * sc1 + b_post)
-    tl.store(pre_ptr + t * n + i, pre, mask=imask)
-    tl.store(post_ptr + t * n + i, post, mask=imask)
     # comb: columns [2n, 2n + n*n) as an n x n block, rows i, columns j
     j = tl.arange(0, NP)
     cmask = imask[:, None] & (j[None, :] < n)
@@ -121,7 +120,27 @@ def _gate_kernel(part_ptr, ss_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_
     for _ in range(iters - 1):
         c = c / (tl.sum(c, axis=1)[:, None] + hc_eps)
         c = c / (tl.sum(c, axis=0)[None, :] + hc_eps)
-    tl.store(comb_ptr + t * n * n + i[:, None] * n + j[None, :], c, mask=cmask)
+    return pre, post, c
+
+
+@triton.jit
+def _store_weights(pre_ptr, post_ptr, comb_ptr, t, n, pre, post, c, NP: tl.constexpr):
+    """Store token ``t``'s ``pre [n]``, ``post [n]`` and ``comb [n, n]`` (from ``_gate_math``'s padded tiles)."""
+    i = tl.arange(0, NP)
+    imask = i < n
+    tl.store(pre_ptr + t * n + i, pre, mask=imask)
+    tl.store(post_ptr + t * n + i, post, mask=imask)
+    tl.store(comb_ptr + t * n * n + i[:, None] * n + i[None, :], c, mask=imask[:, None] & imask[None, :])
+
+
+@triton.jit
+def _gate_kernel(part_ptr, ss_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, T, K, n, norm_eps, hc_eps,
+                 iters, NR: tl.constexpr, NP: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_enter(PDL)
+    t = tl.program_id(0)
+    pre, post, c = _gate_math(part_ptr, ss_ptr, base_ptr, scale_ptr, t, T, K, n, norm_eps, hc_eps, iters,
+                              NR=NR, NP=NP, SPLITS=SPLITS)
+    _store_weights(pre_ptr, post_ptr, comb_ptr, t, n, pre, post, c, NP=NP)
 
 
 def supports(residual, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters) -> bool:

@@ -86,3 +86,45 @@ def test_batch_invariant_mode_skips_and_refuses_non_invariant_providers(monkeypa
             r.resolve("norm.twice", overrides={"norm.twice": "fast"})
     monkeypatch.setenv("DEEPINFER_BATCH_INVARIANT", "1")
     assert r.resolve("norm.twice", preferred=("fast", "stable"))[0] == "stable"
+
+
+def _add_three(x):
+    return x + 3
+
+
+class _Platform:
+    """What resolve_kernels asks of a platform: a name, its providers, a registration hook, a kernel wrapper."""
+
+    name = "test_fused"
+    default_providers = ("alt",)
+
+    def register_kernels(self, registry):
+        pass
+
+    def wrap_kernel(self, fn):
+        return fn
+
+
+def test_fused_op_runs_as_the_platforms_parts_unless_a_provider_fuses_it(monkeypatch):
+    from deepinfer_core.kernels.resolve import resolve_kernels
+
+    def compose(k):
+        return lambda x: k["norm.plus_one"](k["norm.twice"](x))
+
+    r = KernelRegistry()
+    r.register_op(OpSpec("norm.twice", lambda x: 2 * x))
+    r.register_op(OpSpec("norm.plus_one", lambda x: x + 1))
+    parts = ("norm.twice", "norm.plus_one")
+    r.register_op(OpSpec("norm.fused", compose({"norm.twice": lambda x: 2 * x, "norm.plus_one": lambda x: x + 1}),
+                         components=parts, compose=compose))
+    r.register_impl("norm.plus_one", "alt", "tests.core.test_registry:_add_three")  # the platform's part
+    monkeypatch.delenv("DEEPINFER_KERNELS", raising=False)
+    x = torch.tensor([1.0, 2.0])
+    table = resolve_kernels(["norm.fused"], _Platform(), registry=r)
+    assert set(table) == {"norm.fused", *parts}  # the parts are resolved with it
+    assert torch.equal(table["norm.fused"](x), 2 * x + 3)  # built from the platform's plus_one, not the reference's
+    monkeypatch.setenv("DEEPINFER_KERNELS", "reference")
+    assert torch.equal(resolve_kernels(["norm.fused"], _Platform(), registry=r)["norm.fused"](x), 2 * x + 1)
+    monkeypatch.delenv("DEEPINFER_KERNELS")
+    r.register_impl("norm.fused", "alt", "tests.core.test_registry:_double")  # a provider's own fused kernel
+    assert torch.equal(resolve_kernels(["norm.fused"], _Platform(), registry=r)["norm.fused"](x), 2 * x)

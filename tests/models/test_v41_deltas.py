@@ -220,14 +220,20 @@ def test_delayed_mhc_and_final_collapse_textbook():
     Wf = [torch.randn(D, D, generator=g, dtype=F64) / 3 for _ in range(L)]
     inj = torch.randn(n, D, generator=g, dtype=F64)
     E = torch.randn(T, D, generator=g, dtype=F64)
-    layers = [HCLayer(hc_attn=hc[i][0], hc_ffn=hc[i][1], attn=lambda x, i=i: torch.tanh(x @ Wa[i]),
-                      ffn=lambda x, i=i: torch.sin(x @ Wf[i]), inject=(lambda r: r + inj) if i == 1 else None)
+    Na = [1 + 0.1 * torch.randn(D, generator=g, dtype=F64) for _ in range(L)]  # the sublayers' input norms
+    Nf = [1 + 0.1 * torch.randn(D, generator=g, dtype=F64) for _ in range(L)]
+    layers = [HCLayer(hc_attn=hc[i][0], hc_ffn=hc[i][1], attn_norm=Na[i], ffn_norm=Nf[i],
+                      attn=lambda h, i=i: torch.tanh(h @ Wa[i]), ffn=lambda h, i=i: torch.sin(h @ Wf[i]),
+                      inject=(lambda r: r + inj) if i == 1 else None)
               for i in range(L)]
     got = run_delayed_mhc(E[:, None].repeat(1, n, 1), layers, K, eps, hc_eps, iters)
 
     def post_fn(R, y, post, comb):  # R'[:, j] = post_j * y + sum_i comb[i, j] R[:, i]
         return torch.stack([post[:, j, None] * y + sum(comb[:, i, j, None] * R[:, i] for i in range(n))
                             for j in range(n)], dim=1)
+
+    def rms64(x, w):
+        return w * x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps)
 
     R = E[:, None].repeat(1, n, 1)
     carried = None
@@ -238,9 +244,10 @@ def test_delayed_mhc_and_final_collapse_textbook():
             R = R + inj  # Engram-style injection sees the finished stream
         pre_a, post_a, comb_a = _mix64(R, *hc[i][0], n, eps, hc_eps, iters)
         x = R[:, 0] if carried is None else sum(carried[:, k, None] * R[:, k] for k in range(n))
-        R = post_fn(R, torch.tanh(x @ Wa[i]), post_a, comb_a)
+        R = post_fn(R, torch.tanh(rms64(x, Na[i]) @ Wa[i]), post_a, comb_a)
         pre_f, post_f, comb_f = _mix64(R, *hc[i][1], n, eps, hc_eps, iters)
-        yf = torch.sin(sum(pre_a[:, k, None] * R[:, k] for k in range(n)) @ Wf[i])  # FFN: this layer's attn pre
+        xf = sum(pre_a[:, k, None] * R[:, k] for k in range(n))  # FFN input: collapsed with this layer's attn pre
+        yf = torch.sin(rms64(xf, Nf[i]) @ Wf[i])
         carried = pre_f
     R = post_fn(R, yf, post_f, comb_f)
     want = sum(carried[:, k, None] * R[:, k] for k in range(n))  # no hc_head: last FFN pre

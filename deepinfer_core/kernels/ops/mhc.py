@@ -2,12 +2,17 @@
 
 The residual is ``R [T, n, D]`` (n = hc_mult streams). Each sublayer computes
 ``pre [T, n]``, ``post [T, n]`` and a doubly-stochastic ``comb [T, n, n]`` from R.
+
+Two fused ops cover a sublayer boundary as the models run it (``OpSpec.components``: a platform without
+a kernel for them runs them as their parts): ``mhc.pre_norm`` (mix, collapse, input RMSNorm) and
+``mhc.expand_pre_norm`` (the previous sublayer's expand, then ``mhc.pre_norm`` on the new streams).
 """
 from __future__ import annotations
 
 import torch
 
 from deepinfer_core.kernels.ops.linalg import down, linear_rows, up
+from deepinfer_core.kernels.ops.norm import rms_norm
 from deepinfer_core.kernels.spec import OpSpec, acc
 
 
@@ -61,6 +66,54 @@ def mhc_head_pre(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, s
     return down(torch.sigmoid(up(z)), z) + hc_eps
 
 
+PRE_NORM_PARTS = ("mhc.mix", "mhc.collapse", "norm.rms")
+EXPAND_PRE_NORM_PARTS = ("mhc.expand",) + PRE_NORM_PARTS
+
+
+def compose_pre_norm(k: dict):
+    """``mhc.pre_norm`` from its parts ``k`` (``{op: callable}`` for ``PRE_NORM_PARTS``)."""
+    mix, collapse, rms = k["mhc.mix"], k["mhc.collapse"], k["norm.rms"]
+
+    def pre_norm(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
+                 norm_w: torch.Tensor, norm_eps: float, hc_eps: float, sinkhorn_iters: int,
+                 collapse_pre: torch.Tensor | None = None) -> tuple:
+        """The input side of a sublayer: residual [T, n, D]; ``fn, base, scale`` as ``mhc.mix``; norm_w [D]
+        fp32; collapse_pre: fp32 [T, n] or None.
+
+        Returns ``(h, pre, post, comb)``: ``pre, post, comb = mhc.mix(residual, ...)`` (fp32) and
+        ``h = norm.rms(mhc.collapse(residual, p), norm_w, norm_eps)`` [T, D] in residual.dtype, with
+        ``p = collapse_pre`` where given (V4.1's delayed mHC collapses with the previous sublayer's ``pre``),
+        else this mix's own ``pre`` (V4).
+        """
+        pre, post, comb = mix(residual, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters)
+        h = rms(collapse(residual, pre if collapse_pre is None else collapse_pre), norm_w, norm_eps)
+        return h, pre, post, comb
+
+    return pre_norm
+
+
+def compose_expand_pre_norm(k: dict):
+    """``mhc.expand_pre_norm`` from its parts ``k`` (``EXPAND_PRE_NORM_PARTS``)."""
+    expand, pre_norm = k["mhc.expand"], compose_pre_norm(k)
+
+    def expand_pre_norm(residual: torch.Tensor, y: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+                        fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_w: torch.Tensor,
+                        norm_eps: float, hc_eps: float, sinkhorn_iters: int,
+                        collapse_pre: torch.Tensor | None = None) -> tuple:
+        """A sublayer boundary: the previous sublayer's output ``y [T, D]`` into the streams with its ``post
+        [T, n]`` and ``comb [T, n, n]`` (``mhc.expand``), then ``mhc.pre_norm`` of the new streams with the next
+        sublayer's ``fn, base, scale, norm_w``. Returns ``(residual', h, pre, post', comb')``."""
+        new = expand(residual, y, post, comb)
+        return (new, *pre_norm(new, fn, base, scale, norm_w, norm_eps, hc_eps, sinkhorn_iters, collapse_pre))
+
+    return expand_pre_norm
+
+
+_REFS = {"mhc.mix": mhc_mix, "mhc.collapse": mhc_collapse, "mhc.expand": mhc_expand, "norm.rms": rms_norm}
+mhc_pre_norm = compose_pre_norm(_REFS)
+mhc_expand_pre_norm = compose_expand_pre_norm(_REFS)
+
+
 def _gen_mix(dtype, device, seed):
     g = torch.Generator().manual_seed(seed)
     for t, n, d in [(1, 4, 8), (6, 4, 64), (3, 2, 32)]:
@@ -91,9 +144,41 @@ def _gen_head(dtype, device, seed):
                torch.randn(n, generator=g).to(device), torch.rand(1, generator=g).to(device), 1e-6, 1e-6), {}
 
 
+def _gen_pre_norm(dtype, device, seed):
+    """With and without ``collapse_pre``, at the widths the fused kernels tile (D not a multiple of their tile)."""
+    g = torch.Generator().manual_seed(seed)
+    for t, n, d, given in [(1, 4, 64, False), (5, 4, 96, True), (17, 4, 160, False), (3, 2, 64, True)]:
+        (r, fn, base, scale, *rest), _ = next(_gen_mix_at(dtype, device, g, t, n, d))
+        w = (1 + 0.1 * torch.randn(d, generator=g)).float().to(device)
+        cpre = torch.rand(t, n, generator=g).to(device) + 0.1 if given else None
+        yield (r, fn, base, scale, w, 1e-6, 1e-6, 20, cpre), {}
+
+
+def _gen_expand_pre_norm(dtype, device, seed):
+    g = torch.Generator().manual_seed(seed + 1)
+    for (r, fn, base, scale, w, *rest), _ in _gen_pre_norm(dtype, device, seed):
+        t, n, d = r.shape
+        y = torch.randn(t, d, generator=g).to(dtype).to(device)
+        post = 2 * torch.rand(t, n, generator=g).to(device)
+        comb = torch.rand(t, n, n, generator=g).to(device)
+        yield (r, y, post, comb / comb.sum(-1, keepdim=True), fn, base, scale, w, *rest), {}
+
+
+def _gen_mix_at(dtype, device, g, t, n, d):
+    r = torch.randn(t, n, d, generator=g).to(dtype).to(device)
+    fn = (torch.randn((2 + n) * n, n * d, generator=g) / (n * d) ** 0.5).to(device)
+    base = torch.randn((2 + n) * n, generator=g).to(device)
+    scale = torch.rand(3, generator=g).to(device) + 0.5
+    yield (r, fn, base, scale, 1e-6, 1e-6, 20), {}
+
+
 OPS = [
     OpSpec("mhc.mix", mhc_mix, _gen_mix),
     OpSpec("mhc.collapse", mhc_collapse, _gen_collapse),
     OpSpec("mhc.expand", mhc_expand, _gen_expand),
     OpSpec("mhc.head_pre", mhc_head_pre, _gen_head),
+    OpSpec("mhc.pre_norm", mhc_pre_norm, _gen_pre_norm, components=PRE_NORM_PARTS, compose=compose_pre_norm,
+           doc="mhc.mix, then norm.rms of mhc.collapse (a sublayer's input)"),
+    OpSpec("mhc.expand_pre_norm", mhc_expand_pre_norm, _gen_expand_pre_norm, components=EXPAND_PRE_NORM_PARTS,
+           compose=compose_expand_pre_norm, doc="mhc.expand, then mhc.pre_norm (a sublayer boundary)"),
 ]

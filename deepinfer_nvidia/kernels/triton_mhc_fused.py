@@ -1,0 +1,261 @@
+"""Fused mHC sublayer boundary (``mhc.pre_norm``, ``mhc.expand_pre_norm``): two launches instead of five.
+
+Run as their parts, a sublayer boundary is ``mhc.expand`` (the previous sublayer's output into the streams),
+``mhc.mix`` (projection, then gate), ``mhc.collapse`` and ``norm.rms``: five launches of a few microseconds
+each, 16 boundaries a step on the 8-layer slice. Fused:
+
+1. ``_expand_proj_kernel``, one program per (tile of ``BLOCK_T`` tokens, D range): the new streams
+   ``R'[t, j, d] = sum_i comb[t, i, j] R[t, i, d] + post[t, j] y[t, d]`` for every stream j of its D range,
+   stored in the residual's dtype, and from those stored values the mix's partial sums: ``sum(R'^2)`` and the
+   projection ``fn[:, j*D + d] . R'[t, j, d]`` (one ``[BLOCK_T, n*BLOCK_D] x [n*BLOCK_D, 24]`` dot a D tile).
+   ``mhc.pre_norm`` (no ``y``) reads R as it is and stores nothing.
+2. ``_gate_norm_kernel``, one program per token: ``triton_mhc``'s gate (``_gate_math``), then the collapse
+   ``x = sum_k p[k] R'[t, k]`` with ``p`` the new ``pre`` or the given ``collapse_pre``, rounded to the
+   residual's dtype as ``mhc.collapse`` stores it, and ``norm.rms`` of x, with the whole row in registers.
+
+The split over D is taken from D alone and ``BLOCK_T`` is fixed, so a token's sums never depend on the batch:
+the launch is batch-invariant, and the ``triton_bi`` provider uses it as the ``triton`` one does.
+
+Opt-in until measured on the H200: ``DEEPINFER_NV_MHC_FUSED=1`` (read at import; ``FUSED``). Off, or for
+operands the kernels do not cover (``_covers``), or at prefill sizes (``MAX_T`` tokens and more, default
+provider only), both ops run as their parts, ``triton_mhc`` and ``triton_norm`` (``mix_bi`` for
+``triton_bi``).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from deepinfer_core.kernels.ops.mhc import compose_expand_pre_norm, compose_pre_norm
+from deepinfer_nvidia.kernels import triton_mhc, triton_norm
+from deepinfer_nvidia.kernels._common import FLOATS, next_pow2, on_cuda
+from deepinfer_nvidia.kernels.triton_mhc import _gate_math, _store_weights
+from deepinfer_nvidia.kernels.triton_pdl import pdl_enter, pdl_launch
+
+FUSED = os.environ.get("DEEPINFER_NV_MHC_FUSED", "0") == "1"
+MAX_T = triton_mhc.TF32X3_MIN_T  # the default provider hands prefill-sized calls to the parts (tf32x3 there)
+BLOCK_T = 16  # tokens per projection program (fixed: batch invariance)
+BLOCK_D = 32  # columns of each stream a dot step takes: a [16, n*32] x [n*32, 32] product at n 4
+MAX_SPLITS = 64  # D ranges; the 24 x n*D fp32 fn matrix (2 MB at V4.1's width) is spread over this many programs
+MAX_D = 16384  # the gate-and-norm program keeps a whole row in registers
+
+
+@triton.jit
+def _expand_proj_kernel(r_ptr, y_ptr, post_ptr, comb_ptr, out_ptr, fn_ptr, part_ptr, ss_ptr, T, D, R, d_per,
+                        N: tl.constexpr, NR: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+                        EXPAND: tl.constexpr, SPLIT_FN: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_enter(PDL)
+    sp = tl.program_id(1)
+    rt = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tmask = rt < T
+    row = rt.to(tl.int64) * (N * D)  # [BLOCK_T] offset of token t's streams
+    j = tl.arange(0, N)
+    rr = tl.arange(0, NR)
+    rmask = rr < R
+    acc = tl.zeros([BLOCK_T, NR], dtype=tl.float32)
+    ss = tl.zeros([BLOCK_T], dtype=tl.float32)
+    d_lo = sp * d_per
+    d_hi = tl.minimum(d_lo + d_per, D)
+    if EXPAND:
+        post = tl.load(post_ptr + rt[:, None] * N + j[None, :], mask=tmask[:, None], other=0.0)  # [BT, N]
+    for d0 in range(d_lo, d_hi, BLOCK_D):
+        rd = d0 + tl.arange(0, BLOCK_D)
+        dmask = rd < d_hi
+        m3 = tmask[:, None, None] & dmask[None, None, :]  # [BT, 1, BD]
+        off3 = row[:, None, None] + j[None, :, None] * D + rd[None, None, :]  # [BT, N, BD]: stream j, column d
+        if EXPAND:
+            y = tl.load(y_ptr + rt[:, None].to(tl.int64) * D + rd[None, :], mask=tmask[:, None] & dmask[None, :],
+                        other=0.0).to(tl.float32)
+            mixed = tl.zeros([BLOCK_T, N, BLOCK_D], dtype=tl.float32)
+            for i in tl.static_range(N):  # R'[t, j, d] += comb[t, i, j] * R[t, i, d]: each R element read once
+                r_i = tl.load(r_ptr + row[:, None] + i * D + rd[None, :], mask=tmask[:, None] & dmask[None, :],
+                              other=0.0).to(tl.float32)  # [BT, BD]
+                c_i = tl.load(comb_ptr + rt[:, None] * (N * N) + i * N + j[None, :], mask=tmask[:, None],
+                              other=0.0)  # [BT, N]: comb[t, i, :]
+                mixed += c_i[:, :, None] * r_i[:, None, :]
+            v = (mixed + post[:, :, None] * y[:, None, :]).to(out_ptr.dtype.element_ty)
+            tl.store(out_ptr + off3, v, mask=m3)
+        else:
+            v = tl.load(r_ptr + off3, mask=m3, other=0.0)
+        xf = v.to(tl.float32)  # the stored values, as mhc.mix reads them
+        ss += tl.sum(tl.sum(xf * xf, axis=2), axis=1)
+        f = tl.load(fn_ptr + rr[:, None, None].to(tl.int64) * (N * D) + j[None, :, None] * D + rd[None, None, :],
+                    mask=rmask[:, None, None] & dmask[None, None, :], other=0.0)  # [NR, N, BD]
+        f2 = tl.reshape(f, (NR, N * BLOCK_D))
+        if SPLIT_FN:
+            # bf16 streams are exact in bf16: fn in three bf16 pieces, three products (triton_mhc._proj_kernel)
+            x2 = tl.reshape(v, (BLOCK_T, N * BLOCK_D))
+            f1 = f2.to(tl.bfloat16)
+            r1 = f2 - f1.to(tl.float32)
+            fb = r1.to(tl.bfloat16)
+            fc = (r1 - fb.to(tl.float32)).to(tl.bfloat16)
+            part = tl.dot(x2, tl.trans(fc))
+            part = tl.dot(x2, tl.trans(fb), part)
+            acc += tl.dot(x2, tl.trans(f1), part)
+        else:
+            acc += tl.dot(tl.reshape(xf, (BLOCK_T, N * BLOCK_D)), tl.trans(f2), input_precision="ieee")
+    off = (sp * T + rt[:, None]).to(tl.int64) * NR + rr[None, :]
+    tl.store(part_ptr + off, acc, mask=tmask[:, None])
+    tl.store(ss_ptr + sp * T + rt, ss, mask=tmask)
+
+
+@triton.jit
+def _gate_norm_kernel(part_ptr, ss_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, r_ptr, cpre_ptr, w_ptr,
+                      h_ptr, T, D, n, norm_eps, hc_eps, iters, rms_eps, NR: tl.constexpr, NP: tl.constexpr,
+                      SPLITS: tl.constexpr, BLOCK: tl.constexpr, HAS_CPRE: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_enter(PDL)
+    t = tl.program_id(0)
+    pre, post, c = _gate_math(part_ptr, ss_ptr, base_ptr, scale_ptr, t, T, n * D, n, norm_eps, hc_eps, iters,
+                              NR=NR, NP=NP, SPLITS=SPLITS)
+    _store_weights(pre_ptr, post_ptr, comb_ptr, t, n, pre, post, c, NP=NP)
+    k = tl.arange(0, NP)
+    if HAS_CPRE:
+        p = tl.load(cpre_ptr + t * n + k, mask=k < n, other=0.0)
+    else:
+        p = pre
+    cols = tl.arange(0, BLOCK)
+    cmask = cols < D
+    x = tl.zeros([BLOCK], dtype=tl.float32)
+    base = t.to(tl.int64) * n * D
+    for i in tl.static_range(NP):
+        if i < n:
+            p_i = tl.sum(tl.where(k == i, p, 0.0), axis=0)  # exact: one nonzero term
+            x += p_i * tl.load(r_ptr + base + i * D + cols, mask=cmask, other=0.0).to(tl.float32)
+    xq = x.to(h_ptr.dtype.element_ty).to(tl.float32)  # mhc.collapse's stored value, which norm.rms reads
+    inv = 1.0 / tl.sqrt(tl.sum(xq * xq, axis=0) / D + rms_eps)
+    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    tl.store(h_ptr + t.to(tl.int64) * D + cols, (w * (xq * inv)).to(h_ptr.dtype.element_ty), mask=cmask)
+
+
+_PARTS = {"mhc.mix": triton_mhc.mix, "mhc.collapse": triton_mhc.collapse, "norm.rms": triton_norm.rms,
+          "mhc.expand": triton_mhc.expand}
+_PARTS_BI = dict(_PARTS, **{"mhc.mix": triton_mhc.mix_bi})
+_pre_norm_parts, _expand_pre_norm_parts = compose_pre_norm(_PARTS), compose_expand_pre_norm(_PARTS)
+_pre_norm_parts_bi, _expand_pre_norm_parts_bi = compose_pre_norm(_PARTS_BI), compose_expand_pre_norm(_PARTS_BI)
+
+
+def _covers(residual, fn, base, scale, norm_w, collapse_pre=None, y=None, post=None, comb=None,
+            force_kernel: bool = False) -> bool:
+    """CUDA (or, with ``force_kernel``, CPU for Triton's interpreter) residual [T, n, D] in fp32 / bf16 / fp16,
+    n a power of two <= 8, D <= ``MAX_D``; fp32 mix weights, collapse_pre, post and comb; y in the residual's
+    dtype."""
+    ts = [t for t in (residual, fn, base, scale, norm_w, collapse_pre, y, post, comb) if t is not None]
+    if not (force_kernel or on_cuda(*ts)) or residual.dtype not in FLOATS or residual.dim() != 3:
+        return False
+    n, d = residual.shape[1], residual.shape[2]
+    fp32 = [fn, base, scale] + [t for t in (collapse_pre, post, comb) if t is not None]
+    return ((n & (n - 1)) == 0 and 1 <= n <= 8 and 1 <= d <= MAX_D and all(t.dtype == torch.float32 for t in fp32)
+            and norm_w.dtype in FLOATS and (y is None or y.dtype == residual.dtype))
+
+
+def supports_pre_norm(residual, fn, base, scale, norm_w, norm_eps, hc_eps, sinkhorn_iters, collapse_pre=None
+                      ) -> bool:
+    """Operands the fused ``mhc.pre_norm`` covers (``_covers``)."""
+    return _covers(residual, fn, base, scale, norm_w, collapse_pre)
+
+
+def supports_expand_pre_norm(residual, y, post, comb, fn, base, scale, norm_w, norm_eps, hc_eps, sinkhorn_iters,
+                             collapse_pre=None) -> bool:
+    """Operands the fused ``mhc.expand_pre_norm`` covers (``_covers``)."""
+    return _covers(residual, fn, base, scale, norm_w, collapse_pre, y, post, comb)
+
+
+def _check_shapes(op, residual, fn, base, scale, norm_w, collapse_pre, y, post, comb) -> None:
+    t, n, d = residual.shape
+    rows = (2 + n) * n
+    want = {"fn": (fn, (rows, n * d)), "base": (base, (rows,)), "scale": (scale, (3,)), "norm_w": (norm_w, (d,)),
+            "collapse_pre": (collapse_pre, (t, n)), "y": (y, (t, d)), "post": (post, (t, n)),
+            "comb": (comb, (t, n, n))}
+    for name, (tensor, shape) in want.items():
+        if tensor is not None and tuple(tensor.shape) != shape:
+            raise ValueError(f"{op}: for residual [{t}, {n}, {d}] {name} must be {list(shape)}, "
+                             f"got {list(tensor.shape)}")
+
+
+def _launch(residual, y, post, comb, fn, base, scale, norm_w, norm_eps, hc_eps, sinkhorn_iters, collapse_pre,
+            split_fn: bool | None = None):
+    """Both kernels; returns ``(residual' or None, h, pre, post', comb')``."""
+    if int(sinkhorn_iters) < 1:
+        raise ValueError(f"mhc fused: sinkhorn_iters must be >= 1, got {sinkhorn_iters}")
+    t, n, d = residual.shape
+    dev, rows = residual.device, (2 + n) * n
+    nr = max(16, next_pow2(rows))
+    pre = torch.empty(t, n, dtype=torch.float32, device=dev)
+    post_out = torch.empty(t, n, dtype=torch.float32, device=dev)
+    comb_out = torch.empty(t, n, n, dtype=torch.float32, device=dev)
+    h = torch.empty(t, d, dtype=residual.dtype, device=dev)
+    expand = y is not None
+    new = torch.empty_like(residual) if expand else None
+    if t == 0:
+        return new, h, pre, post_out, comb_out
+    splits = 1
+    while splits < MAX_SPLITS and d // (splits * 2) >= BLOCK_D:
+        splits *= 2
+    d_per = triton.cdiv(triton.cdiv(d, splits), BLOCK_D) * BLOCK_D
+    part = torch.empty(splits, t, nr, dtype=torch.float32, device=dev)
+    ss = torch.empty(splits, t, dtype=torch.float32, device=dev)
+    x = residual.contiguous()
+    if split_fn is None:
+        split_fn = x.dtype == torch.bfloat16 and triton_mhc.DECODE_SPLIT_FN
+    _expand_proj_kernel[(triton.cdiv(t, BLOCK_T), splits)](
+        x, y.contiguous() if expand else x, post.contiguous() if expand else x, comb.contiguous() if expand else x,
+        new if expand else x, fn.contiguous(), part, ss, t, d, rows, d_per, N=n, NR=nr, BLOCK_T=BLOCK_T,
+        BLOCK_D=BLOCK_D, EXPAND=expand, SPLIT_FN=split_fn, num_warps=4, **pdl_launch())
+    block = next_pow2(d)
+    _gate_norm_kernel[(t,)](
+        part, ss, base.contiguous(), scale.contiguous(), pre, post_out, comb_out, new if expand else x,
+        collapse_pre.contiguous() if collapse_pre is not None else pre, norm_w.contiguous(), h, t, d, n,
+        float(norm_eps), float(hc_eps), int(sinkhorn_iters), float(norm_eps), NR=nr, NP=max(2, n), SPLITS=splits,
+        BLOCK=block, HAS_CPRE=collapse_pre is not None, num_warps=4 if block <= 4096 else 8, **pdl_launch())
+    return new, h, pre, post_out, comb_out
+
+
+def _fused(t: int, batch_invariant: bool, force_kernel: bool, ok: bool) -> bool:
+    """Run the fused kernels (else the parts): switched on, operands covered, decode-sized or batch-invariant."""
+    return (FUSED or force_kernel) and ok and (batch_invariant or t < MAX_T)
+
+
+def pre_norm(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
+             norm_w: torch.Tensor, norm_eps: float, hc_eps: float, sinkhorn_iters: int,
+             collapse_pre: torch.Tensor | None = None, batch_invariant: bool = False, force_kernel: bool = False,
+             split_fn: bool | None = None) -> tuple:
+    """``mhc.pre_norm`` (residual [T, n, D] -> h [T, D] in residual.dtype, fp32 pre, post [T, n], comb [T, n, n]).
+
+    ``force_kernel`` runs the kernels whatever ``FUSED`` says, on CPU tensors too (Triton's interpreter, tests
+    only); ``split_fn`` overrides the bf16-pieces product (the interpreter's bf16 dots are wrong)."""
+    ok = _covers(residual, fn, base, scale, norm_w, collapse_pre, force_kernel=force_kernel)
+    if not _fused(residual.shape[0], batch_invariant, force_kernel, ok):
+        parts = _pre_norm_parts_bi if batch_invariant else _pre_norm_parts
+        return parts(residual, fn, base, scale, norm_w, norm_eps, hc_eps, sinkhorn_iters, collapse_pre)
+    _check_shapes("mhc.pre_norm", residual, fn, base, scale, norm_w, collapse_pre, None, None, None)
+    return _launch(residual, None, None, None, fn, base, scale, norm_w, norm_eps, hc_eps, sinkhorn_iters,
+                   collapse_pre, split_fn)[1:]
+
+
+def expand_pre_norm(residual: torch.Tensor, y: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+                    fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_w: torch.Tensor, norm_eps: float,
+                    hc_eps: float, sinkhorn_iters: int, collapse_pre: torch.Tensor | None = None,
+                    batch_invariant: bool = False, force_kernel: bool = False, split_fn: bool | None = None) -> tuple:
+    """``mhc.expand_pre_norm``: returns ``(residual' [T, n, D], h [T, D], pre, post', comb')``; arguments as the
+    reference's, the keywords as ``pre_norm``'s."""
+    ok = _covers(residual, fn, base, scale, norm_w, collapse_pre, y, post, comb, force_kernel=force_kernel)
+    if not _fused(residual.shape[0], batch_invariant, force_kernel, ok):
+        parts = _expand_pre_norm_parts_bi if batch_invariant else _expand_pre_norm_parts
+        return parts(residual, y, post, comb, fn, base, scale, norm_w, norm_eps, hc_eps, sinkhorn_iters,
+                     collapse_pre)
+    _check_shapes("mhc.expand_pre_norm", residual, fn, base, scale, norm_w, collapse_pre, y, post, comb)
+    return _launch(residual, y, post, comb, fn, base, scale, norm_w, norm_eps, hc_eps, sinkhorn_iters,
+                   collapse_pre, split_fn)
+
+
+def pre_norm_bi(*args, **kwargs) -> tuple:
+    """``mhc.pre_norm``, batch-invariant (the fused launch at every size; the parts with ``mix_bi`` when off)."""
+    return pre_norm(*args, batch_invariant=True, **kwargs)
+
+
+def expand_pre_norm_bi(*args, **kwargs) -> tuple:
+    """``mhc.expand_pre_norm``, batch-invariant."""
+    return expand_pre_norm(*args, batch_invariant=True, **kwargs)
