@@ -38,7 +38,10 @@ from deepinfer_nvidia.kernels.triton_pdl import pdl_enter, pdl_launch
 FUSED = os.environ.get("DEEPINFER_NV_MHC_FUSED", "0") == "1"
 MAX_T = triton_mhc.TF32X3_MIN_T  # the default provider hands prefill-sized calls to the parts (tf32x3 there)
 BLOCK_T = 16  # tokens per projection program (fixed: batch invariance)
-BLOCK_D = 32  # columns of each stream a dot step takes: a [16, n*32] x [n*32, 32] product at n 4
+BLOCK_D = 16  # columns of each stream a dot step takes: a [16, n*16] x [n*16, 32] product at n 4
+# 8 warps and a 2-stage pipeline: 181 registers and no spills for sm_90a (Triton 3.9, ``sass_count``); 4 warps or
+# BLOCK_D 32 use all 255 and spill
+PROJ_WARPS, PROJ_STAGES = 8, 2
 MAX_SPLITS = 64  # D ranges; the 24 x n*D fp32 fn matrix (2 MB at V4.1's width) is spread over this many programs
 MAX_D = 16384  # the gate-and-norm program keeps a whole row in registers
 
@@ -52,7 +55,11 @@ def _expand_proj_kernel(r_ptr, y_ptr, post_ptr, comb_ptr, out_ptr, fn_ptr, part_
     rt = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = rt < T
     row = rt.to(tl.int64) * (N * D)  # [BLOCK_T] offset of token t's streams
-    j = tl.arange(0, N)
+    # a D tile of every stream as one 2-D tile: lane kk is stream j = kk // BLOCK_D, column d0 + kk % BLOCK_D (so the
+    # projection is one dot a tile, and nothing is reshaped)
+    kk = tl.arange(0, N * BLOCK_D)
+    j = kk // BLOCK_D
+    dd = kk % BLOCK_D
     rr = tl.arange(0, NR)
     rmask = rr < R
     acc = tl.zeros([BLOCK_T, NR], dtype=tl.float32)
@@ -60,43 +67,38 @@ def _expand_proj_kernel(r_ptr, y_ptr, post_ptr, comb_ptr, out_ptr, fn_ptr, part_
     d_lo = sp * d_per
     d_hi = tl.minimum(d_lo + d_per, D)
     if EXPAND:
-        post = tl.load(post_ptr + rt[:, None] * N + j[None, :], mask=tmask[:, None], other=0.0)  # [BT, N]
+        post = tl.load(post_ptr + rt[:, None] * N + j[None, :], mask=tmask[:, None], other=0.0)  # [BT, N*BD]
     for d0 in range(d_lo, d_hi, BLOCK_D):
-        rd = d0 + tl.arange(0, BLOCK_D)
-        dmask = rd < d_hi
-        m3 = tmask[:, None, None] & dmask[None, None, :]  # [BT, 1, BD]
-        off3 = row[:, None, None] + j[None, :, None] * D + rd[None, None, :]  # [BT, N, BD]: stream j, column d
+        col = d0 + dd
+        m2 = tmask[:, None] & (col < d_hi)[None, :]
         if EXPAND:
-            y = tl.load(y_ptr + rt[:, None].to(tl.int64) * D + rd[None, :], mask=tmask[:, None] & dmask[None, :],
-                        other=0.0).to(tl.float32)
-            mixed = tl.zeros([BLOCK_T, N, BLOCK_D], dtype=tl.float32)
-            for i in tl.static_range(N):  # R'[t, j, d] += comb[t, i, j] * R[t, i, d]: each R element read once
-                r_i = tl.load(r_ptr + row[:, None] + i * D + rd[None, :], mask=tmask[:, None] & dmask[None, :],
-                              other=0.0).to(tl.float32)  # [BT, BD]
-                c_i = tl.load(comb_ptr + rt[:, None] * (N * N) + i * N + j[None, :], mask=tmask[:, None],
-                              other=0.0)  # [BT, N]: comb[t, i, :]
-                mixed += c_i[:, :, None] * r_i[:, None, :]
-            v = (mixed + post[:, :, None] * y[:, None, :]).to(out_ptr.dtype.element_ty)
-            tl.store(out_ptr + off3, v, mask=m3)
+            # R'[t, j, d] = sum_i comb[t, i, j] R[t, i, d] + post[t, j] y[t, d]; the N lanes of one (i, d) load the
+            # same element (an L1 hit after the first)
+            mixed = tl.zeros([BLOCK_T, N * BLOCK_D], dtype=tl.float32)
+            for i in tl.static_range(N):
+                r_i = tl.load(r_ptr + row[:, None] + i * D + col[None, :], mask=m2, other=0.0).to(tl.float32)
+                c_i = tl.load(comb_ptr + rt[:, None] * (N * N) + i * N + j[None, :], mask=tmask[:, None], other=0.0)
+                mixed += c_i * r_i
+            y = tl.load(y_ptr + rt[:, None].to(tl.int64) * D + col[None, :], mask=m2, other=0.0).to(tl.float32)
+            v = (mixed + post * y).to(out_ptr.dtype.element_ty)
+            tl.store(out_ptr + row[:, None] + j[None, :] * D + col[None, :], v, mask=m2)
         else:
-            v = tl.load(r_ptr + off3, mask=m3, other=0.0)
+            v = tl.load(r_ptr + row[:, None] + j[None, :] * D + col[None, :], mask=m2, other=0.0)
         xf = v.to(tl.float32)  # the stored values, as mhc.mix reads them
-        ss += tl.sum(tl.sum(xf * xf, axis=2), axis=1)
-        f = tl.load(fn_ptr + rr[:, None, None].to(tl.int64) * (N * D) + j[None, :, None] * D + rd[None, None, :],
-                    mask=rmask[:, None, None] & dmask[None, None, :], other=0.0)  # [NR, N, BD]
-        f2 = tl.reshape(f, (NR, N * BLOCK_D))
+        ss += tl.sum(xf * xf, axis=1)
+        f = tl.load(fn_ptr + rr[:, None].to(tl.int64) * (N * D) + j[None, :] * D + col[None, :],
+                    mask=rmask[:, None] & (col < d_hi)[None, :], other=0.0)  # [NR, N*BD]
         if SPLIT_FN:
             # bf16 streams are exact in bf16: fn in three bf16 pieces, three products (triton_mhc._proj_kernel)
-            x2 = tl.reshape(v, (BLOCK_T, N * BLOCK_D))
-            f1 = f2.to(tl.bfloat16)
-            r1 = f2 - f1.to(tl.float32)
+            f1 = f.to(tl.bfloat16)
+            r1 = f - f1.to(tl.float32)
             fb = r1.to(tl.bfloat16)
             fc = (r1 - fb.to(tl.float32)).to(tl.bfloat16)
-            part = tl.dot(x2, tl.trans(fc))
-            part = tl.dot(x2, tl.trans(fb), part)
-            acc += tl.dot(x2, tl.trans(f1), part)
+            part = tl.dot(v, tl.trans(fc))
+            part = tl.dot(v, tl.trans(fb), part)
+            acc += tl.dot(v, tl.trans(f1), part)
         else:
-            acc += tl.dot(tl.reshape(xf, (BLOCK_T, N * BLOCK_D)), tl.trans(f2), input_precision="ieee")
+            acc += tl.dot(xf, tl.trans(f), input_precision="ieee")
     off = (sp * T + rt[:, None]).to(tl.int64) * NR + rr[None, :]
     tl.store(part_ptr + off, acc, mask=tmask[:, None])
     tl.store(ss_ptr + sp * T + rt, ss, mask=tmask)
@@ -203,14 +205,21 @@ def _launch(residual, y, post, comb, fn, base, scale, norm_w, norm_eps, hc_eps, 
     _expand_proj_kernel[(triton.cdiv(t, BLOCK_T), splits)](
         x, y.contiguous() if expand else x, post.contiguous() if expand else x, comb.contiguous() if expand else x,
         new if expand else x, fn.contiguous(), part, ss, t, d, rows, d_per, N=n, NR=nr, BLOCK_T=BLOCK_T,
-        BLOCK_D=BLOCK_D, EXPAND=expand, SPLIT_FN=split_fn, num_warps=4, **pdl_launch())
+        BLOCK_D=BLOCK_D, EXPAND=expand, SPLIT_FN=split_fn, num_warps=PROJ_WARPS, num_stages=PROJ_STAGES,
+        **pdl_launch())
     block = next_pow2(d)
     _gate_norm_kernel[(t,)](
         part, ss, base.contiguous(), scale.contiguous(), pre, post_out, comb_out, new if expand else x,
         collapse_pre.contiguous() if collapse_pre is not None else pre, norm_w.contiguous(), h, t, d, n,
         float(norm_eps), float(hc_eps), int(sinkhorn_iters), float(norm_eps), NR=nr, NP=max(2, n), SPLITS=splits,
-        BLOCK=block, HAS_CPRE=collapse_pre is not None, num_warps=4 if block <= 4096 else 8, **pdl_launch())
+        BLOCK=block, HAS_CPRE=collapse_pre is not None, num_warps=gate_warps(block), **pdl_launch())
     return new, h, pre, post_out, comb_out
+
+
+def gate_warps(block: int) -> int:
+    """Warps of the gate-and-norm program for a row of ``block`` (a power of two) columns: 4 up to 4096, then 16
+    (8 warps spill at 8192 for sm_90a, 16 do not up to 16384: ``test_triton_mhc_fused_sass.py``)."""
+    return 4 if block <= 4096 else 16
 
 
 def _fused(t: int, batch_invariant: bool, force_kernel: bool, ok: bool) -> bool:
