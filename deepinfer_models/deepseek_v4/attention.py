@@ -130,12 +130,10 @@ class AttentionV4(SharedKVAttention):
         """x [T, D] (normed attention input) -> [T, D]."""
         t = x.shape[0]
         pos = ctx.positions
-        rope = self.k["rope.interleaved"]
         qr = self.k["norm.rms"](self.wq_a(x), self.q_norm, self.eps)
         q = self.wq_b(qr).view(t, self.h, self.d)
         q = self.k["norm.rms_unweighted"](q, self.eps)  # V4: per-head weightless q norm
-        q = rope(q, pos, self.inv_freq)
-        kv = rope(self.k["norm.rms"](self.wkv(x), self.kv_norm, self.eps), pos, self.inv_freq)
+        kv = self.k["norm.rms_rope"](self.wkv(x), self.kv_norm, self.eps, pos, self.inv_freq)
         swa = ctx.caches[self.swa_name]
         swa_meta = ctx.meta(self.swa_name)
         w = swa_meta.write_slots
@@ -150,6 +148,7 @@ class AttentionV4(SharedKVAttention):
                 cmp_idx = torch.where(sel >= 0, visible.gather(1, sel.clamp(min=0)), torch.full_like(sel, -1))
             else:
                 cmp_idx = visible
-        o = self.k["attention.sparse_sink"](q, swa, swa_meta.read_idx, cmp_cache, cmp_idx, self.sinks, self.d ** -0.5)
-        o = rope(o, pos, self.inv_freq, inverse=True)
+        # rope(q), the attention, the inverse rope of the output: one fused op
+        o = self.k["attention.sparse_sink_rope"](q, swa, swa_meta.read_idx, cmp_cache, cmp_idx, self.sinks,
+                                                 self.d ** -0.5, pos, self.inv_freq)
         return self.wo_b(self.wo_a(o.reshape(t, -1)))

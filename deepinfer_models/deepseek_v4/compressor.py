@@ -94,8 +94,7 @@ class Compressor:
                 g_sc = torch.cat([g_sc[:, :r, :d], g_sc[:, r:, d:]], dim=1)
             g_sc = g_sc.masked_fill((where < 0)[..., None], float("-inf"))  # slots before position 0
             pooled = self.k["compress.softmax_pool"](g_kv.to(x.dtype), g_sc)
-            normed = self.k["norm.rms"](pooled, self.norm_w, self.eps)
-            entry = self.k["rope.interleaved"](normed, w * r, self.inv_freq)
+            entry = self.k["norm.rms_rope"](pooled, self.norm_w, self.eps, w * r, self.inv_freq)
             out = meta.write_slots[closing]
             # -1: the entry is already in a shared prefix-cache block
             write_rows(cache, out, entry, valid & (out >= 0))

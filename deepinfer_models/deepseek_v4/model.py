@@ -17,7 +17,8 @@ from deepinfer_models.layers.linear import Linear
 from deepinfer_models.layers.static_index import use_kernels
 
 KERNEL_OPS = (
-    "norm.rms", "norm.rms_unweighted", "rope.interleaved", "attention.sparse_sink", "compress.softmax_pool",
+    "norm.rms", "norm.rms_unweighted", "norm.rms_rope", "rope.interleaved", "attention.sparse_sink",
+    "attention.sparse_sink_rope", "compress.softmax_pool",
     "index.scores", "index.topk", "mhc.mix", "mhc.collapse", "mhc.expand", "mhc.head_pre", "mhc.pre_norm",
     "mhc.expand_pre_norm", "moe.route_topk",
     "moe.route_hash", "moe.experts", "moe.experts_fp8", "moe.experts_mxfp4", "gemm.dense", "gemm.fp8_block", "gemm.mxfp4",

@@ -50,7 +50,7 @@ class AttentionV41(SharedKVAttention):
         entries and index keys. Decoder-side replay runs it on all rows of the cut layer, then
         ``attend`` on the kept rows only."""
         k, pos = self.k, ctx.positions
-        kv = k["rope.interleaved"](k["norm.rms"](self.wkv(x), self.kv_norm, self.eps), pos, self.inv_freq)
+        kv = k["norm.rms_rope"](self.wkv(x), self.kv_norm, self.eps, pos, self.inv_freq)
         write_rows(ctx.caches[self.swa_name], ctx.meta(self.swa_name).write_slots, kv)  # -1: not written
         if self.compressor is not None:
             self.compressor(x, ctx, rows)
@@ -59,12 +59,10 @@ class AttentionV41(SharedKVAttention):
         """The query half: x [T, D] -> [T, D], reading the caches ``write_kv`` filled."""
         k = self.k
         t, pos = x.shape[0], ctx.positions
-        rope = k["rope.interleaved"]
         qr = k["norm.rms"](self.wq_a(x), self.q_norm, self.eps)
         q = self.wq_b(qr).view(t, self.h, self.d)
         if self.cfg.q_head_norm:  # V4 behaviour; V4.1-Flash has it off ("qr is normed before wq_b")
             q = k["norm.rms_unweighted"](q, self.eps)
-        q = rope(q, pos, self.inv_freq)
         swa, swa_meta = ctx.caches[self.swa_name], ctx.meta(self.swa_name)
         if self.indexer is not None:
             share.topk[self.layer] = self.indexer(x, qr, ctx, share)
@@ -74,6 +72,7 @@ class AttentionV41(SharedKVAttention):
             visible = ctx.meta(self.cmp_name).read_idx  # [T, N] entry slots in position order
             sel = share.topk[self.topk_from]  # positions, -1 padded
             cmp_idx = torch.where(sel >= 0, visible.gather(1, sel.clamp(min=0)), torch.full_like(sel, -1))
-        o = k["attention.sparse_sink"](q, swa, swa_meta.read_idx, cmp_cache, cmp_idx, self.sinks, self.d ** -0.5)
-        o = rope(o, pos, self.inv_freq, inverse=True)
+        # rope(q), the attention, the inverse rope of the output: one fused op
+        o = k["attention.sparse_sink_rope"](q, swa, swa_meta.read_idx, cmp_cache, cmp_idx, self.sinks, self.d ** -0.5,
+                                            pos, self.inv_freq)
         return self.wo_b(self.wo_a(o.reshape(t, -1)))

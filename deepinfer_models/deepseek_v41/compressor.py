@@ -96,8 +96,7 @@ class CompressorV41:
         entry = self.k["rope.interleaved"](latent, at, self.inv_freq)
         _write(ctx.caches[self.cache_name], ctx.meta(self.cache_name).write_slots[closing], entry, valid)
         if self.keys_name is not None:
-            key = self.k["norm.rms"](self.wk(latent), self.k_norm, self.eps)
-            key = self.k["rope.interleaved"](key, at, self.inv_freq)
+            key = self.k["norm.rms_rope"](self.wk(latent), self.k_norm, self.eps, at, self.inv_freq)
             _write(ctx.caches[self.keys_name], ctx.meta(self.keys_name).write_slots[closing], key, valid)
 
     def _pool_pairs(self, kv: torch.Tensor, z: torch.Tensor, closing: torch.Tensor, ctx: StepContext,

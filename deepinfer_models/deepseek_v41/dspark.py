@@ -239,7 +239,7 @@ class DSparkDrafter:
         k = self.k
         for layer in self.layers:
             a = layer["attn"]
-            kv = k["rope.interleaved"](k["norm.rms"](a.wkv(main_x), a.kv_norm, self.eps), ctx.positions, self.inv_freq)
+            kv = k["norm.rms_rope"](a.wkv(main_x), a.kv_norm, self.eps, ctx.positions, self.inv_freq)
             cache, w = ctx.caches[a.swa_name], ctx.meta(a.swa_name).write_slots
             write_rows(cache, w, kv)  # rows with slot -1 are not written
 

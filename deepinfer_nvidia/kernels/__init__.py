@@ -32,6 +32,8 @@ IMPLS: tuple[tuple, ...] = (
     ("norm.rms_unweighted", "triton", f"{_K}.triton_norm:rms_unweighted", f"{_K}.triton_norm:supports_rms_unweighted",
      True),
     ("rope.interleaved", "triton", f"{_K}.triton_rope:rope", f"{_K}.triton_rope:supports", True),
+    # one program a vector, on or off (DEEPINFER_NV_NORM_ROPE_FUSED=1 fuses; its parts are both invariant)
+    ("norm.rms_rope", "triton", f"{_K}.triton_rope:rms_rope", f"{_K}.triton_rope:supports_rms_rope", True),
     ("index.topk", "triton", f"{_K}.triton_topk:topk_positions_triton", f"{_K}.triton_topk:supports", True),
     ("index.candidate_blocks", "triton", f"{_K}.triton_topk:candidate_blocks_triton",
      f"{_K}.triton_topk:supports_candidates", True),
@@ -59,6 +61,9 @@ IMPLS: tuple[tuple, ...] = (
     ("sample.topk_topp_minp", "triton", f"{_K}.triton_sampling:topk_topp_minp",
      f"{_K}.triton_sampling:supports_filters"),
     ("attention.sparse_sink", "triton", f"{_K}.triton_attention:sparse_sink", f"{_K}.triton_attention:supports"),
+    # q's RoPE and the output's inverse RoPE fused into the attention launches (opt-in: DEEPINFER_NV_ATTN_ROPE_FUSED=1)
+    ("attention.sparse_sink_rope", "triton", f"{_K}.triton_attention:sparse_sink_rope",
+     f"{_K}.triton_attention:supports_rope"),
     ("index.scores", "triton", f"{_K}.triton_indexer:scores", f"{_K}.triton_indexer:supports"),
     ("mhc.mix", "triton", f"{_K}.triton_mhc:mix", f"{_K}.triton_mhc:supports"),
     # the fused sublayer boundary (opt-in, DEEPINFER_NV_MHC_FUSED=1; its parts otherwise, as here)

@@ -33,8 +33,10 @@ import triton
 import triton.language as tl
 
 from deepinfer_core.kernels.ops.attention import sparse_attention_sink
+from deepinfer_core.kernels.ops.rope import apply_rope
 from deepinfer_nvidia.kernels._common import FLOATS, dot_precision, hand_off, next_pow2, on_cuda
 from deepinfer_nvidia.kernels.triton_pdl import pdl_enter, pdl_launch
+from deepinfer_nvidia.kernels.triton_rope import pair_angles, rotate_tail
 
 _LOG2E = 1.4426950408889634
 
@@ -63,9 +65,10 @@ def _attend(q, kv_ptr, idx_ptr, t, n_slots, n_lo, n_hi, D, qk_scale, m_i, l_i, a
 
 @triton.jit
 def _attn_kernel(q_ptr, kva_ptr, idxa_ptr, kvb_ptr, idxb_ptr, sink_ptr, o_ptr, ml_ptr,
-                 H, D, Na, Nb, qk_scale, per_split,
+                 H, D, Na, Nb, qk_scale, per_split, pos_ptr, f_ptr,
                  HAS_B: tl.constexpr, SPLITS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_D: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr = 0):
+                 BLOCK_D: tl.constexpr, PREC: tl.constexpr, ROPE_Q: tl.constexpr = False, HALF: tl.constexpr = 1,
+                 PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     t = tl.program_id(0)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -75,6 +78,10 @@ def _attn_kernel(q_ptr, kva_ptr, idxa_ptr, kvb_ptr, idxb_ptr, sink_ptr, o_ptr, m
     dmask = d < D
     qoff = (t.to(tl.int64) * H + h[:, None]) * D + d[None, :]
     q = tl.load(q_ptr + qoff, mask=hmask[:, None] & dmask[None, :], other=0.0)
+    if ROPE_Q:  # attention.sparse_sink_rope: q's RoPE at load (its pair partners loaded again: L1 hits)
+        q_sw = tl.load(q_ptr + qoff + ((d ^ 1) - d)[None, :], mask=hmask[:, None] & dmask[None, :], other=0.0)
+        q = rotate_tail(q.to(tl.float32), q_sw.to(tl.float32), d[None, :], D, t, pos_ptr, f_ptr, HALF,
+                        False).to(q_ptr.dtype.element_ty)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     if sp == 0:
         # the sink: running max = sink logit, running sum = exp(0) = 1
@@ -105,9 +112,10 @@ def _attn_kernel(q_ptr, kva_ptr, idxa_ptr, kvb_ptr, idxb_ptr, sink_ptr, o_ptr, m
 
 
 @triton.jit
-def _merge_kernel(part_ptr, ml_ptr, o_ptr, T, H, D, SPLITS: tl.constexpr, BLOCK_D: tl.constexpr,
-                  PDL: tl.constexpr = 0):
-    """o[t, h] = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s over the splits."""
+def _merge_kernel(part_ptr, ml_ptr, o_ptr, T, H, D, pos_ptr, f_ptr, SPLITS: tl.constexpr, BLOCK_D: tl.constexpr,
+                  ROPE_O: tl.constexpr = False, HALF: tl.constexpr = 1, PDL: tl.constexpr = 0):
+    """o[t, h] = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s over the splits; with ``ROPE_O`` the inverse RoPE
+    of o (rounded to o's dtype first, as the parts store it)."""
     pdl_enter(PDL)
     t = tl.program_id(0)
     h = tl.program_id(1)
@@ -123,7 +131,22 @@ def _merge_kernel(part_ptr, ml_ptr, o_ptr, T, H, D, SPLITS: tl.constexpr, BLOCK_
     poff = ((s[:, None] * T + t).to(tl.int64) * H + h) * D + d[None, :]
     part = tl.load(part_ptr + poff, mask=dmask[None, :], other=0.0)
     o = tl.sum(part * w[:, None], axis=0) / den
-    tl.store(o_ptr + (t.to(tl.int64) * H + h) * D + d, o.to(o_ptr.dtype.element_ty), mask=dmask)
+    obase = (t.to(tl.int64) * H + h) * D
+    if ROPE_O:
+        # the head as it is; the tail's even and odd channels merged again by the same ops (the bits o holds there),
+        # rounded to o's dtype as the parts store it, then rotated back
+        tl.store(o_ptr + obase + d, o.to(o_ptr.dtype.element_ty), mask=d < D - 2 * HALF)
+        i = tl.arange(0, HALF)
+        ca = (D - 2 * HALF) + 2 * i
+        pa = ((s[:, None] * T + t).to(tl.int64) * H + h) * D + ca[None, :]
+        dt = o_ptr.dtype.element_ty
+        a = (tl.sum(tl.load(part_ptr + pa) * w[:, None], axis=0) / den).to(dt).to(tl.float32)
+        b = (tl.sum(tl.load(part_ptr + pa + 1) * w[:, None], axis=0) / den).to(dt).to(tl.float32)
+        c, sn = pair_angles(t, i, i < HALF, pos_ptr, f_ptr, True)
+        tl.store(o_ptr + obase + ca, (a * c - b * sn).to(dt))
+        tl.store(o_ptr + obase + ca + 1, (b * c + a * sn).to(dt))
+    else:
+        tl.store(o_ptr + obase + d, o.to(o_ptr.dtype.element_ty), mask=dmask)
 
 
 def supports(q, kv_a, idx_a, kv_b, idx_b, sinks, scale) -> bool:
@@ -171,13 +194,17 @@ PREFILL_STAGES = 2
 def sparse_sink(q: torch.Tensor, kv_a: torch.Tensor, idx_a: torch.Tensor, kv_b: torch.Tensor | None,
                 idx_b: torch.Tensor | None, sinks: torch.Tensor, scale: float,
                 block_h: int | None = None, block_n: int | None = None, splits: int | None = None,
-                warps: int | None = None, stages: int | None = None) -> torch.Tensor:
+                warps: int | None = None, stages: int | None = None, rope_args: tuple | None = None) -> torch.Tensor:
     """``attention.sparse_sink`` (see the reference): returns [T, H, D] in q.dtype.
 
     ``block_h`` / ``block_n`` / ``splits`` / ``warps`` / ``stages`` override the launch heuristics (benchmarks
-    only; ``stages`` None keeps Triton's default).
+    only; ``stages`` None keeps Triton's default). ``rope_args = (positions, inv_freq)``: q comes before its
+    RoPE and the output gets the inverse one (``attention.sparse_sink_rope``, through ``sparse_sink_rope``).
     """
     if not supports(q, kv_a, idx_a, kv_b, idx_b, sinks, scale):
+        if rope_args is not None:  # the references of all three steps
+            o = sparse_attention_sink(apply_rope(q, *rope_args), kv_a, idx_a, kv_b, idx_b, sinks, scale)
+            return apply_rope(o, *rope_args, inverse=True)
         return hand_off("attention.sparse_sink", f"operands q {q.dtype} {tuple(q.shape)} on {q.device} not covered",
                         sparse_attention_sink, q, kv_a, idx_a, kv_b, idx_b, sinks, scale)
     _check(q, kv_a, idx_a, kv_b, idx_b, sinks)
@@ -225,17 +252,25 @@ def sparse_sink(q: torch.Tensor, kv_a: torch.Tensor, idx_a: torch.Tensor, kv_b: 
     if stages is not None:
         opts["num_stages"] = stages
     qk_scale = float(scale) * _LOG2E
+    pos, freq = (rope_args[0].contiguous(), rope_args[1].contiguous()) if rope_args is not None else (idx_a, sinks)
+    rope = {"ROPE_Q": True, "HALF": rope_args[1].shape[0]} if rope_args is not None else {}
     if splits == 1:
         _attn_kernel[(t, hb, 1)](q, kv_a, idx_a, kvb, idxb, sinks.float().contiguous(), out, out, h, d, na, nb,
-                                 qk_scale, per_split, HAS_B=has_b, SPLITS=1, BLOCK_H=bh, BLOCK_N=bn,
-                                 BLOCK_D=block_d, PREC=prec, **opts, **pdl_launch())
+                                 qk_scale, per_split, pos, freq, HAS_B=has_b, SPLITS=1, BLOCK_H=bh, BLOCK_N=bn,
+                                 BLOCK_D=block_d, PREC=prec, **rope, **opts, **pdl_launch())
+        if rope_args is not None:  # the output's rotation as a launch of its own: a register tile has no partners
+            from deepinfer_nvidia.kernels.triton_rope import rope as rope_launch
+
+            return rope_launch(out, pos, freq, inverse=True)
         return out
     part = torch.empty(splits, t, h, d, dtype=torch.float32, device=q.device)
     ml = torch.empty(splits, t, h, 2, dtype=torch.float32, device=q.device)
     _attn_kernel[(t, hb, splits)](q, kv_a, idx_a, kvb, idxb, sinks.float().contiguous(), part, ml, h, d, na, nb,
-                                  qk_scale, per_split, HAS_B=has_b, SPLITS=splits, BLOCK_H=bh, BLOCK_N=bn,
-                                  BLOCK_D=block_d, PREC=prec, **opts, **pdl_launch())
-    _merge_kernel[(t, h)](part, ml, out, t, h, d, SPLITS=splits, BLOCK_D=block_d, num_warps=4, **pdl_launch())
+                                  qk_scale, per_split, pos, freq, HAS_B=has_b, SPLITS=splits, BLOCK_H=bh, BLOCK_N=bn,
+                                  BLOCK_D=block_d, PREC=prec, **rope, **opts, **pdl_launch())
+    merge_rope = {"ROPE_O": True, "HALF": rope["HALF"]} if rope else {}
+    _merge_kernel[(t, h)](part, ml, out, t, h, d, pos, freq, SPLITS=splits, BLOCK_D=block_d, **merge_rope,
+                          num_warps=4, **pdl_launch())
     return out
 
 
@@ -249,3 +284,38 @@ def sparse_sink_bi(q: torch.Tensor, kv_a: torch.Tensor, idx_a: torch.Tensor, kv_
     """``attention.sparse_sink``, batch-invariant: q [T, H, D] -> [T, H, D] in q.dtype; ``BI_BLOCK_H`` heads
     per program, ``BLOCK_N`` from (D, dtype) only, one pass over the slots (no split, no merge)."""
     return sparse_sink(q, kv_a, idx_a, kv_b, idx_b, sinks, scale, block_h=BI_BLOCK_H, splits=1)
+
+
+# attention.sparse_sink_rope: q's RoPE at load in the attention kernel, the output's inverse RoPE in the split merge
+# (at 1-2 query rows the launch always splits, so a batch-1 step loses both rope launches; one-split launches keep
+# a rope launch for the output). Opt-in until measured: DEEPINFER_NV_ATTN_ROPE_FUSED=1 (read at import).
+ATTN_ROPE_FUSED = os.environ.get("DEEPINFER_NV_ATTN_ROPE_FUSED", "0") == "1"
+
+
+def supports_rope(q, kv_a, idx_a, kv_b, idx_b, sinks, scale, positions, inv_freq) -> bool:
+    """``supports``, plus what the rotation needs: integer positions [T], a float inv_freq of a power-of-two length
+    (the merge's pair lanes) whose 2 x length fits D with an even number of channels before it (pairs are
+    (even, odd) channels)."""
+    from deepinfer_nvidia.kernels import triton_rope
+
+    half = inv_freq.shape[0] if inv_freq.dim() == 1 else 0
+    return (supports(q, kv_a, idx_a, kv_b, idx_b, sinks, scale) and triton_rope.supports(q, positions, inv_freq)
+            and half > 0 and half & (half - 1) == 0 and (q.shape[-1] - 2 * half) % 2 == 0)
+
+
+def sparse_sink_rope(q: torch.Tensor, kv_a: torch.Tensor, idx_a: torch.Tensor, kv_b: torch.Tensor | None,
+                     idx_b: torch.Tensor | None, sinks: torch.Tensor, scale: float, positions: torch.Tensor,
+                     inv_freq: torch.Tensor, force_kernel: bool = False) -> torch.Tensor:
+    """``attention.sparse_sink_rope``: q [T, H, D] before its RoPE -> [T, H, D] in q.dtype. Switched off, or for
+    operands not covered, the parts (``triton_rope.rope``, ``sparse_sink``, ``rope`` inverse). ``force_kernel``
+    skips the switch and the device check (Triton's interpreter, tests only)."""
+    from deepinfer_nvidia.kernels.triton_rope import rope
+
+    if not (force_kernel or (ATTN_ROPE_FUSED and supports_rope(q, kv_a, idx_a, kv_b, idx_b, sinks, scale, positions,
+                                                                 inv_freq))):
+        o = sparse_sink(rope(q, positions, inv_freq), kv_a, idx_a, kv_b, idx_b, sinks, scale)
+        return rope(o, positions, inv_freq, inverse=True)
+    if positions.shape != (q.shape[0],) or 2 * inv_freq.shape[0] > q.shape[-1]:
+        raise ValueError(f"attention.sparse_sink_rope: q {tuple(q.shape)} needs positions [{q.shape[0]}] and at most "
+                         f"{q.shape[-1] // 2} frequencies; got {tuple(positions.shape)}, {tuple(inv_freq.shape)}")
+    return sparse_sink(q, kv_a, idx_a, kv_b, idx_b, sinks, scale, rope_args=(positions, inv_freq))

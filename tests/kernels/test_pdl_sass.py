@@ -51,7 +51,7 @@ def test_step_kernels_take_part():
     for kernel in ("_rms_kernel", "_rope_kernel", "_proj_kernel", "_gate_kernel", "_collapse_kernel",
                    "_expand_kernel", "_attn_kernel", "_merge_kernel", "_topk_kernel", "_scores_kernel",
                    "_align_sort_kernel", "_sum_slices_kernel", "_write_rows_kernel", "_swap_kernel",
-                   "_wgmma_gemv_kernel", "_engram_gate_kernel", "_expand_proj_kernel", "_gate_norm_kernel"):
+                   "_wgmma_gemv_kernel", "_engram_gate_kernel", "_expand_proj_kernel", "_gate_norm_kernel", "_rms_rope_kernel"):
         assert kernel in names, kernel
 
 
@@ -112,20 +112,23 @@ def test_platform_check_on_this_machine():
 
 
 def _cases():
-    from deepinfer_nvidia.kernels import triton_gemm, triton_mhc, triton_norm
+    from deepinfer_nvidia.kernels import triton_gemm, triton_mhc, triton_norm, triton_rope
     return {
         "rms": (triton_norm._rms_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "n_rows": "i32",
                                           "n_cols": "i32", "eps": "fp32"},
                 {"HAS_W": 1, "ROWS": 2, "BLOCK": 4096}, 8),
         "collapse": (triton_mhc._collapse_kernel, {"r_ptr": "*bf16", "pre_ptr": "*fp32", "out_ptr": "*bf16",
                                                    "n": "i32", "D": "i32"}, {"NP": 4, "BLOCK_D": 1024}, 4),
+        "rms_rope": (triton_rope._rms_rope_kernel, {"x_ptr": "*bf16", "w_ptr": "*fp32", "y_ptr": "*bf16",
+                                                   "pos_ptr": "*i64", "f_ptr": "*fp32", "n_rows": "i32", "D": "i32",
+                                                   "eps": "fp32"}, {"HALF": 32, "BLOCK": 512, "BLOCK_H": 32}, 4),
         "sum_slices": (triton_gemm._sum_slices_kernel, {"src_ptr": "*fp32", "dst_ptr": "*bf16", "N": "i32",
                                                         "S": "i32", "stride_s": "i32", "stride_m": "i32"},
                        {"BLOCK": 1024}, 4),
     }
 
 
-@pytest.mark.parametrize("case", ["rms", "collapse", "sum_slices"])
+@pytest.mark.parametrize("case", ["rms", "collapse", "sum_slices", "rms_rope"])
 def test_wait_then_release_before_any_global_access(case):
     from deepinfer_nvidia.tests.sass_count import count, missing_tools, opcodes
 

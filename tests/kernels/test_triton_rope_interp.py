@@ -46,3 +46,56 @@ print("INTERPRETED", n_checked)
 def test_rope_kernel_matches_the_reference_in_the_interpreter(run_interpreted):
     proc = run_interpreted(_INTERPRETED, "INTERPRETED")
     assert int(proc.stdout.split("INTERPRETED")[1].split()[0]) == 72
+
+
+_RMS_ROPE = r"""
+import torch
+from deepinfer_core.kernels.ops.norm import rms_norm, rms_rope
+from deepinfer_core.kernels.ops.rope import default_inv_freq, yarn_inv_freq
+from deepinfer_nvidia.kernels import triton_rope as tr
+
+g = torch.Generator().manual_seed(1)
+n_checked = 0
+for dt, tol in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
+    for shape, rd in (((1, 512), 64), ((5, 512), 64), ((3, 2, 96), 16), ((2, 24), 24)):
+        x = (3 * torch.randn(*shape, generator=g)).to(dt)
+        w = 1 + 0.1 * torch.randn(shape[-1], generator=g)
+        pos = torch.tensor([0, 10 ** 6, 2 ** 31 - 1, 77, 5])[:shape[0]]
+        for inv_freq in (default_inv_freq(rd, 10000.0), yarn_inv_freq(rd, 160000.0, 16.0, 65536)):
+            out = tr.rms_rope(x, w, 1e-6, pos, inv_freq, force_kernel=True)
+            ref = rms_rope(x, w, 1e-6, pos, inv_freq)
+            assert out.shape == ref.shape and out.dtype == ref.dtype
+            # the unrotated head is norm.rms's output (same fp32 ops, one rounding)
+            torch.testing.assert_close(out[..., :-rd], rms_norm(x, w, 1e-6)[..., :-rd], atol=tol, rtol=tol)
+            torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
+            n_checked += 1
+try:
+    tr.rms_rope(x, w[:-1], 1e-6, pos, inv_freq, force_kernel=True)
+except ValueError as exc:
+    assert "weight" in str(exc)
+    n_checked += 1
+print("INTERPRETED", n_checked)
+"""
+
+
+def test_rms_rope_kernel_matches_the_reference_in_the_interpreter(run_interpreted):
+    """``norm.rms_rope``'s fused kernel (``_rms_rope_kernel``, one program a vector): fp32 and bf16, a KV row width
+    (512, rope 64), several vectors a token, a fully rotated vector, positions up to 2^31 - 1."""
+    run_interpreted(_RMS_ROPE, "INTERPRETED 17")
+
+
+def test_rms_rope_off_runs_its_parts():
+    """Switched off (the default) on CPU tensors: the parts hand off to the references, so the output is the
+    reference's, bit for bit."""
+    import pytest
+    import torch
+
+    pytest.importorskip("triton")
+    from deepinfer_core.kernels.ops.norm import rms_rope
+    from deepinfer_core.kernels.ops.rope import default_inv_freq
+    from deepinfer_nvidia.kernels import triton_rope as tr
+
+    x, w, pos = torch.randn(3, 512), torch.rand(512) + 0.5, torch.tensor([1, 2, 3])
+    f = default_inv_freq(64, 10000.0)
+    assert not tr.RMS_ROPE_FUSED
+    assert torch.equal(tr.rms_rope(x, w, 1e-6, pos, f), rms_rope(x, w, 1e-6, pos, f))

@@ -3,12 +3,16 @@
 Every query token attends to an explicit list of cache slots (sliding-window
 entries of its own layer plus selected compressed entries), FlashMLA-sparse
 style. One KV vector per slot serves as key and value.
+
+``attention.sparse_sink_rope`` is the fused op the models call (``OpSpec.components``): the query's RoPE, the
+attention, and the inverse RoPE of the output, as V4's attention runs them.
 """
 from __future__ import annotations
 
 import torch
 
 from deepinfer_core.kernels.ops.linalg import down
+from deepinfer_core.kernels.ops.rope import apply_rope, default_inv_freq
 from deepinfer_core.kernels.spec import OpSpec, acc
 
 
@@ -52,5 +56,39 @@ def _gen_attention(dtype, device, seed):
         yield (q, kv_a, idx_a, kv_b, idx_b, sinks, d ** -0.5), {}
 
 
+SINK_ROPE_PARTS = ("rope.interleaved", "attention.sparse_sink")
+
+
+def compose_sparse_sink_rope(k: dict):
+    """``attention.sparse_sink_rope`` from its parts ``k`` (``{op: callable}`` for ``SINK_ROPE_PARTS``)."""
+    rope, attend = k["rope.interleaved"], k["attention.sparse_sink"]
+
+    def sparse_sink_rope(q: torch.Tensor, kv_a: torch.Tensor, idx_a: torch.Tensor, kv_b: torch.Tensor | None,
+                         idx_b: torch.Tensor | None, sinks: torch.Tensor, scale: float, positions: torch.Tensor,
+                         inv_freq: torch.Tensor) -> torch.Tensor:
+        """q [T, H, D] before its RoPE; the rest as ``attention.sparse_sink``; positions [T] int, inv_freq [R/2]
+        fp32. Returns ``rope(attention(rope(q)), inverse=True)`` [T, H, D] in q.dtype, each step rounded to
+        q.dtype as the parts store it (the cached KV rows carry their RoPE already)."""
+        o = attend(rope(q, positions, inv_freq), kv_a, idx_a, kv_b, idx_b, sinks, scale)
+        return rope(o, positions, inv_freq, inverse=True)
+
+    return sparse_sink_rope
+
+
+sparse_sink_rope = compose_sparse_sink_rope({"rope.interleaved": apply_rope,
+                                             "attention.sparse_sink": sparse_attention_sink})
+
+
+def _gen_attention_rope(dtype, device, seed):
+    g = torch.Generator().manual_seed(seed + 7)
+    for (q, *rest), _ in _gen_attention(dtype, device, seed):
+        t, d = q.shape[0], q.shape[-1]
+        pos = torch.randint(0, 70000, (t,), generator=g).to(device)
+        yield (q, *rest, pos, default_inv_freq(min(64, d // 2), 10000.0).to(device)), {}
+
+
 OPS = [OpSpec("attention.sparse_sink", sparse_attention_sink, _gen_attention,
-              tolerances={torch.bfloat16: (2e-2, 2e-2)}, doc="sparse shared-KV MQA with sinks")]
+              tolerances={torch.bfloat16: (2e-2, 2e-2)}, doc="sparse shared-KV MQA with sinks"),
+       OpSpec("attention.sparse_sink_rope", sparse_sink_rope, _gen_attention_rope,
+              tolerances={torch.bfloat16: (3e-2, 3e-2)}, components=SINK_ROPE_PARTS,
+              compose=compose_sparse_sink_rope, doc="rope(q), attention.sparse_sink, inverse rope of the output")]
