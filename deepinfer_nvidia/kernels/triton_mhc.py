@@ -38,6 +38,20 @@ from deepinfer_nvidia.kernels.triton_pdl import pdl_enter, pdl_launch
 
 
 @triton.jit
+def bf16_pieces_dot(x, f):
+    """``x . f^T`` to fp32 accuracy on the bf16 tensor cores: x bf16 [M, K] (exact in bf16), f fp32 [N, K] ->
+    fp32 [M, N]. f = f1 + f2 + f3 (three bf16 pieces, rounded to nearest, ~24 significant bits together), three
+    bf16 products with fp32 accumulation, starting from zero (shared with ``triton_mhc_fused``)."""
+    f1 = f.to(tl.bfloat16)
+    r1 = f - f1.to(tl.float32)
+    f2 = r1.to(tl.bfloat16)
+    f3 = (r1 - f2.to(tl.float32)).to(tl.bfloat16)
+    part = tl.dot(x, tl.trans(f3))
+    part = tl.dot(x, tl.trans(f2), part)
+    return tl.dot(x, tl.trans(f1), part)
+
+
+@triton.jit
 def _proj_kernel(x_ptr, fn_ptr, part_ptr, ss_ptr, T, K, R, k_per_split,
                  NR: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr = "ieee",
                  SPLIT_FN: tl.constexpr = False, PDL: tl.constexpr = 0):
@@ -62,19 +76,10 @@ def _proj_kernel(x_ptr, fn_ptr, part_ptr, ss_ptr, T, K, R, k_per_split,
         xf = x.to(tl.float32)
         ss += tl.sum(xf * xf, axis=1)
         if SPLIT_FN:
-            # x is bf16, so exact in bf16: fn = f1 + f2 + f3 (three bf16 pieces, rounded to nearest, ~24
-            # significant bits together) and three bf16 products with fp32 accumulation give the fp32 dot
-            f1 = f.to(tl.bfloat16)
-            r1 = f - f1.to(tl.float32)
-            f2 = r1.to(tl.bfloat16)
-            f3 = (r1 - f2.to(tl.float32)).to(tl.bfloat16)
             # the tensor cores' own accumulation is not IEEE fp32 (chained over a whole K range the error grew
             # to 3e-5 with the K range: pass16a), so each K tile's three products start from zero and are
             # added to acc in fp32 on the CUDA cores
-            part = tl.dot(x, tl.trans(f3))
-            part = tl.dot(x, tl.trans(f2), part)
-            part = tl.dot(x, tl.trans(f1), part)
-            acc += part
+            acc += bf16_pieces_dot(x, f)
         else:
             acc += tl.dot(xf, tl.trans(f), input_precision=PRECISION)
     off = (sp * T + rt[:, None]).to(tl.int64) * NR + rr[None, :]

@@ -32,7 +32,7 @@ import triton.language as tl
 from deepinfer_core.kernels.ops.mhc import compose_expand_pre_norm, compose_pre_norm
 from deepinfer_nvidia.kernels import triton_mhc, triton_norm
 from deepinfer_nvidia.kernels._common import FLOATS, next_pow2, on_cuda
-from deepinfer_nvidia.kernels.triton_mhc import _gate_math, _store_weights
+from deepinfer_nvidia.kernels.triton_mhc import _gate_math, _store_weights, bf16_pieces_dot
 from deepinfer_nvidia.kernels.triton_pdl import pdl_enter, pdl_launch
 
 FUSED = os.environ.get("DEEPINFER_NV_MHC_FUSED", "0") == "1"
@@ -88,15 +88,8 @@ def _expand_proj_kernel(r_ptr, y_ptr, post_ptr, comb_ptr, out_ptr, fn_ptr, part_
         ss += tl.sum(xf * xf, axis=1)
         f = tl.load(fn_ptr + rr[:, None].to(tl.int64) * (N * D) + j[None, :] * D + col[None, :],
                     mask=rmask[:, None] & (col < d_hi)[None, :], other=0.0)  # [NR, N*BD]
-        if SPLIT_FN:
-            # bf16 streams are exact in bf16: fn in three bf16 pieces, three products (triton_mhc._proj_kernel)
-            f1 = f.to(tl.bfloat16)
-            r1 = f - f1.to(tl.float32)
-            fb = r1.to(tl.bfloat16)
-            fc = (r1 - fb.to(tl.float32)).to(tl.bfloat16)
-            part = tl.dot(v, tl.trans(fc))
-            part = tl.dot(v, tl.trans(fb), part)
-            acc += tl.dot(v, tl.trans(f1), part)
+        if SPLIT_FN:  # bf16 streams are exact in bf16: fn in three bf16 pieces (triton_mhc._proj_kernel)
+            acc += bf16_pieces_dot(v, f)
         else:
             acc += tl.dot(xf, tl.trans(f), input_precision="ieee")
     off = (sp * T + rt[:, None]).to(tl.int64) * NR + rr[None, :]

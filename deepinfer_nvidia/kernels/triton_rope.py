@@ -23,6 +23,22 @@ _TWO_PI = 6.283185307179586
 
 
 @triton.jit
+def pair_angles(t, i, imask, pos_ptr, f_ptr, INVERSE: tl.constexpr):
+    """cos and sin (fp32) of token ``t``'s angles ``position * inv_freq[i]`` for the pair lanes ``i`` (masked by
+    ``imask``), formed and reduced modulo 2*pi in fp64 (above), as every rope kernel here forms them; sin negated for
+    ``INVERSE``."""
+    p = tl.load(pos_ptr + t).to(tl.float64)
+    ang = p * tl.load(f_ptr + i, mask=imask, other=0.0).to(tl.float64)  # >= 0 (non-negative factors)
+    turns = (ang * (1.0 / 6.283185307179586)).to(tl.int64).to(tl.float64)
+    red = (ang - turns * 6.283185307179586).to(tl.float32)
+    c = tl.cos(red)
+    s = tl.sin(red)
+    if INVERSE:
+        s = -s
+    return c, s
+
+
+@triton.jit
 def _rope_kernel(x_ptr, y_ptr, pos_ptr, f_ptr, n_rows, D, HALF: tl.constexpr, INVERSE: tl.constexpr,
                  ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr = 0):
     pdl_enter(PDL)
@@ -39,15 +55,7 @@ def _rope_kernel(x_ptr, y_ptr, pos_ptr, f_ptr, n_rows, D, HALF: tl.constexpr, IN
     # 2) rotate the tail pairs (2i, 2i+1), i < HALF
     i = tl.arange(0, BLOCK_H)
     imask = i < HALF
-    p = tl.load(pos_ptr + t).to(tl.float64)
-    f = tl.load(f_ptr + i, mask=imask, other=0.0).to(tl.float64)
-    ang = p * f  # >= 0: positions and frequencies are non-negative
-    turns = (ang * (1.0 / 6.283185307179586)).to(tl.int64).to(tl.float64)
-    red = (ang - turns * 6.283185307179586).to(tl.float32)
-    c = tl.cos(red)
-    s = tl.sin(red)
-    if INVERSE:
-        s = -s
+    c, s = pair_angles(t, i, imask, pos_ptr, f_ptr, INVERSE)
     tmask = rmask[:, None] & imask[None, :]
     ta = base[:, None] + (D - rd) + 2 * i[None, :]
     a = tl.load(x_ptr + ta, mask=tmask, other=0.0).to(tl.float32)
@@ -59,25 +67,10 @@ def _rope_kernel(x_ptr, y_ptr, pos_ptr, f_ptr, n_rows, D, HALF: tl.constexpr, IN
 
 
 @triton.jit
-def pair_angles(t, i, imask, pos_ptr, f_ptr, INVERSE: tl.constexpr):
-    """cos and sin (fp32) of token ``t``'s angles ``position * inv_freq[i]`` for the pair lanes ``i`` (masked by
-    ``imask``), formed and reduced modulo 2*pi in fp64 as ``_rope_kernel`` does; sin negated for ``INVERSE``."""
-    p = tl.load(pos_ptr + t).to(tl.float64)
-    ang = p * tl.load(f_ptr + i, mask=imask, other=0.0).to(tl.float64)
-    turns = (ang * (1.0 / 6.283185307179586)).to(tl.int64).to(tl.float64)
-    red = (ang - turns * 6.283185307179586).to(tl.float32)
-    c = tl.cos(red)
-    s = tl.sin(red)
-    if INVERSE:
-        s = -s
-    return c, s
-
-
-@triton.jit
 def rotate_tail(x, x_sw, d, D, t, pos_ptr, f_ptr, HALF: tl.constexpr, INVERSE: tl.constexpr):
     """For kernels that fuse the rotation: x, x_sw fp32 tiles [..., BLOCK_D] of vectors of token ``t`` whose lane
     holds channel ``d`` ([BLOCK_D] int) and, in ``x_sw``, channel ``d ^ 1`` (the pair partner; D - 2*HALF even).
-    Returns x with channels [D - 2*HALF, D) rotated as ``_rope_kernel`` rotates them (the same fp64 angle and
+    Returns x with channels [D - 2*HALF, D) rotated as ``_rope_kernel`` rotates them (``pair_angles`` and the same
     fp32 products: a' = a cos - b sin on even channels, b' = b cos + a sin on odd ones), the rest as they are."""
     rd = 2 * HALF
     tail = (d >= D - rd) & (d < D)

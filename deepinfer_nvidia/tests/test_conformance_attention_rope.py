@@ -12,18 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from deepinfer_nvidia.tests.device_helpers import poison_allocator
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
-
-
-@pytest.fixture(scope="module")
-def reg():
-    from deepinfer_core.kernels.registry import get_registry
-    from deepinfer_core.kernels.resolve import ensure_platform_kernels
-    from deepinfer_nvidia.platform import NvidiaPlatform
-
-    r = get_registry()
-    ensure_platform_kernels(r, NvidiaPlatform())
-    return r
 
 
 @pytest.fixture
@@ -32,13 +23,6 @@ def ta(monkeypatch):
 
     monkeypatch.setattr(triton_attention, "ATTN_ROPE_FUSED", True)
     return triton_attention
-
-
-def _poison() -> None:
-    torch.cuda.synchronize()
-    blobs = [torch.full((64 << 20,), float("nan"), device="cuda") for _ in range(4)]
-    del blobs
-    torch.cuda.synchronize()
 
 
 def _case(t: int, na: int, nb: int, dtype, seed: int):
@@ -61,10 +45,10 @@ def _cuda(args):
     return [a.cuda() if isinstance(a, torch.Tensor) else a for a in args]
 
 
-def test_harness(reg, ta):
+def test_harness(nvidia_reg, ta):
     from deepinfer_core.testing.conformance import check_impl
 
-    assert check_impl("attention.sparse_sink_rope", "triton", "cuda", seeds=(0, 1, 2), registry=reg) > 0
+    assert check_impl("attention.sparse_sink_rope", "triton", "cuda", seeds=(0, 1, 2), registry=nvidia_reg) > 0
 
 
 @pytest.mark.parametrize("t,na,nb", [(1, 128, 512), (2, 128, 512), (1, 128, 0), (4, 128, 512), (64, 128, 0),
@@ -76,7 +60,7 @@ def test_model_width(ta, t, na, nb, dtype):
     args = _case(t, na, nb, dtype, t + na + nb)
     ref = reference(*args)
     dev = _cuda(args)
-    _poison()
+    poison_allocator()
     out = ta.sparse_sink_rope(*dev)
     assert not torch.isnan(out).any(), "an element was never written"
     tol = 3e-2 if dtype == torch.bfloat16 else 1e-4

@@ -13,18 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from deepinfer_nvidia.tests.device_helpers import poison_allocator
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
-
-
-@pytest.fixture(scope="module")
-def reg():
-    from deepinfer_core.kernels.registry import get_registry
-    from deepinfer_core.kernels.resolve import ensure_platform_kernels
-    from deepinfer_nvidia.platform import NvidiaPlatform
-
-    r = get_registry()
-    ensure_platform_kernels(r, NvidiaPlatform())
-    return r
 
 
 @pytest.fixture(autouse=True)
@@ -33,13 +24,6 @@ def fused_on(monkeypatch):
 
     monkeypatch.setattr(fz, "FUSED", True)
     return fz
-
-
-def _poison() -> None:
-    torch.cuda.synchronize()
-    blobs = [torch.full((64 << 20,), float("nan"), device="cuda") for _ in range(4)]
-    del blobs
-    torch.cuda.synchronize()
 
 
 def _inputs(t: int, dtype: torch.dtype, seed: int, n: int = 4, d: int = 5120):
@@ -58,10 +42,10 @@ def _inputs(t: int, dtype: torch.dtype, seed: int, n: int = 4, d: int = 5120):
 
 @pytest.mark.parametrize("op", ["mhc.pre_norm", "mhc.expand_pre_norm"])
 @pytest.mark.parametrize("provider", ["triton", "triton_bi"])
-def test_harness(reg, op, provider):
+def test_harness(nvidia_reg, op, provider):
     from deepinfer_core.testing.conformance import check_impl
 
-    assert check_impl(op, provider, "cuda", seeds=(0, 1, 2), registry=reg) > 0
+    assert check_impl(op, provider, "cuda", seeds=(0, 1, 2), registry=nvidia_reg) > 0
 
 
 @pytest.mark.parametrize("t", [1, 2, 8, 17, 64, 200])
@@ -72,7 +56,7 @@ def test_model_width_against_float64(fused_on, t, dtype, split_fn, given):
 
     r, y, post, comb, fn, base, scale, w, cpre = _inputs(t, dtype, 100 * t + given)
     cpre = cpre if given else None
-    _poison()
+    poison_allocator()
     out = fused_on.expand_pre_norm(r, y, post, comb, fn, base, scale, w, 1e-6, 1e-6, 20, cpre, split_fn=split_fn)
     new = out[0]
     dbl = [v.double() if v is not None else None for v in (y, post, comb, fn, base, scale, w, cpre)]
@@ -90,10 +74,10 @@ def test_model_width_against_float64(fused_on, t, dtype, split_fn, given):
 
 
 @pytest.mark.parametrize("fused", [True, False])
-def test_rows_are_batch_invariant(reg, fused_on, monkeypatch, fused):
+def test_rows_are_batch_invariant(nvidia_reg, fused_on, monkeypatch, fused):
     """On: the fused launch; off: the parts (``mix_bi``, collapse, expand, norm)."""
     monkeypatch.setattr(fused_on, "FUSED", fused)
-    fn_bi = reg.impl("mhc.expand_pre_norm", "triton_bi")
+    fn_bi = nvidia_reg.impl("mhc.expand_pre_norm", "triton_bi")
     r, y, post, comb, fn, base, scale, w, cpre = _inputs(40, torch.bfloat16, 7)
     big = fn_bi(r, y, post, comb, fn, base, scale, w, 1e-6, 1e-6, 20, cpre)
     for rows in (slice(0, 5), slice(3, 4), slice(17, 18), slice(39, 40)):

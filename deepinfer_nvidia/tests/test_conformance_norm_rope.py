@@ -12,18 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from deepinfer_nvidia.tests.device_helpers import poison_allocator
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
-
-
-@pytest.fixture(scope="module")
-def reg():
-    from deepinfer_core.kernels.registry import get_registry
-    from deepinfer_core.kernels.resolve import ensure_platform_kernels
-    from deepinfer_nvidia.platform import NvidiaPlatform
-
-    r = get_registry()
-    ensure_platform_kernels(r, NvidiaPlatform())
-    return r
 
 
 @pytest.fixture(params=[True, False], ids=["fused", "parts"])
@@ -32,14 +23,6 @@ def fused(request, monkeypatch):
 
     monkeypatch.setattr(triton_rope, "RMS_ROPE_FUSED", request.param)
     return request.param
-
-
-def _poison() -> None:
-    """NaN in the caching allocator's free blocks, so an element the kernel forgot to write shows."""
-    torch.cuda.synchronize()
-    blobs = [torch.full((64 << 20,), float("nan"), device="cuda") for _ in range(2)]
-    del blobs
-    torch.cuda.synchronize()
 
 
 def _case(t: int, d: int, rd: int, dtype, seed: int):
@@ -52,30 +35,30 @@ def _case(t: int, d: int, rd: int, dtype, seed: int):
     return x, w, pos, default_inv_freq(rd, 10000.0).cuda()
 
 
-def test_harness(reg, fused):
+def test_harness(nvidia_reg, fused):
     from deepinfer_core.testing.conformance import check_impl
 
-    assert check_impl("norm.rms_rope", "triton", "cuda", seeds=(0, 1, 2), registry=reg) > 0
+    assert check_impl("norm.rms_rope", "triton", "cuda", seeds=(0, 1, 2), registry=nvidia_reg) > 0
 
 
 @pytest.mark.parametrize("t", [1, 8, 64, 300])
 @pytest.mark.parametrize("d,rd", [(512, 64), (128, 64)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_model_widths(reg, fused, t, d, rd, dtype):
+def test_model_widths(nvidia_reg, fused, t, d, rd, dtype):
     from deepinfer_core.kernels.ops.norm import rms_rope
 
     x, w, pos, f = _case(t, d, rd, dtype, t + d)
-    _poison()
-    out = reg.impl("norm.rms_rope", "triton")(x, w, 1e-6, pos, f)
+    poison_allocator()
+    out = nvidia_reg.impl("norm.rms_rope", "triton")(x, w, 1e-6, pos, f)
     ref = rms_rope(x.cpu(), w.cpu(), 1e-6, pos.cpu(), f.cpu())
     assert not torch.isnan(out).any()
     tol = 3e-2 if dtype == torch.bfloat16 else 1e-5
     torch.testing.assert_close(out.cpu(), ref, atol=tol, rtol=tol)
 
 
-def test_rows_are_batch_invariant(reg, fused):
+def test_rows_are_batch_invariant(nvidia_reg, fused):
     x, w, pos, f = _case(37, 512, 64, torch.bfloat16, 5)
-    fn = reg.impl("norm.rms_rope", "triton")
+    fn = nvidia_reg.impl("norm.rms_rope", "triton")
     big = fn(x, w, 1e-6, pos, f)
     for row in (0, 13, 36):
         assert torch.equal(fn(x[row:row + 1], w, 1e-6, pos[row:row + 1], f), big[row:row + 1]), row

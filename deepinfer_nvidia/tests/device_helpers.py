@@ -1,0 +1,13 @@
+"""Helpers shared by the device tests."""
+from __future__ import annotations
+
+import torch
+
+
+def poison_allocator(blocks: int = 4) -> None:
+    """Fill ``blocks`` x 256 MB of the caching allocator's free memory with NaN, so a fresh ``torch.empty`` output
+    starts as NaN and an element a kernel forgot to write shows."""
+    torch.cuda.synchronize()
+    blobs = [torch.full((64 << 20,), float("nan"), device="cuda") for _ in range(blocks)]
+    del blobs
+    torch.cuda.synchronize()
