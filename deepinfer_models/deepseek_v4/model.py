@@ -139,8 +139,9 @@ class DeepseekV4ForCausalLM(DeepseekCausalLMBase):
         hc_args = (cfg.rms_norm_eps, cfg.hc_eps, cfg.hc_sinkhorn_iters)
         x = self.embed[input_ids]
         residual = x.unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()  # [T, n, D]
-        first = self.layers[0]
-        h, _pre, post, comb = k["mhc.pre_norm"](residual, *first["hc"]["attn"], first["attn_norm"], *hc_args)
+        if self.layers:
+            first = self.layers[0]
+            h, _pre, post, comb = k["mhc.pre_norm"](residual, *first["hc"]["attn"], first["attn_norm"], *hc_args)
         for i, layer in enumerate(self.layers):
             residual, h, _pre, post, comb = k["mhc.expand_pre_norm"](
                 residual, layer["attn"](h, ctx), post, comb, *layer["hc"]["ffn"], layer["ffn_norm"], *hc_args)
