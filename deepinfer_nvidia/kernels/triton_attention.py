@@ -36,6 +36,7 @@ from deepinfer_core.kernels.ops.attention import sparse_attention_sink
 from deepinfer_core.kernels.ops.rope import apply_rope
 from deepinfer_nvidia.kernels._common import FLOATS, dot_precision, hand_off, next_pow2, on_cuda
 from deepinfer_nvidia.kernels.triton_pdl import pdl_enter, pdl_launch
+from deepinfer_nvidia.kernels import triton_rope
 from deepinfer_nvidia.kernels.triton_rope import pair_angles, rotate_tail
 
 _LOG2E = 1.4426950408889634
@@ -259,9 +260,7 @@ def sparse_sink(q: torch.Tensor, kv_a: torch.Tensor, idx_a: torch.Tensor, kv_b: 
                                  qk_scale, per_split, pos, freq, HAS_B=has_b, SPLITS=1, BLOCK_H=bh, BLOCK_N=bn,
                                  BLOCK_D=block_d, PREC=prec, **rope, **opts, **pdl_launch())
         if rope_args is not None:  # the output's rotation as a launch of its own: a register tile has no partners
-            from deepinfer_nvidia.kernels.triton_rope import rope as rope_launch
-
-            return rope_launch(out, pos, freq, inverse=True)
+            return triton_rope.rope(out, pos, freq, inverse=True)
         return out
     part = torch.empty(splits, t, h, d, dtype=torch.float32, device=q.device)
     ml = torch.empty(splits, t, h, 2, dtype=torch.float32, device=q.device)
@@ -296,8 +295,6 @@ def supports_rope(q, kv_a, idx_a, kv_b, idx_b, sinks, scale, positions, inv_freq
     """``supports``, plus what the rotation needs: integer positions [T], a float inv_freq of a power-of-two length
     (the merge's pair lanes) whose 2 x length fits D with an even number of channels before it (pairs are
     (even, odd) channels)."""
-    from deepinfer_nvidia.kernels import triton_rope
-
     half = inv_freq.shape[0] if inv_freq.dim() == 1 else 0
     return (supports(q, kv_a, idx_a, kv_b, idx_b, sinks, scale) and triton_rope.supports(q, positions, inv_freq)
             and half > 0 and half & (half - 1) == 0 and (q.shape[-1] - 2 * half) % 2 == 0)
@@ -309,8 +306,7 @@ def sparse_sink_rope(q: torch.Tensor, kv_a: torch.Tensor, idx_a: torch.Tensor, k
     """``attention.sparse_sink_rope``: q [T, H, D] before its RoPE -> [T, H, D] in q.dtype. Switched off, or for
     operands not covered, the parts (``triton_rope.rope``, ``sparse_sink``, ``rope`` inverse). ``force_kernel``
     skips the switch and the device check (Triton's interpreter, tests only)."""
-    from deepinfer_nvidia.kernels.triton_rope import rope
-
+    rope = triton_rope.rope
     if not (force_kernel or (ATTN_ROPE_FUSED and supports_rope(q, kv_a, idx_a, kv_b, idx_b, sinks, scale, positions,
                                                                  inv_freq))):
         o = sparse_sink(rope(q, positions, inv_freq), kv_a, idx_a, kv_b, idx_b, sinks, scale)

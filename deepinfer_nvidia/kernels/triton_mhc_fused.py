@@ -211,13 +211,14 @@ def _launch(residual, y, post, comb, fn, base, scale, norm_w, norm_eps, hc_eps, 
 
 def gate_warps(block: int) -> int:
     """Warps of the gate-and-norm program for a row of ``block`` (a power of two) columns: 4 up to 4096, then 16
-    (8 warps spill at 8192 for sm_90a, 16 do not up to 16384: ``test_triton_mhc_fused_sass.py``)."""
+    (8 warps spill at 8192 for sm_90a, 16 do not up to 16384: ``tests/kernels/test_fused_kernels_sass.py``)."""
     return 4 if block <= 4096 else 16
 
 
-def _fused(t: int, batch_invariant: bool, force_kernel: bool, ok: bool) -> bool:
-    """Run the fused kernels (else the parts): switched on, operands covered, decode-sized or batch-invariant."""
-    return (FUSED or force_kernel) and ok and (batch_invariant or t < MAX_T)
+def _fused(t: int, batch_invariant: bool, force_kernel: bool, covers) -> bool:
+    """Run the fused kernels (else the parts): switched on, decode-sized or batch-invariant, operands covered
+    (``covers()``, asked last: switched off, the default eager step pays nothing for the check)."""
+    return (FUSED or force_kernel) and (batch_invariant or t < MAX_T) and covers()
 
 
 def pre_norm(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
@@ -228,8 +229,8 @@ def pre_norm(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale
 
     ``force_kernel`` runs the kernels whatever ``FUSED`` says, on CPU tensors too (Triton's interpreter, tests
     only); ``split_fn`` overrides the bf16-pieces product (the interpreter's bf16 dots are wrong)."""
-    ok = _covers(residual, fn, base, scale, norm_w, collapse_pre, force_kernel=force_kernel)
-    if not _fused(residual.shape[0], batch_invariant, force_kernel, ok):
+    covers = lambda: _covers(residual, fn, base, scale, norm_w, collapse_pre, force_kernel=force_kernel)  # noqa: E731
+    if not _fused(residual.shape[0], batch_invariant, force_kernel, covers):
         parts = _pre_norm_parts_bi if batch_invariant else _pre_norm_parts
         return parts(residual, fn, base, scale, norm_w, norm_eps, hc_eps, sinkhorn_iters, collapse_pre)
     _check_shapes("mhc.pre_norm", residual, fn, base, scale, norm_w, collapse_pre, None, None, None)
@@ -243,8 +244,9 @@ def expand_pre_norm(residual: torch.Tensor, y: torch.Tensor, post: torch.Tensor,
                     batch_invariant: bool = False, force_kernel: bool = False, split_fn: bool | None = None) -> tuple:
     """``mhc.expand_pre_norm``: returns ``(residual' [T, n, D], h [T, D], pre, post', comb')``; arguments as the
     reference's, the keywords as ``pre_norm``'s."""
-    ok = _covers(residual, fn, base, scale, norm_w, collapse_pre, y, post, comb, force_kernel=force_kernel)
-    if not _fused(residual.shape[0], batch_invariant, force_kernel, ok):
+    covers = lambda: _covers(residual, fn, base, scale, norm_w, collapse_pre, y, post, comb,  # noqa: E731
+                             force_kernel=force_kernel)
+    if not _fused(residual.shape[0], batch_invariant, force_kernel, covers):
         parts = _expand_pre_norm_parts_bi if batch_invariant else _expand_pre_norm_parts
         return parts(residual, y, post, comb, fn, base, scale, norm_w, norm_eps, hc_eps, sinkhorn_iters,
                      collapse_pre)

@@ -117,11 +117,16 @@ mhc_expand_pre_norm = compose_expand_pre_norm(_REFS)
 def _gen_mix(dtype, device, seed):
     g = torch.Generator().manual_seed(seed)
     for t, n, d in [(1, 4, 8), (6, 4, 64), (3, 2, 32)]:
-        r = torch.randn(t, n, d, generator=g).to(dtype).to(device)
-        fn = (torch.randn((2 + n) * n, n * d, generator=g) / (n * d) ** 0.5).to(device)
-        base = torch.randn((2 + n) * n, generator=g).to(device)
-        scale = torch.rand(3, generator=g).to(device) + 0.5
-        yield (r, fn, base, scale, 1e-6, 1e-6, 20), {}
+        yield _mix_case(dtype, device, g, t, n, d)
+
+
+def _mix_case(dtype, device, g, t, n, d) -> tuple:
+    """One ``mhc.mix`` case ``(args, kwargs)``: residual [t, n, d] in dtype, fp32 fn / base / scale from ``g``."""
+    r = torch.randn(t, n, d, generator=g).to(dtype).to(device)
+    fn = (torch.randn((2 + n) * n, n * d, generator=g) / (n * d) ** 0.5).to(device)
+    base = torch.randn((2 + n) * n, generator=g).to(device)
+    scale = torch.rand(3, generator=g).to(device) + 0.5
+    return (r, fn, base, scale, 1e-6, 1e-6, 20), {}
 
 
 def _gen_collapse(dtype, device, seed):
@@ -148,7 +153,7 @@ def _gen_pre_norm(dtype, device, seed):
     """With and without ``collapse_pre``, at the widths the fused kernels tile (D not a multiple of their tile)."""
     g = torch.Generator().manual_seed(seed)
     for t, n, d, given in [(1, 4, 64, False), (5, 4, 96, True), (17, 4, 160, False), (3, 2, 64, True)]:
-        (r, fn, base, scale, *rest), _ = next(_gen_mix_at(dtype, device, g, t, n, d))
+        (r, fn, base, scale, *rest), _ = _mix_case(dtype, device, g, t, n, d)
         w = (1 + 0.1 * torch.randn(d, generator=g)).float().to(device)
         cpre = torch.rand(t, n, generator=g).to(device) + 0.1 if given else None
         yield (r, fn, base, scale, w, 1e-6, 1e-6, 20, cpre), {}
@@ -162,14 +167,6 @@ def _gen_expand_pre_norm(dtype, device, seed):
         post = 2 * torch.rand(t, n, generator=g).to(device)
         comb = torch.rand(t, n, n, generator=g).to(device)
         yield (r, y, post, comb / comb.sum(-1, keepdim=True), fn, base, scale, w, *rest), {}
-
-
-def _gen_mix_at(dtype, device, g, t, n, d):
-    r = torch.randn(t, n, d, generator=g).to(dtype).to(device)
-    fn = (torch.randn((2 + n) * n, n * d, generator=g) / (n * d) ** 0.5).to(device)
-    base = torch.randn((2 + n) * n, generator=g).to(device)
-    scale = torch.rand(3, generator=g).to(device) + 0.5
-    yield (r, fn, base, scale, 1e-6, 1e-6, 20), {}
 
 
 OPS = [
