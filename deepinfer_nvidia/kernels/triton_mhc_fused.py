@@ -100,7 +100,8 @@ def _expand_proj_kernel(r_ptr, y_ptr, post_ptr, comb_ptr, out_ptr, fn_ptr, part_
 @triton.jit
 def _gate_norm_kernel(part_ptr, ss_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, r_ptr, cpre_ptr, w_ptr,
                       h_ptr, T, D, n, norm_eps, hc_eps, iters, rms_eps, NR: tl.constexpr, NP: tl.constexpr,
-                      SPLITS: tl.constexpr, BLOCK: tl.constexpr, HAS_CPRE: tl.constexpr, PDL: tl.constexpr = 0):
+                      SPLITS: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, HAS_CPRE: tl.constexpr,
+                      PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     t = tl.program_id(0)
     pre, post, c = _gate_math(part_ptr, ss_ptr, base_ptr, scale_ptr, t, T, n * D, n, norm_eps, hc_eps, iters,
@@ -111,18 +112,45 @@ def _gate_norm_kernel(part_ptr, ss_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, 
         p = tl.load(cpre_ptr + t * n + k, mask=k < n, other=0.0)
     else:
         p = pre
-    cols = tl.arange(0, BLOCK)
-    cmask = cols < D
-    x = tl.zeros([BLOCK], dtype=tl.float32)
     base = t.to(tl.int64) * n * D
+    hrow = h_ptr + t.to(tl.int64) * D
+    if CHUNK >= BLOCK:  # the whole row in registers (many warps)
+        cols = tl.arange(0, BLOCK)
+        cmask = cols < D
+        xq = _collapse_cols(r_ptr, base, D, cols, cmask, p, k, n, NP).to(h_ptr.dtype.element_ty).to(tl.float32)
+        inv = 1.0 / tl.sqrt(tl.sum(xq * xq, axis=0) / D + rms_eps)
+        w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+        tl.store(hrow + cols, (w * (xq * inv)).to(h_ptr.dtype.element_ty), mask=cmask)
+    else:
+        # few warps (the gate's Sinkhorn rounds are cheapest on one warp): the row in CHUNK pieces, twice. The first
+        # pass stores the rounded collapse (mhc.collapse's stored value) into h and sums its squares; the second
+        # reads it back (the same lanes wrote it: the load and the store share one layout) and normalises.
+        sq = tl.zeros([CHUNK], dtype=tl.float32)
+        for c0 in range(0, D, CHUNK):
+            cols = c0 + tl.arange(0, CHUNK)
+            cmask = cols < D
+            xq = _collapse_cols(r_ptr, base, D, cols, cmask, p, k, n, NP).to(h_ptr.dtype.element_ty)
+            tl.store(hrow + cols, xq, mask=cmask)
+            xf = xq.to(tl.float32)
+            sq += xf * xf
+        inv = 1.0 / tl.sqrt(tl.sum(sq, axis=0) / D + rms_eps)
+        for c0 in range(0, D, CHUNK):
+            cols = c0 + tl.arange(0, CHUNK)
+            cmask = cols < D
+            xq = tl.load(hrow + cols, mask=cmask, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+            tl.store(hrow + cols, (w * (xq * inv)).to(h_ptr.dtype.element_ty), mask=cmask)
+
+
+@triton.jit
+def _collapse_cols(r_ptr, base, D, cols, cmask, p, k, n, NP: tl.constexpr):
+    """fp32 ``sum_i p[i] R[t, i, cols]`` (``base``: token t's offset), the streams in order."""
+    x = tl.zeros(cols.shape, dtype=tl.float32)
     for i in tl.static_range(NP):
         if i < n:
             p_i = tl.sum(tl.where(k == i, p, 0.0), axis=0)  # exact: one nonzero term
             x += p_i * tl.load(r_ptr + base + i * D + cols, mask=cmask, other=0.0).to(tl.float32)
-    xq = x.to(h_ptr.dtype.element_ty).to(tl.float32)  # mhc.collapse's stored value, which norm.rms reads
-    inv = 1.0 / tl.sqrt(tl.sum(xq * xq, axis=0) / D + rms_eps)
-    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-    tl.store(h_ptr + t.to(tl.int64) * D + cols, (w * (xq * inv)).to(h_ptr.dtype.element_ty), mask=cmask)
+    return x
 
 
 _PARTS = {"mhc.mix": triton_mhc.mix, "mhc.collapse": triton_mhc.collapse, "norm.rms": triton_norm.rms,
@@ -171,8 +199,10 @@ def _check_shapes(op, residual, fn, base, scale, norm_w, collapse_pre, y, post, 
 
 
 def _launch(residual, y, post, comb, fn, base, scale, norm_w, norm_eps, hc_eps, sinkhorn_iters, collapse_pre,
-            split_fn: bool | None = None):
-    """Both kernels; returns ``(residual' or None, h, pre, post', comb')``."""
+            split_fn: bool | None = None, launch: dict | None = None):
+    """Both kernels; returns ``(residual' or None, h, pre, post', comb')``. ``launch`` overrides the launch shape
+    (benchmarks, tests): ``splits`` (a power of two), ``block_d``, ``proj_warps``, ``proj_stages``, ``gate_warps``,
+    ``chunk`` (a power of two; the row in one piece when >= the row's block)."""
     if int(sinkhorn_iters) < 1:
         raise ValueError(f"mhc fused: sinkhorn_iters must be >= 1, got {sinkhorn_iters}")
     t, n, d = residual.shape
@@ -186,10 +216,12 @@ def _launch(residual, y, post, comb, fn, base, scale, norm_w, norm_eps, hc_eps, 
     new = torch.empty_like(residual) if expand else None
     if t == 0:
         return new, h, pre, post_out, comb_out
+    lo = launch or {}
+    bd = lo.get("block_d", BLOCK_D)
     splits = 1
-    while splits < MAX_SPLITS and d // (splits * 2) >= BLOCK_D:
+    while splits < lo.get("splits", MAX_SPLITS) and d // (splits * 2) >= bd:
         splits *= 2
-    d_per = triton.cdiv(triton.cdiv(d, splits), BLOCK_D) * BLOCK_D
+    d_per = triton.cdiv(triton.cdiv(d, splits), bd) * bd
     part = torch.empty(splits, t, nr, dtype=torch.float32, device=dev)
     ss = torch.empty(splits, t, dtype=torch.float32, device=dev)
     x = residual.contiguous()
@@ -198,20 +230,35 @@ def _launch(residual, y, post, comb, fn, base, scale, norm_w, norm_eps, hc_eps, 
     _expand_proj_kernel[(triton.cdiv(t, BLOCK_T), splits)](
         x, y.contiguous() if expand else x, post.contiguous() if expand else x, comb.contiguous() if expand else x,
         new if expand else x, fn.contiguous(), part, ss, t, d, rows, d_per, N=n, NR=nr, BLOCK_T=BLOCK_T,
-        BLOCK_D=BLOCK_D, EXPAND=expand, SPLIT_FN=split_fn, num_warps=PROJ_WARPS, num_stages=PROJ_STAGES,
-        **pdl_launch())
+        BLOCK_D=bd, EXPAND=expand, SPLIT_FN=split_fn, num_warps=lo.get("proj_warps", PROJ_WARPS),
+        num_stages=lo.get("proj_stages", PROJ_STAGES), **pdl_launch())
     block = next_pow2(d)
+    warps, chunk = gate_launch(block)
+    warps, chunk = lo.get("gate_warps", warps), min(block, lo.get("chunk", chunk))
     _gate_norm_kernel[(t,)](
         part, ss, base.contiguous(), scale.contiguous(), pre, post_out, comb_out, new if expand else x,
         collapse_pre.contiguous() if collapse_pre is not None else pre, norm_w.contiguous(), h, t, d, n,
         float(norm_eps), float(hc_eps), int(sinkhorn_iters), float(norm_eps), NR=nr, NP=max(2, n), SPLITS=splits,
-        BLOCK=block, HAS_CPRE=collapse_pre is not None, num_warps=gate_warps(block), **pdl_launch())
+        BLOCK=block, CHUNK=chunk, HAS_CPRE=collapse_pre is not None, num_warps=warps, **pdl_launch())
     return new, h, pre, post_out, comb_out
 
 
+# The gate-and-norm program: GATE_WARPS warps, the row in GATE_CHUNK-column pieces (two passes). The thirtieth
+# pass's shape (the whole row in registers, 16 warps at V4.1's 5120 columns) made the V4.1 batch-1 step 0.33 ms
+# slower on an H100 (pass31a): the gate's Sinkhorn rounds are chains of small reductions, which cross warps
+# through shared memory and CTA barriers with more than one warp (triton_mhc.DECODE_GATE_WARPS).
+GATE_WARPS, GATE_CHUNK = 1, 1024
+
+
+def gate_launch(block: int) -> tuple[int, int]:
+    """(warps, chunk) of the gate-and-norm program for a row of ``block`` (a power of two) columns: ``GATE_WARPS``
+    and ``GATE_CHUNK`` columns a piece (``block`` itself when smaller)."""
+    return GATE_WARPS, min(block, GATE_CHUNK)
+
+
 def gate_warps(block: int) -> int:
-    """Warps of the gate-and-norm program for a row of ``block`` (a power of two) columns: 4 up to 4096, then 16
-    (8 warps spill at 8192 for sm_90a, 16 do not up to 16384: ``tests/kernels/test_fused_kernels_sass.py``)."""
+    """Warps that keep a whole row of ``block`` columns in registers without spilling (sm_90a): 4 up to 4096, then
+    16 (8 warps spill at 8192, 16 do not up to 16384: ``tests/kernels/test_fused_kernels_sass.py``)."""
     return 4 if block <= 4096 else 16
 
 
@@ -224,24 +271,26 @@ def _fused(t: int, batch_invariant: bool, force_kernel: bool, covers) -> bool:
 def pre_norm(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
              norm_w: torch.Tensor, norm_eps: float, hc_eps: float, sinkhorn_iters: int,
              collapse_pre: torch.Tensor | None = None, batch_invariant: bool = False, force_kernel: bool = False,
-             split_fn: bool | None = None) -> tuple:
+             split_fn: bool | None = None, launch: dict | None = None) -> tuple:
     """``mhc.pre_norm`` (residual [T, n, D] -> h [T, D] in residual.dtype, fp32 pre, post [T, n], comb [T, n, n]).
 
     ``force_kernel`` runs the kernels whatever ``FUSED`` says, on CPU tensors too (Triton's interpreter, tests
-    only); ``split_fn`` overrides the bf16-pieces product (the interpreter's bf16 dots are wrong)."""
+    only); ``split_fn`` overrides the bf16-pieces product (the interpreter's bf16 dots are wrong); ``launch`` the
+    launch shape (``_launch``)."""
     covers = lambda: _covers(residual, fn, base, scale, norm_w, collapse_pre, force_kernel=force_kernel)  # noqa: E731
     if not _fused(residual.shape[0], batch_invariant, force_kernel, covers):
         parts = _pre_norm_parts_bi if batch_invariant else _pre_norm_parts
         return parts(residual, fn, base, scale, norm_w, norm_eps, hc_eps, sinkhorn_iters, collapse_pre)
     _check_shapes("mhc.pre_norm", residual, fn, base, scale, norm_w, collapse_pre, None, None, None)
     return _launch(residual, None, None, None, fn, base, scale, norm_w, norm_eps, hc_eps, sinkhorn_iters,
-                   collapse_pre, split_fn)[1:]
+                   collapse_pre, split_fn, launch)[1:]
 
 
 def expand_pre_norm(residual: torch.Tensor, y: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
                     fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_w: torch.Tensor, norm_eps: float,
                     hc_eps: float, sinkhorn_iters: int, collapse_pre: torch.Tensor | None = None,
-                    batch_invariant: bool = False, force_kernel: bool = False, split_fn: bool | None = None) -> tuple:
+                    batch_invariant: bool = False, force_kernel: bool = False, split_fn: bool | None = None,
+                    launch: dict | None = None) -> tuple:
     """``mhc.expand_pre_norm``: returns ``(residual' [T, n, D], h [T, D], pre, post', comb')``; arguments as the
     reference's, the keywords as ``pre_norm``'s."""
     covers = lambda: _covers(residual, fn, base, scale, norm_w, collapse_pre, y, post, comb,  # noqa: E731
@@ -252,7 +301,7 @@ def expand_pre_norm(residual: torch.Tensor, y: torch.Tensor, post: torch.Tensor,
                      collapse_pre)
     _check_shapes("mhc.expand_pre_norm", residual, fn, base, scale, norm_w, collapse_pre, y, post, comb)
     return _launch(residual, y, post, comb, fn, base, scale, norm_w, norm_eps, hc_eps, sinkhorn_iters,
-                   collapse_pre, split_fn)
+                   collapse_pre, split_fn, launch)
 
 
 def pre_norm_bi(*args, **kwargs) -> tuple:

@@ -53,9 +53,13 @@ def test_expand_proj_kernel(expand, split_fn):
 
 
 @pytest.mark.parametrize("block", [4096, 8192, 16384])  # V4's D 4096, V4.1's 5120, the widest covered
-def test_gate_norm_kernel(block):
-    consts = {"NR": 32, "NP": 4, "SPLITS": 64, "BLOCK": block, "HAS_CPRE": 1, "PDL": 1}
-    _no_spills_and_pdl_first(opcodes(count(fz._gate_norm_kernel, GATE_SIG, consts, warps=fz.gate_warps(block))["sass"]))
+@pytest.mark.parametrize("whole_row", [False, True])
+def test_gate_norm_kernel(block, whole_row):
+    """The default launch (``gate_launch``: one warp, the row in pieces) and the whole row in registers
+    (``gate_warps`` warps) both keep to their registers."""
+    warps, chunk = (fz.gate_warps(block), block) if whole_row else fz.gate_launch(block)
+    consts = {"NR": 32, "NP": 4, "SPLITS": 64, "BLOCK": block, "CHUNK": chunk, "HAS_CPRE": 1, "PDL": 1}
+    _no_spills_and_pdl_first(opcodes(count(fz._gate_norm_kernel, GATE_SIG, consts, warps=warps)["sass"]))
 
 
 ATTN_SIG = {"q_ptr": "*bf16", "kva_ptr": "*bf16", "idxa_ptr": "*i64", "kvb_ptr": "*bf16", "idxb_ptr": "*i64",

@@ -4,6 +4,7 @@ of ``mhc.mix``, ``mhc.expand``, ``mhc.collapse`` and ``norm.rms``):
 
 - fp32 and bf16 residuals, with and without ``collapse_pre``, token counts across a ``BLOCK_T`` tile, a width
   whose D ranges end inside a tile;
+- launch shapes: the row normed in pieces (the default at D > 1024; here 64 columns on two warps), or whole;
 - D 1040 at one token: 64 D ranges of 32 columns, the 33rd partial and the rest empty (they must add zeros);
   V4.1's own width (5120) splits evenly and runs on the device (``test_conformance_mhc_fused.py``);
 - batch invariance: rows of a 20-token call equal those rows in a 17-token call and alone, bit for bit;
@@ -59,6 +60,15 @@ for t, dtype, given in ((1, torch.float32, False), (18, torch.float32, True), (3
           mhc_expand_pre_norm(r, y, post, comb, fn, base, scale, w, 1e-6, 1e-6, 20, cpre), dtype)
     cases += 2
 
+# launch shapes (``launch``): the row normed in 64-column pieces (the last short) on two warps, fewer and wider D
+# ranges; and the whole row in one piece
+for launch in (dict(chunk=64, gate_warps=2, splits=8, block_d=32), dict(chunk=1 << 20, gate_warps=4)):
+    r, y, post, comb = inputs(18, n, d, torch.float32)
+    cpre = torch.rand(18, n, generator=g) + 0.1
+    close(fz.expand_pre_norm(r, y, post, comb, fn, base, scale, w, 1e-6, 1e-6, 20, cpre, launch=launch, **KW),
+          mhc_expand_pre_norm(r, y, post, comb, fn, base, scale, w, 1e-6, 1e-6, 20, cpre), torch.float32)
+    cases += 1
+
 # a width whose D ranges run past D: 64 ranges of 32 columns for 1040 (the 33rd partial, the rest empty: they must
 # add zeros)
 n, d = 4, 1040
@@ -99,7 +109,7 @@ print("INTERPRETED", cases)
 
 
 def test_fused_boundary_in_the_interpreter(run_interpreted):
-    run_interpreted(_INTERPRETED, "INTERPRETED 14", timeout=600)
+    run_interpreted(_INTERPRETED, "INTERPRETED 16", timeout=600)
 
 
 def test_fused_ops_off_run_their_parts_exactly(monkeypatch):
