@@ -56,11 +56,11 @@ def test_chunked_prefill_equals_unchunked(tiny_v4_dir, reference, chunk):
 
 def test_preemption_under_tiny_kv_budget_changes_nothing(tiny_v4_dir):
     prompts = [random_prompt(120, 10 + i) for i in range(4)]
-    params = [SamplingParams(temperature=0.8, seed=7 + i, max_tokens=100, ignore_eos=True, logprobs=1) for i in range(4)]
+    params = [SamplingParams(temperature=0.8, seed=7 + i, max_tokens=60, ignore_eos=True, logprobs=1) for i in range(4)]
     big = make(tiny_v4_dir, async_scheduling=False)
     ref = [sig(big.generate([p], sp, use_tqdm=False)[0]) for p, sp in zip(prompts, params)]
     per_block = sum(s.page_bytes for s in big.llm_engine.executor.specs.values() if hasattr(s, "page_bytes"))
-    llm = make(tiny_v4_dir, kv_cache_memory_bytes=per_block * 40)  # 4 x 220 tokens need ~56
+    llm = make(tiny_v4_dir, kv_cache_memory_bytes=per_block * 32)  # 4 x 180 tokens need ~48
     sched = llm.llm_engine.scheduler
     count = {"n": 0}
     orig = sched._preempt
