@@ -66,10 +66,8 @@ IMPLS: tuple[tuple, ...] = (
      f"{_K}.triton_attention:supports_rope"),
     ("index.scores", "triton", f"{_K}.triton_indexer:scores", f"{_K}.triton_indexer:supports"),
     ("mhc.mix", "triton", f"{_K}.triton_mhc:mix", f"{_K}.triton_mhc:supports"),
-    # the fused sublayer boundary (opt-in, DEEPINFER_NV_MHC_FUSED=1; its parts otherwise, as here)
-    ("mhc.pre_norm", "triton", f"{_K}.triton_mhc_fused:pre_norm", f"{_K}.triton_mhc_fused:supports_pre_norm"),
-    ("mhc.expand_pre_norm", "triton", f"{_K}.triton_mhc_fused:expand_pre_norm",
-     f"{_K}.triton_mhc_fused:supports_expand_pre_norm"),
+    # mhc.pre_norm and mhc.expand_pre_norm: composed from the parts above (a fused two-launch kernel was 3x slower
+    # than its five part launches, docs/performance.md thirty-first pass, and was removed)
     ("gemm.fp8_block", "triton", f"{_K}.triton_gemm:gemm_fp8_block", f"{_K}.triton_gemm:supports_fp8"),
     ("gemm.fp8_block_grouped", "triton", f"{_K}.triton_gemm:gemm_fp8_block_grouped",
      f"{_K}.triton_gemm:supports_fp8_grouped"),
@@ -88,10 +86,6 @@ IMPLS: tuple[tuple, ...] = (
     # index.scores: one program per token and a fixed candidate lane (BLOCK_N from (Hi, Di))
     ("index.scores", "triton_bi", f"{_K}.triton_indexer:scores_per_token", f"{_K}.triton_indexer:supports", True),
     ("mhc.mix", "triton_bi", f"{_K}.triton_mhc:mix_bi", f"{_K}.triton_mhc:supports", True),
-    ("mhc.pre_norm", "triton_bi", f"{_K}.triton_mhc_fused:pre_norm_bi",
-     f"{_K}.triton_mhc_fused:supports_pre_norm", True),
-    ("mhc.expand_pre_norm", "triton_bi", f"{_K}.triton_mhc_fused:expand_pre_norm_bi",
-     f"{_K}.triton_mhc_fused:supports_expand_pre_norm", True),
     ("gemm.fp8_block", "triton_bi", f"{_K}.triton_gemm:gemm_fp8_block_bi", f"{_K}.triton_gemm:supports_fp8", True),
     ("gemm.fp8_block_grouped", "triton_bi", f"{_K}.triton_gemm:gemm_fp8_block_grouped_bi",
      f"{_K}.triton_gemm:supports_fp8_grouped", True),

@@ -41,7 +41,7 @@ from deepinfer_nvidia.kernels.triton_pdl import pdl_enter, pdl_launch
 def bf16_pieces_dot(x, f):
     """``x . f^T`` to fp32 accuracy on the bf16 tensor cores: x bf16 [M, K] (exact in bf16), f fp32 [N, K] ->
     fp32 [M, N]. f = f1 + f2 + f3 (three bf16 pieces, rounded to nearest, ~24 significant bits together), three
-    bf16 products with fp32 accumulation, starting from zero (shared with ``triton_mhc_fused``)."""
+    bf16 products with fp32 accumulation, starting from zero."""
     f1 = f.to(tl.bfloat16)
     r1 = f - f1.to(tl.float32)
     f2 = r1.to(tl.bfloat16)
@@ -92,7 +92,7 @@ def _gate_math(part_ptr, ss_ptr, base_ptr, scale_ptr, t, T, K, n, norm_eps, hc_e
                NR: tl.constexpr, NP: tl.constexpr, SPLITS: tl.constexpr):
     """Token ``t``'s mix weights from the projection partials ``part [SPLITS, T, NR]`` and the sums of squares
     ``ss [SPLITS, T]``: fp32 ``pre [NP]``, ``post [NP]``, ``comb [NP, NP]`` (rows i, columns j; lanes >= n are
-    not weights: masked stores only). Shared by ``_gate_kernel`` and ``triton_mhc_fused``."""
+    not weights: masked stores only)."""
     s = tl.arange(0, SPLITS)
     ss = tl.sum(tl.load(ss_ptr + s * T + t), axis=0)
     r = 1.0 / tl.sqrt(ss / K + norm_eps)

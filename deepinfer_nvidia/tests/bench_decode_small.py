@@ -1,6 +1,6 @@
 """Launch shapes of two batch-1 kernels that carry little data but take ~10-16 us a call (not a pytest file).
 
-    python3 -m deepinfer_nvidia.tests.bench_decode_small [--out DIR] [--only attn,mix,boundary,scores,engram,topk] \\
+    python3 -m deepinfer_nvidia.tests.bench_decode_small [--out DIR] [--only attn,mix,scores,engram,topk] \\
         [--tokens 1,2,8]
 
 In the 8-layer V4.1 batch-1 step (docs/perf/pass22a/v41/profile.txt) ``attention.sparse_sink`` takes 15.6 us a call
@@ -10,8 +10,6 @@ for ~0.7 MB of KV rows (0.16 us at the copy bandwidth) and ``mhc.mix`` 10.6 us (
 - attention at V4.1 widths (64 heads of 512, bf16) over a 128-slot window plus 512 selected compressed rows (the
   indexed layers), 32 (the 128x-compressed layers) or none: heads per program, slots per chunk, K splits, warps;
 - ``mhc.mix`` (residual [T, 4, 4096] bf16, fn [24, 16384] fp32): K splits, pipeline stages, gate warps;
-- the mHC sublayer boundary (``mhc.expand_pre_norm`` at V4.1 widths): its parts against the fused launches'
-  shapes (``triton_mhc_fused``: gate warps and row pieces, D ranges, columns a step, projection warps);
 - ``index.scores`` (64 heads of 128 over 1024 candidates): candidates a chunk and chunks a program;
 - ``engram.gate`` (4 streams of 4096): one program a stream or one a token;
 - ``index.topk`` (k 512 of 1024 and 8192 scores): warps a program.
@@ -86,45 +84,6 @@ def bench_mix(tokens, rows) -> None:
             us = graph_us(lambda: tm.mix(*args, decode_launch=v), calls=RING)
             rows.append(dict(kind="mix", t=t, variant=v, us=us, err=err))
             print(f"mix  T={t} {str(v or 'default'):52s} {us:7.2f} us  err {err:.2e}", flush=True)
-
-
-def bench_boundary(tokens, rows) -> None:
-    """The mHC sublayer boundary at V4.1 widths (residual [T, 4, 5120] bf16, fn [24, 20480] fp32, V4.1's delayed
-    collapse): ``mhc.expand_pre_norm`` as its parts (expand, mix, collapse, RMSNorm: the default) against the fused
-    two launches (``triton_mhc_fused``) in several launch shapes."""
-    from deepinfer_nvidia.kernels import triton_mhc_fused as fz
-
-    dev, n, d = "cuda", 4, 5120
-    g = torch.Generator(device=dev).manual_seed(5)
-    fn = torch.randn(24, n * d, device=dev, generator=g) / 160
-    base, scale = torch.randn(24, device=dev, generator=g), torch.rand(3, device=dev, generator=g) + 0.5
-    w = 1 + 0.1 * torch.randn(d, device=dev, generator=g)
-    variants = [None, {}]  # None: the parts
-    variants += [dict(gate_warps=gw, chunk=c) for gw, c in ((1, 512), (1, 2048), (2, 1024), (4, 1024), (4, 2048),
-                                                            (4, 8192), (16, 8192))]
-    variants += [dict(splits=s, block_d=bd, proj_warps=pw) for s, bd, pw in ((32, 16, 8), (128, 16, 8), (64, 16, 4),
-                                                                          (64, 32, 8), (128, 32, 8))]
-    for t in tokens:
-        r = torch.randn(t, n, d, device=dev, generator=g).to(torch.bfloat16)
-        y = torch.randn(t, d, device=dev, generator=g).to(torch.bfloat16)
-        post, comb = 2 * torch.rand(t, n, device=dev, generator=g), torch.rand(t, n, n, device=dev, generator=g)
-        comb = comb / comb.sum(-1, keepdim=True)
-        cpre = torch.rand(t, n, device=dev, generator=g) + 0.1
-        args = (r, y, post, comb, fn, base, scale, w, 1e-6, 1e-6, 20, cpre)
-        ref = fz._expand_pre_norm_parts(*args)
-        for v in variants:
-            call = (lambda: fz._expand_pre_norm_parts(*args)) if v is None else \
-                (lambda v=v: fz.expand_pre_norm(*args, force_kernel=True, launch=v))
-            try:
-                out = call()
-                err = max((a.float() - b.float()).abs().max().item() for a, b in zip(out, ref))
-                us = graph_us(call, calls=RING)
-            except Exception as e:  # a shape that does not compile: reported, not fatal
-                print(f"boundary T={t} {v}: {type(e).__name__} {str(e)[:80]}", flush=True)
-                continue
-            name = "parts" if v is None else (v or "fused default")
-            rows.append(dict(kind="boundary", t=t, variant=v if v is not None else {"parts": 1}, us=us, err=err))
-            print(f"boundary T={t} {str(name):52s} {us:7.2f} us  err {err:.2e}", flush=True)
 
 
 def bench_scores(tokens, rows) -> None:
@@ -204,8 +163,6 @@ def main() -> None:
     only = set(args.only.split(","))
     if "mix" in only:
         bench_mix(tokens, rows)
-    if "boundary" in only:
-        bench_boundary(tokens, rows)
     if "attn" in only:
         bench_attention(tokens, rows)
     if "scores" in only:
@@ -217,11 +174,11 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "decode_small.json"), "w") as f:
         json.dump(rows, f, indent=1)
-    for kind in ("attn", "mix", "boundary", "scores", "engram", "topk"):  # the fastest variant per shape against the default
+    for kind in ("attn", "mix", "scores", "engram", "topk"):  # the fastest variant per shape against the default
         for key in sorted({(r["t"], r.get("na"), r.get("nb")) for r in rows if r["kind"] == kind}):
             sel = [r for r in rows if r["kind"] == kind and (r["t"], r.get("na"), r.get("nb")) == key]
             best = min(sel, key=lambda r: r["us"])
-            dflt = next((r for r in sel if not r["variant"]), sel[0])
+            dflt = next(r for r in sel if not r["variant"])
             print(f"best {kind} {key}: {best['variant']} {best['us']:.2f} us against default {dflt['us']:.2f}",
                   flush=True)
 

