@@ -3,14 +3,21 @@ compressed entries (CSA: indexer top-k, HCA: all visible), grouped output projec
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from deepinfer_core.kv.spec import SlidingWindowSpec
 from deepinfer_core.runner.context import StepContext
 from deepinfer_models.deepseek_v4.compressor import Compressor
 from deepinfer_models.deepseek_v4.config import DeepseekV4Config
-from deepinfer_models.layers.linear import Linear
+from deepinfer_models.layers.linear import Linear, LinearGroup
 from deepinfer_models.layers.static_index import write_rows
+
+# Projections that read one input run as one product over stacked weights (``LinearGroup``): wq_a with wkv, and
+# on V4.1's index layers wq_b with the indexer's wq_b. ``DEEPINFER_MERGE_PROJECTIONS=0`` keeps them apart (read
+# at import; benchmarks compare the two).
+MERGE_PROJECTIONS = os.environ.get("DEEPINFER_MERGE_PROJECTIONS", "1") != "0"
 
 
 def split_grouped_linear(wo_a: Linear, groups: int, device) -> list:
@@ -86,15 +93,19 @@ class SharedKVAttention:
     Subclasses add the compressed branch (V4: CSA/HCA; V4.1: kv/index sources)."""
 
     def __init__(self, cfg, layer: int, w: dict, make_linear, rope: dict, kernels: dict, block_size: int,
-                 cache_dtype: torch.dtype):
+                 cache_dtype: torch.dtype, merge_projections: bool | None = None):
+        """``merge_projections``: wq_a and wkv (both read the normed x) as one product where their layouts allow
+        (``LinearGroup``; default ``MERGE_PROJECTIONS``)."""
         p = f"layers.{layer}.attn"
         self.cfg, self.k, self.layer = cfg, kernels, layer
         self.ratio = cfg.ratio(layer)
         self.inv_freq = rope["compress" if self.ratio else "main"]
         self.h, self.d = cfg.num_attention_heads, cfg.head_dim
         self.eps = cfg.rms_norm_eps
-        self.wq_a, self.wq_b = make_linear(f"{p}.wq_a"), make_linear(f"{p}.wq_b")
-        self.wkv, self.wo_b = make_linear(f"{p}.wkv"), make_linear(f"{p}.wo_b")
+        self.merge = MERGE_PROJECTIONS if merge_projections is None else merge_projections
+        self.qkv_a = LinearGroup([make_linear(f"{p}.wq_a"), make_linear(f"{p}.wkv")], self.merge)
+        self.wq_a, self.wkv = self.qkv_a.part(0), self.qkv_a.part(1)  # each alone (replay, DSpark context KV)
+        self.wq_b, self.wo_b = make_linear(f"{p}.wq_b"), make_linear(f"{p}.wo_b")
         # wo_a is applied per head group (kept in the checkpoint layout)
         self.wo_a = GroupedOutput(make_linear(f"{p}.wo_a"), cfg.o_groups, kernels, w[f"{p}.wo_a.weight"].device)
         self.q_norm = w[f"{p}.q_norm.weight"].float()
@@ -130,10 +141,11 @@ class AttentionV4(SharedKVAttention):
         """x [T, D] (normed attention input) -> [T, D]."""
         t = x.shape[0]
         pos = ctx.positions
-        qr = self.k["norm.rms"](self.wq_a(x), self.q_norm, self.eps)
+        q_a, kv_a = self.qkv_a(x)
+        qr = self.k["norm.rms"](q_a, self.q_norm, self.eps)
         q = self.wq_b(qr).view(t, self.h, self.d)
         q = self.k["norm.rms_unweighted"](q, self.eps)  # V4: per-head weightless q norm
-        kv = self.k["norm.rms_rope"](self.wkv(x), self.kv_norm, self.eps, pos, self.inv_freq)
+        kv = self.k["norm.rms_rope"](kv_a, self.kv_norm, self.eps, pos, self.inv_freq)
         swa = ctx.caches[self.swa_name]
         swa_meta = ctx.meta(self.swa_name)
         w = swa_meta.write_slots

@@ -18,19 +18,22 @@ from deepinfer_models.deepseek_v41.compressor import CompressorV41, cache_name
 from deepinfer_models.deepseek_v41.config import DeepseekV41Config
 from deepinfer_models.deepseek_v41.indexer import IndexerV41
 from deepinfer_models.deepseek_v41.step import IndexShare, StepRows
+from deepinfer_models.layers.linear import LinearGroup
 from deepinfer_models.layers.static_index import write_rows
 
 
 class AttentionV41(SharedKVAttention):
     def __init__(self, cfg: DeepseekV41Config, layer: int, w: dict, make_linear, rope: dict, kernels: dict,
-                 block_size: int, cache_dtype: torch.dtype):
-        super().__init__(cfg, layer, w, make_linear, rope, kernels, block_size, cache_dtype)
+                 block_size: int, cache_dtype: torch.dtype, merge_projections: bool | None = None):
+        super().__init__(cfg, layer, w, make_linear, rope, kernels, block_size, cache_dtype, merge_projections)
         self.compressor = None
         if cfg.is_kv_source(layer):
             self.compressor = CompressorV41(cfg, layer, w, make_linear, self.inv_freq, kernels, block_size, cache_dtype)
         self.indexer = None
         if cfg.is_index_source(layer):
             self.indexer = IndexerV41(cfg, layer, make_linear, self.inv_freq, kernels)
+        # wq_b with the indexer's wq_b (both read qr) on index layers; wq_b alone elsewhere
+        self.q_b = LinearGroup([self.wq_b] + ([self.indexer.wq_b] if self.indexer is not None else []), self.merge)
         self.cmp_name = cache_name(cfg.kv_src(layer)) if self.ratio else None
         self.topk_from = cfg.idx_src(layer) if self.ratio else None
 
@@ -42,30 +45,36 @@ class AttentionV41(SharedKVAttention):
 
     def __call__(self, x: torch.Tensor, ctx: StepContext, rows: StepRows | None, share: IndexShare) -> torch.Tensor:
         """x [T, D] (normed attention input) -> [T, D]. ``rows`` is only read by a kv source's compressor."""
-        self.write_kv(x, ctx, rows)
-        return self.attend(x, ctx, share)
+        q_a, kv_a = self.qkv_a(x)  # one product where merged
+        self.write_kv(x, ctx, rows, kv_a)
+        return self.attend(x, ctx, share, q_a)
 
-    def write_kv(self, x: torch.Tensor, ctx: StepContext, rows: StepRows | None) -> None:
+    def write_kv(self, x: torch.Tensor, ctx: StepContext, rows: StepRows | None,
+                 kv_a: torch.Tensor | None = None) -> None:
         """The KV half (vLLM's ``forward_kv``): SWA KV of every row, and on a kv source the compressed
         entries and index keys. Decoder-side replay runs it on all rows of the cut layer, then
-        ``attend`` on the kept rows only."""
+        ``attend`` on the kept rows only. ``kv_a``: ``wkv(x)`` when the caller has it."""
         k, pos = self.k, ctx.positions
-        kv = k["norm.rms_rope"](self.wkv(x), self.kv_norm, self.eps, pos, self.inv_freq)
+        kv_a = self.wkv(x) if kv_a is None else kv_a
+        kv = k["norm.rms_rope"](kv_a, self.kv_norm, self.eps, pos, self.inv_freq)
         write_rows(ctx.caches[self.swa_name], ctx.meta(self.swa_name).write_slots, kv)  # -1: not written
         if self.compressor is not None:
             self.compressor(x, ctx, rows)
 
-    def attend(self, x: torch.Tensor, ctx: StepContext, share: IndexShare) -> torch.Tensor:
-        """The query half: x [T, D] -> [T, D], reading the caches ``write_kv`` filled."""
+    def attend(self, x: torch.Tensor, ctx: StepContext, share: IndexShare,
+               q_a: torch.Tensor | None = None) -> torch.Tensor:
+        """The query half: x [T, D] -> [T, D], reading the caches ``write_kv`` filled. ``q_a``: ``wq_a(x)`` when
+        the caller has it."""
         k = self.k
         t, pos = x.shape[0], ctx.positions
-        qr = k["norm.rms"](self.wq_a(x), self.q_norm, self.eps)
-        q = self.wq_b(qr).view(t, self.h, self.d)
+        qr = k["norm.rms"](self.wq_a(x) if q_a is None else q_a, self.q_norm, self.eps)
+        q, *q_index = self.q_b(qr)
+        q = q.view(t, self.h, self.d)
         if self.cfg.q_head_norm:  # V4 behaviour; V4.1-Flash has it off ("qr is normed before wq_b")
             q = k["norm.rms_unweighted"](q, self.eps)
         swa, swa_meta = ctx.caches[self.swa_name], ctx.meta(self.swa_name)
         if self.indexer is not None:
-            share.topk[self.layer] = self.indexer(x, qr, ctx, share)
+            share.topk[self.layer] = self.indexer(x, qr, ctx, share, q_index[0])
         cmp_cache, cmp_idx = None, None
         if self.ratio:
             cmp_cache = ctx.caches[self.cmp_name]

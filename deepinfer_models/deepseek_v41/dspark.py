@@ -198,7 +198,9 @@ class DSparkDrafter:
                 "ffn_norm": w[f"layers.{L}.ffn_norm.weight"].float(),
                 "hc": {sub: tuple(w[f"layers.{L}.hc_{sub}_{x}"].float() for x in ("fn", "base", "scale"))
                        for sub in ("attn", "ffn")},
-                "attn": AttentionV41(dcfg, L, w, make_linear, rope, self.k, swa.block_size, swa.dtype),
+                # apart: the context KV (write_context_kv) needs wkv alone, for every target step
+                "attn": AttentionV41(dcfg, L, w, make_linear, rope, self.k, swa.block_size, swa.dtype,
+                                     merge_projections=False),
                 "ffn": MoEV4(dcfg, L, w, make_linear, self.k, self.dtype),
             })
         for layer in self.layers:

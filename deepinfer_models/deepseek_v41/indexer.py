@@ -36,11 +36,13 @@ class IndexerV41:
         self.uses_candidates = cfg.is_candidate_consumer(layer)
         self.weight_scale = self.head_dim ** -0.5 * self.n_heads ** -0.5
 
-    def __call__(self, x: torch.Tensor, qr: torch.Tensor, ctx: StepContext, share: IndexShare) -> torch.Tensor:
-        """x [T, D] attention input, qr [T, q_lora] -> top-k compressed positions [T, k] int64, -1 padded."""
+    def __call__(self, x: torch.Tensor, qr: torch.Tensor, ctx: StepContext, share: IndexShare,
+                 q_b: torch.Tensor | None = None) -> torch.Tensor:
+        """x [T, D] attention input, qr [T, q_lora] -> top-k compressed positions [T, k] int64, -1 padded.
+        ``q_b``: ``wq_b(qr)`` [T, Hi * Di] when the caller has it (the attention's merged product)."""
         t = x.shape[0]
         pos = ctx.positions
-        q = self.wq_b(qr).view(t, self.n_heads, self.head_dim)
+        q = (self.wq_b(qr) if q_b is None else q_b).view(t, self.n_heads, self.head_dim)
         q = self.k["rope.interleaved"](q, pos, self.inv_freq)
         weights = self.weights_proj(x).float() * self.weight_scale
         visible = ctx.meta(self.keys_name).read_idx  # [T, N] key slots in position order, -1 = not visible

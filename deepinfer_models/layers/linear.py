@@ -56,3 +56,73 @@ class Linear:
         if self.fmt == "fp8":
             return dequant_fp8_block(self.weight, self.scale, self.block).to(dtype)
         return dequant_mxfp4(self.weight, self.scale).to(dtype)
+
+
+class LinearGroup:
+    """Linears that read the same input, run as one product over their weights stacked by rows where they can be.
+
+    ``group(x)`` returns each member's output (``x [T, in] -> ([T, out_0], [T, out_1], ...)``, column slices of one
+    product when merged); ``group.part(i)`` is a callable for member i alone (the merged product, sliced: for the
+    rare caller that needs one member). Why: at decode sizes a small GEMV costs a fixed latency (the weights'
+    first bytes, the split-K reduction) of several times its bytes, so two GEMVs over one input cost nearly two
+    floors; merged they cost one.
+
+    Members merge only where one product computes exactly what theirs did: the same format, input width and block,
+    and for FP8 every member but the last a whole number of ``block[0]``-row scale blocks (the scale rows then
+    stack too). Otherwise, or with ``merge=False``, the members run one after another, as before."""
+
+    def __init__(self, members: list[Linear], merge: bool = True):
+        self.members = members
+        self.sizes = [m.out_features for m in members]
+        self.merged = merge and len(members) > 1 and self.can_merge(members)
+        if self.merged:
+            first = members[0]
+            weight = torch.cat([m.weight for m in members], dim=0)
+            scale = torch.cat([m.scale for m in members], dim=0) if first.scale is not None else None
+            self.linear = _like(first, "+".join(m.name for m in members), weight, scale)
+            # the members keep row views of the stacked tensors (no second copy of the weights): part() and
+            # dequantized() of a member read the same bytes
+            w_rows = [0] + list(torch.tensor(self.sizes).cumsum(0).tolist())
+            s_rows = [r // first.block[0] for r in w_rows] if first.fmt == "fp8" else w_rows
+            for i, m in enumerate(members):
+                m.weight = weight[w_rows[i]:w_rows[i + 1]]
+                if scale is not None:
+                    m.scale = scale[s_rows[i]:s_rows[i + 1]] if i < len(members) - 1 or first.fmt != "fp8" \
+                        else scale[s_rows[i]:]
+
+    @staticmethod
+    def can_merge(members: list[Linear]) -> bool:
+        """Same format, input width, block and dtypes; FP8 members but the last cover whole scale-block rows."""
+        first = members[0]
+        same = all(m.fmt == first.fmt and m.block == first.block and m.weight.shape[1:] == first.weight.shape[1:]
+                   and m.weight.dtype == first.weight.dtype and m.weight.device == first.weight.device
+                   and (m.scale is None) == (first.scale is None)
+                   and (m.scale is None or (m.scale.dtype == first.scale.dtype
+                                            and m.scale.shape[1:] == first.scale.shape[1:]))
+                   for m in members)
+        if not same:
+            return False
+        if first.fmt == "fp8":
+            return first.block is not None and all(m.out_features % first.block[0] == 0 for m in members[:-1])
+        return True
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """x [T, in] -> each member's [T, out_i] in x.dtype."""
+        if not self.merged:
+            return tuple(m(x) for m in self.members)
+        return tuple(self.linear(x).split(self.sizes, dim=-1))
+
+    def part(self, i: int):
+        """Member i as a callable ``x -> [T, out_i]``."""
+        if not self.merged:
+            return self.members[i]
+        return lambda x: self(x)[i]
+
+
+def _like(first: Linear, name: str, weight: torch.Tensor, scale: torch.Tensor | None) -> Linear:
+    """A Linear with ``first``'s format, block, kernels and compute dtype over the stacked ``weight`` / ``scale``
+    (already in the members' stored dtypes: nothing is converted again)."""
+    merged = Linear.__new__(Linear)
+    merged.__dict__.update(first.__dict__)
+    merged.name, merged.weight, merged.scale = name, weight, scale
+    return merged
