@@ -14,10 +14,10 @@ from deepinfer_models.deepseek_v4.config import DeepseekV4Config
 from deepinfer_models.layers.linear import Linear, LinearGroup
 from deepinfer_models.layers.static_index import write_rows
 
-# Projections that read one input run as one product over stacked weights (``LinearGroup``): wq_a with wkv, and
-# on V4.1's index layers wq_b with the indexer's wq_b. ``DEEPINFER_MERGE_PROJECTIONS=0`` keeps them apart (read
-# at import; benchmarks compare the two).
-MERGE_PROJECTIONS = os.environ.get("DEEPINFER_MERGE_PROJECTIONS", "1") != "0"
+# Projections that read one input as one product over stacked weights (``LinearGroup``): wq_a with wkv, and on
+# V4.1's index layers wq_b with the indexer's wq_b. Opt-in until a device measures it (``DEEPINFER_MERGE_PROJECTIONS=1``,
+# read at import; ``deepinfer_nvidia/tests/pass31.sh merge``): predicted -20 to -50 us a V4.1 batch-1 step on the H200.
+MERGE_PROJECTIONS = os.environ.get("DEEPINFER_MERGE_PROJECTIONS", "0") == "1"
 
 
 def split_grouped_linear(wo_a: Linear, groups: int, device) -> list:

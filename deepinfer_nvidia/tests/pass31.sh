@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Thirty-first pass's device stage (one call): OUT=dir bash pass31.sh merge
 #   merge   projections that read one input as one product over stacked weights (deepinfer_models LinearGroup,
-#           DEEPINFER_MERGE_PROJECTIONS, on by default): wq_a + wkv every layer, wq_b + the indexer's wq_b on V4.1's
+#           DEEPINFER_MERGE_PROJECTIONS=1, opt-in until this stage runs; not run yet: the session's device time ran out): wq_a + wkv every layer, wq_b + the indexer's wq_b on V4.1's
 #           index layers. parity_tiny (greedy tokens and bf16 logits against the CPU reference platform), then the
 #           V4.1 rows at batch 1 and 64 with the knob 0, 1, 0, 1, then the V4 batch-32 row (the HF shape, no HF) 0, 1.
 #           Predicted: -20 to -50 us a V4.1 batch-1 step (H200: wq_a 5.9 + wkv 4.2 us -> ~6.5 as one GEMV, 8 layers;
@@ -13,7 +13,7 @@ OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # stamp, has, quiet, rows_vals; exports; HERE
 if has merge; then
   stamp merge
-  timeout 150 python3 -m deepinfer_nvidia.tests.parity_tiny 2>&1 | quiet | tail -12 | tee "$OUT/merge_parity.txt"
+  DEEPINFER_MERGE_PROJECTIONS=1 timeout 150 python3 -m deepinfer_nvidia.tests.parity_tiny 2>&1 | quiet | tail -12 | tee "$OUT/merge_parity.txt"
   stamp rows
   rows_vals DEEPINFER_MERGE_PROJECTIONS 0 1
   stamp v4

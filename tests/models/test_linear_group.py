@@ -86,6 +86,7 @@ def test_v41_merges_its_projections_and_keeps_its_logits(quant, monkeypatch):
     from tests.models.v41_helpers import full_logits, prompt, tiny_ckpt
 
     d = tiny_ckpt("flash" if quant == "fp8" else "mixed", quant)
+    monkeypatch.setattr(v4_attention, "MERGE_PROJECTIONS", True)
     merged = load_deepseek_v41(d, dtype=torch.float32)
     attns = [layer["attn"] for layer in merged.layers]
     assert all(a.qkv_a.merged for a in attns)
