@@ -5,6 +5,7 @@ that layout and calls the gemm op resolved for it once at load time.
 """
 from __future__ import annotations
 
+import itertools
 from typing import Callable
 
 import torch
@@ -67,8 +68,9 @@ class LinearGroup:
     first bytes, the split-K reduction) of several times its bytes, so two GEMVs over one input cost nearly two
     floors; merged they cost one.
 
-    Members merge only where one product computes exactly what theirs did: the same format, input width and block,
-    and for FP8 every member but the last a whole number of ``block[0]``-row scale blocks (the scale rows then
+    Members merge only where each output column of the one product reads the same weights and scales as the member's
+    own (its sums may round in another order, as any change of launch shape does): the same format, input width and
+    block, and for FP8 every member but the last a whole number of ``block[0]``-row scale blocks (so the scale rows
     stack too). Otherwise, or with ``merge=False``, the members run one after another, as before."""
 
     def __init__(self, members: list[Linear], merge: bool = True):
@@ -82,7 +84,7 @@ class LinearGroup:
             self.linear = _like(first, "+".join(m.name for m in members), weight, scale)
             # the members keep row views of the stacked tensors (no second copy of the weights): part() and
             # dequantized() of a member read the same bytes
-            w_rows = [0] + list(torch.tensor(self.sizes).cumsum(0).tolist())
+            w_rows = [0, *itertools.accumulate(self.sizes)]
             s_rows = [r // first.block[0] for r in w_rows] if first.fmt == "fp8" else w_rows
             for i, m in enumerate(members):
                 m.weight = weight[w_rows[i]:w_rows[i + 1]]

@@ -35,3 +35,14 @@ rows_vals() {  # rows_vals KNOB A B: the V4.1 rows at batch 1 and 64 with KNOB=A
   done | tee -a "$OUT/rows_vals.txt"
   rm -rf "$OUT"/v41_*  # the JSON and plots of each row: not needed, and they crowd what comes back
 }
+v4_rows_vals() {  # v4_rows_vals KNOB V...: the V4 batch-32 row (the HF row's shape, 2 layers, 128-token contexts,
+  # HF itself skipped) with KNOB at each value in turn (one warm process each)
+  local knob=$1; shift
+  for v in "$@"; do
+    echo "== $knob=$v"
+    env "$knob=$v" timeout 90 python3 benchmarks/sweep.py --out "$OUT/v4_$v" --providers triton --layers 2 \
+      --context 128 --decode 32 --prefill "" --skip-hf --graphs --reps 9 --budget-s 70 --profile-decode "" 2>&1 \
+      | grep -E "pipelined|Error"
+  done | tee -a "$OUT/v4_rows_vals.txt"
+  rm -rf "$OUT"/v4_*
+}
