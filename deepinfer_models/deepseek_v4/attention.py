@@ -14,8 +14,8 @@ from deepinfer_models.deepseek_v4.config import DeepseekV4Config
 from deepinfer_models.layers.linear import Linear, LinearGroup
 from deepinfer_models.layers.static_index import write_rows
 
-# Projections that read one input as one product over stacked weights (``LinearGroup``): wq_a with wkv, and on
-# V4.1's index layers wq_b with the indexer's wq_b. Opt-in until a device measures it (``DEEPINFER_MERGE_PROJECTIONS=1``,
+# Projections that read one input as one product over stacked weights (``LinearGroup``): wq_a with wkv, and wq_b
+# with the indexer's wq_b (V4's CSA layers, V4.1's index layers). Opt-in until a device measures it (``DEEPINFER_MERGE_PROJECTIONS=1``,
 # read at import; ``deepinfer_nvidia/tests/pass31.sh merge``): predicted -20 to -50 us a V4.1 batch-1 step on the H200.
 MERGE_PROJECTIONS = os.environ.get("DEEPINFER_MERGE_PROJECTIONS", "0") == "1"
 
@@ -75,11 +75,13 @@ class Indexer:
     def specs(self) -> dict:
         return self.compressor.specs()
 
-    def __call__(self, x: torch.Tensor, qr: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        """Returns entry numbers [T, k] (-1 padded) selected for each query token."""
+    def __call__(self, x: torch.Tensor, qr: torch.Tensor, ctx: StepContext,
+                 q_b: torch.Tensor | None = None) -> torch.Tensor:
+        """Returns entry numbers [T, k] (-1 padded) selected for each query token. ``q_b``: ``wq_b(qr)`` when the
+        caller has it (the attention's merged product)."""
         self.compressor(x, ctx)
         t = x.shape[0]
-        q = self.wq_b(qr).view(t, self.n_heads, self.head_dim)
+        q = (self.wq_b(qr) if q_b is None else q_b).view(t, self.n_heads, self.head_dim)
         q = self.k["rope.interleaved"](q, ctx.positions, self.inv_freq)
         weights = self.weights_proj(x).float() * self.n_heads ** -0.5
         cand = ctx.meta(self.compressor.cache_name).read_idx  # [T, N] in entry order
@@ -128,6 +130,8 @@ class AttentionV4(SharedKVAttention):
                                          self.eps, kernels, f"{p}.cmp", block_size, cache_dtype)
         if self.ratio == 4:
             self.indexer = Indexer(cfg, f"{p}.indexer", w, make_linear, self.inv_freq, kernels, block_size, cache_dtype)
+        # wq_b with the indexer's wq_b (both read qr) on CSA layers; wq_b alone elsewhere
+        self.q_b = LinearGroup([self.wq_b] + ([self.indexer.wq_b] if self.indexer is not None else []), self.merge)
 
     def specs(self) -> dict:
         out = {self.swa_name: self.swa_spec}
@@ -143,8 +147,8 @@ class AttentionV4(SharedKVAttention):
         pos = ctx.positions
         q_a, kv_a = self.qkv_a(x)
         qr = self.k["norm.rms"](q_a, self.q_norm, self.eps)
-        q = self.wq_b(qr).view(t, self.h, self.d)
-        q = self.k["norm.rms_unweighted"](q, self.eps)  # V4: per-head weightless q norm
+        q, *q_index = self.q_b(qr)
+        q = self.k["norm.rms_unweighted"](q.view(t, self.h, self.d), self.eps)  # V4: per-head weightless q norm
         kv = self.k["norm.rms_rope"](kv_a, self.kv_norm, self.eps, pos, self.inv_freq)
         swa = ctx.caches[self.swa_name]
         swa_meta = ctx.meta(self.swa_name)
@@ -156,7 +160,7 @@ class AttentionV4(SharedKVAttention):
             cmp_cache = ctx.caches[self.compressor.cache_name]
             visible = ctx.meta(self.compressor.cache_name).read_idx  # [T, N] rows in entry order
             if self.indexer is not None:
-                sel = self.indexer(x, qr, ctx)  # entry numbers, -1 padded
+                sel = self.indexer(x, qr, ctx, q_index[0])  # entry numbers, -1 padded
                 cmp_idx = torch.where(sel >= 0, visible.gather(1, sel.clamp(min=0)), torch.full_like(sel, -1))
             else:
                 cmp_idx = visible

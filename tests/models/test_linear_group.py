@@ -97,3 +97,23 @@ def test_v41_merges_its_projections_and_keeps_its_logits(quant, monkeypatch):
     assert not any(layer["attn"].qkv_a.merged or layer["attn"].q_b.merged for layer in apart.layers)
     ids = prompt(80, seed=4)
     torch.testing.assert_close(full_logits(merged, ids), full_logits(apart, ids), rtol=1e-5, atol=1e-5)
+
+
+def test_v4_merges_its_projections_and_keeps_its_logits(tmp_path, monkeypatch):
+    """The tiny V4 checkpoint in bf16 (its FP8 blocks are 128 rows, wider than its projections): wq_a with wkv on
+    every layer, wq_b with the indexer's wq_b on CSA layers; logits as the model with every projection apart."""
+    from deepinfer_models.deepseek_v4 import attention as v4_attention
+    from deepinfer_models.deepseek_v4.checkpoint_writer import write_tiny_v4_checkpoint
+    from deepinfer_models.deepseek_v4.loading import load_deepseek_v4
+    from tests.models.v41_helpers import full_logits, prompt
+
+    d = write_tiny_v4_checkpoint(tmp_path / "v4", quant="none", seed=2, tokenizer=False)
+    monkeypatch.setattr(v4_attention, "MERGE_PROJECTIONS", True)
+    merged = load_deepseek_v4(d, dtype=torch.float32)
+    attns = [layer["attn"] for layer in merged.layers]
+    assert all(a.qkv_a.merged for a in attns) and any(a.indexer is not None for a in attns)
+    assert all(a.q_b.merged == (a.indexer is not None) for a in attns)
+    monkeypatch.setattr(v4_attention, "MERGE_PROJECTIONS", False)
+    apart = load_deepseek_v4(d, dtype=torch.float32)
+    ids = prompt(70, seed=5)
+    torch.testing.assert_close(full_logits(merged, ids), full_logits(apart, ids), rtol=1e-5, atol=1e-5)
