@@ -14,9 +14,9 @@ from deepinfer_models.deepseek_v4.config import DeepseekV4Config
 from deepinfer_models.layers.linear import Linear, LinearGroup
 from deepinfer_models.layers.static_index import write_rows
 
-# Projections that read one input as one product over stacked weights (``LinearGroup``): wq_a with wkv, and wq_b
-# with the indexer's wq_b (V4's CSA layers, V4.1's index layers). Opt-in until a device measures it (``DEEPINFER_MERGE_PROJECTIONS=1``,
-# read at import; ``deepinfer_nvidia/tests/pass31.sh merge``): predicted -20 to -50 us a V4.1 batch-1 step on the H200.
+# Projections that read one input as one product over stacked weights (``LinearGroup``): wq_a with wkv, wq_b with
+# the indexer's wq_b (V4's CSA layers, V4.1's index layers), and V4.1's ratio-2 compressors' wkv with wgate. Opt-in until a device measures it (``DEEPINFER_MERGE_PROJECTIONS=1``,
+# read at import; ``deepinfer_nvidia/tests/pass31.sh merge``): predicted -30 to -60 us a V4.1 batch-1 step on the H200.
 MERGE_PROJECTIONS = os.environ.get("DEEPINFER_MERGE_PROJECTIONS", "0") == "1"
 
 

@@ -28,7 +28,8 @@ class AttentionV41(SharedKVAttention):
         super().__init__(cfg, layer, w, make_linear, rope, kernels, block_size, cache_dtype, merge_projections)
         self.compressor = None
         if cfg.is_kv_source(layer):
-            self.compressor = CompressorV41(cfg, layer, w, make_linear, self.inv_freq, kernels, block_size, cache_dtype)
+            self.compressor = CompressorV41(cfg, layer, w, make_linear, self.inv_freq, kernels, block_size, cache_dtype,
+                                            self.merge)
         self.indexer = None
         if cfg.is_index_source(layer):
             self.indexer = IndexerV41(cfg, layer, make_linear, self.inv_freq, kernels)

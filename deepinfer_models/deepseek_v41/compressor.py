@@ -42,7 +42,9 @@ class CompressorV41:
     """Compressor of kv-source ``layer``; owns the layer's compressed cache (and index-key cache)."""
 
     def __init__(self, cfg: DeepseekV41Config, layer: int, w: dict, make_linear, inv_freq: torch.Tensor,
-                 kernels: dict, block_size: int, cache_dtype: torch.dtype):
+                 kernels: dict, block_size: int, cache_dtype: torch.dtype, merge: bool = False):
+        """``merge``: at ratio 2, wkv and wgate (both read x) stacked into one fp32 product, whose output is the
+        ring's ``kv | z`` row as it is (``attention.MERGE_PROJECTIONS``)."""
         p = f"layers.{layer}.attn"
         self.k, self.eps = kernels, cfg.rms_norm_eps
         self.ratio = cfg.ratio(layer)
@@ -51,6 +53,10 @@ class CompressorV41:
         # Projections in fp32 (bf16 weights, fp32 outputs: MODEL_SPEC.md 3.3 step 1).
         self.wkv = w[f"{p}.compressor.wkv.weight"].float()
         self.wgate = w[f"{p}.compressor.wgate.weight"].float() if self.ratio == 2 else None
+        self.w_both = None  # [2d, D]: wkv's rows, then wgate's
+        if merge and self.wgate is not None:
+            self.w_both = torch.cat([self.wkv, self.wgate])
+            self.wkv, self.wgate = self.w_both[: self.wkv.shape[0]], self.w_both[self.wkv.shape[0]:]
         self.norm_w = w[f"{p}.compressor.norm.weight"].float()
         bs = compressed_block_size(block_size, self.ratio)
         self.cache_name = cache_name(layer)
@@ -72,25 +78,24 @@ class CompressorV41:
         """Project x [T, D]; write the entries (and index keys) of groups closing in this step."""
         pos = ctx.positions
         xf = x.float()
-        kv = self.k["gemm.dense"](xf, self.wkv)  # [T, d] fp32
         t = pos.shape[0]
         if self.ratio == 1:  # every token closes its group
             closing, valid = torch.arange(t, device=pos.device), None
-            u = kv
+            u = self.k["gemm.dense"](xf, self.wkv)  # [T, d] fp32
         else:
+            both = self._kv_gate(xf)  # [T, 2d] fp32: kv | z
             # a slice of n tokens closes at most n // 2 + 1 pairs: a static bound, no host sync;
             # padding rows are computed and not written
             n_close = min(t, t // self.ratio + rows.last.shape[0])
             if not closes_any(ctx, self.ratio):  # known on the host: only the ring is updated (eager step)
-                z = self.k["gemm.dense"](xf, self.wgate)
-                self._store_tail(torch.cat([kv, z], dim=-1), ctx, rows)
+                self._store_tail(both, ctx, rows)
                 return
             mask = (pos + 1) % self.ratio == 0
             if n_close == t:
                 closing, valid = torch.arange(t, device=pos.device), mask
             else:
                 closing, valid = compact(mask, n_close)
-            u = self._pool_pairs(kv, self.k["gemm.dense"](xf, self.wgate), closing, ctx, rows)
+            u = self._pool_pairs(both, closing, ctx, rows)
         latent = self.k["norm.rms"](u, self.norm_w, self.eps).to(x.dtype)  # [G, d]
         at = pos[closing] // self.ratio * self.ratio  # first position of each group
         entry = self.k["rope.interleaved"](latent, at, self.inv_freq)
@@ -99,12 +104,18 @@ class CompressorV41:
             key = self.k["norm.rms_rope"](self.wk(latent), self.k_norm, self.eps, at, self.inv_freq)
             _write(ctx.caches[self.keys_name], ctx.meta(self.keys_name).write_slots[closing], key, valid)
 
-    def _pool_pairs(self, kv: torch.Tensor, z: torch.Tensor, closing: torch.Tensor, ctx: StepContext,
+    def _kv_gate(self, xf: torch.Tensor) -> torch.Tensor:
+        """xf [T, D] fp32 -> ``kv | z`` [T, 2d] fp32: one product over the stacked weights, or two and a concat."""
+        if self.w_both is not None:
+            return self.k["gemm.dense"](xf, self.w_both)
+        return torch.cat([self.k["gemm.dense"](xf, self.wkv), self.k["gemm.dense"](xf, self.wgate)], dim=-1)
+
+    def _pool_pairs(self, both: torch.Tensor, closing: torch.Tensor, ctx: StepContext,
                     rows: StepRows) -> torch.Tensor:
-        """Pooled ``u`` [G, d] of the pairs closed by the ``closing`` rows (odd positions)."""
+        """Pooled ``u`` [G, d] of the pairs closed by the ``closing`` rows (odd positions); ``both`` [T, 2d] is
+        every row's ``kv | z``."""
         pos = ctx.positions
         ring = ctx.caches[self.ring_name]  # [slots, RING, 2d]
-        both = torch.cat([kv, z], dim=-1)  # [T, 2d]
         prev = pos[closing] - 1
         # the partner (even position) is in this step unless the step started at the closing token
         here = (prev >= rows.start[closing])[:, None]

