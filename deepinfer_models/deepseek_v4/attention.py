@@ -3,21 +3,16 @@ compressed entries (CSA: indexer top-k, HCA: all visible), grouped output projec
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
 from deepinfer_core.kv.spec import SlidingWindowSpec
 from deepinfer_core.runner.context import StepContext
 from deepinfer_models.deepseek_v4.compressor import Compressor
 from deepinfer_models.deepseek_v4.config import DeepseekV4Config
+from deepinfer_models.layers import linear as _linear
 from deepinfer_models.layers.linear import Linear, LinearGroup
 from deepinfer_models.layers.static_index import write_rows
 
-# Projections that read one input as one product over stacked weights (``LinearGroup``): wq_a with wkv, wq_b with
-# the indexer's wq_b (V4's CSA layers, V4.1's index layers), and V4.1's ratio-2 compressors' wkv with wgate. Opt-in until a device measures it (``DEEPINFER_MERGE_PROJECTIONS=1``,
-# read at import; ``deepinfer_nvidia/tests/pass31.sh merge``): predicted -30 to -60 us a V4.1 batch-1 step on the H200.
-MERGE_PROJECTIONS = os.environ.get("DEEPINFER_MERGE_PROJECTIONS", "0") == "1"
 
 
 def split_grouped_linear(wo_a: Linear, groups: int, device) -> list:
@@ -97,14 +92,14 @@ class SharedKVAttention:
     def __init__(self, cfg, layer: int, w: dict, make_linear, rope: dict, kernels: dict, block_size: int,
                  cache_dtype: torch.dtype, merge_projections: bool | None = None):
         """``merge_projections``: wq_a and wkv (both read the normed x) as one product where their layouts allow
-        (``LinearGroup``; default ``MERGE_PROJECTIONS``)."""
+        (``LinearGroup``; default ``layers.linear.MERGE_PROJECTIONS``)."""
         p = f"layers.{layer}.attn"
         self.cfg, self.k, self.layer = cfg, kernels, layer
         self.ratio = cfg.ratio(layer)
         self.inv_freq = rope["compress" if self.ratio else "main"]
         self.h, self.d = cfg.num_attention_heads, cfg.head_dim
         self.eps = cfg.rms_norm_eps
-        self.merge = MERGE_PROJECTIONS if merge_projections is None else merge_projections
+        self.merge = _linear.MERGE_PROJECTIONS if merge_projections is None else merge_projections
         self.qkv_a = LinearGroup([make_linear(f"{p}.wq_a"), make_linear(f"{p}.wkv")], self.merge)
         self.wq_a, self.wkv = self.qkv_a.part(0), self.qkv_a.part(1)  # each alone (replay, DSpark context KV)
         self.wq_b, self.wo_b = make_linear(f"{p}.wq_b"), make_linear(f"{p}.wo_b")

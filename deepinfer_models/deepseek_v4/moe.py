@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_core.kernels.ops.moe import clamped_swiglu
 from deepinfer_models.deepseek_v4.config import DeepseekV4Config
+from deepinfer_models.layers import linear as _linear
+from deepinfer_models.layers.linear import LinearGroup
 
 
 def is_routed_expert(name: str) -> bool:
@@ -14,7 +15,10 @@ def is_routed_expert(name: str) -> bool:
 
 
 class MoEV4:
-    def __init__(self, cfg: DeepseekV4Config, layer: int, w: dict, make_linear, kernels: dict, dtype: torch.dtype):
+    def __init__(self, cfg: DeepseekV4Config, layer: int, w: dict, make_linear, kernels: dict, dtype: torch.dtype,
+                 merge_projections: bool | None = None):
+        """``merge_projections``: the shared expert's w1 and w3 as one product (``LinearGroup``; default
+        ``layers.linear.MERGE_PROJECTIONS``)."""
         p = f"layers.{layer}.ffn"
         self.cfg, self.k = cfg, kernels
         self.gate_w = w[f"{p}.gate.weight"].float()  # router in fp32
@@ -34,7 +38,9 @@ class MoEV4:
             self.experts.append(torch.stack([lin.weight for lin in lins[n]]).to(device))
             if self.fmt != "dense":
                 self.experts.append(torch.stack([lin.scale for lin in lins[n]]).to(device))
-        self.s1, self.s3, self.s2 = (make_linear(f"{p}.shared_experts.{n}") for n in ("w1", "w3", "w2"))
+        s1, s3, self.s2 = (make_linear(f"{p}.shared_experts.{n}") for n in ("w1", "w3", "w2"))
+        # the shared expert's gate and up projections read the same x: one product where merged
+        self.s13 = LinearGroup([s1, s3], _linear.MERGE_PROJECTIONS if merge_projections is None else merge_projections)
 
     def __call__(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         """x [T, D] (normed FFN input), input_ids [T] (hash routing) -> [T, D]."""
@@ -50,5 +56,6 @@ class MoEV4:
             routed = self.k["moe.experts_fp8"](x, weights, ids, *self.experts, self.block, cfg.swiglu_limit)
         else:
             routed = self.k["moe.experts_mxfp4"](x, weights, ids, *self.experts, cfg.swiglu_limit)
-        shared = self.s2(clamped_swiglu(self.s1(x), self.s3(x), cfg.swiglu_limit))
+        gate, up = self.s13(x)
+        shared = self.s2(self.k["moe.clamped_swiglu"](gate, up, cfg.swiglu_limit))
         return routed + shared

@@ -44,7 +44,7 @@ class CompressorV41:
     def __init__(self, cfg: DeepseekV41Config, layer: int, w: dict, make_linear, inv_freq: torch.Tensor,
                  kernels: dict, block_size: int, cache_dtype: torch.dtype, merge: bool = False):
         """``merge``: at ratio 2, wkv and wgate (both read x) stacked into one fp32 product, whose output is the
-        ring's ``kv | z`` row as it is (``attention.MERGE_PROJECTIONS``)."""
+        ring's ``kv | z`` row as it is (``layers.linear.MERGE_PROJECTIONS``)."""
         p = f"layers.{layer}.attn"
         self.k, self.eps = kernels, cfg.rms_norm_eps
         self.ratio = cfg.ratio(layer)

@@ -38,6 +38,8 @@ IMPLS: tuple[tuple, ...] = (
     ("index.candidate_blocks", "triton", f"{_K}.triton_topk:candidate_blocks_triton",
      f"{_K}.triton_topk:supports_candidates", True),
     ("moe.route_topk", "triton", f"{_K}.triton_route:route_topk", f"{_K}.triton_route:supports_route", True),
+    # elementwise (the shared expert's activation, one launch instead of five)
+    ("moe.clamped_swiglu", "triton", f"{_K}.triton_swiglu:clamped_swiglu", f"{_K}.triton_swiglu:supports", True),
     ("moe.route_hash", "triton", f"{_K}.triton_route:route_hash", f"{_K}.triton_route:supports_hash", True),
     ("compress.softmax_pool", "triton", f"{_K}.triton_compress:softmax_pool", f"{_K}.triton_compress:supports_pool",
      True),

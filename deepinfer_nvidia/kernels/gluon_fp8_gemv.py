@@ -84,6 +84,14 @@ GEMV_TMA = False
 # copies stay 16-byte and the bytes read are the same (bit-equal by construction). ``DEEPINFER_NV_GEMV_SWIZZLE=0``:
 # the unswizzled ring. The TMA path keeps its unswizzled boxes.
 GEMV_SWIZZLE = os.environ.get("DEEPINFER_NV_GEMV_SWIZZLE", "1") == "1"
+# Under PDL, let the next kernel launch right after this one's ``griddepcontrol.wait`` (kernel ``PDL=2``) instead of
+# after its K loop (``PDL=1``, the eighteenth pass's choice, made when the GEMV was the only PDL kernel). Every
+# kernel of the chain waits before it reads or writes, so the order is the same; what changes is that a following
+# wgmma GEMV (wo_a -> wo_b, wq_a -> wkv when apart) requests its first weight tiles while this one's whole K loop
+# runs, not only its epilogue. Its programs then hold ~31 KB of shared memory on SMs this launch already fills
+# (every program of this launch is resident before the release can fire). Opt-in until timed
+# (``DEEPINFER_NV_GEMV_EARLY_RELEASE=1``; docs/performance.md, thirty-second pass).
+GEMV_EARLY_RELEASE = os.environ.get("DEEPINFER_NV_GEMV_EARLY_RELEASE", "0") == "1"
 _SM90: dict[int, bool] = {}  # device index -> capability 9.x (asked once per device)
 
 
@@ -202,7 +210,7 @@ if _GLUON:
         when SPLIT > 1. NG: rows per weight group (grouped op: group g reads x columns g*K..(g+1)*K).
         PDL (launched with programmatic dependent launch): the first weight tiles and their scales (never written
         by a kernel) are requested before waiting for the previous kernel, x and every store after it; the next
-        kernel may launch once the K loop is done. TMA: the weight tiles arrive by TMA (``q_desc``: q viewed as
+        kernel may launch once the K loop is done (PDL 1) or right after the wait (PDL 2). TMA: the weight tiles arrive by TMA (``q_desc``: q viewed as
         [N, K/32, 32] bytes, boxes [64, 4, 32]) into the same unswizzled bytes, x keeps ``cp.async``. SWIZZLE (not
         with TMA): the ring holds [64, 128] byte tiles whose 16-byte chunks are XOR-swizzled by row % 8
         (``GEMV_SWIZZLE``), so a quarter-warp's fragment read touches all 32 banks once."""
@@ -278,6 +286,8 @@ if _GLUON:
                 else:
                     _cp_async(ring_w.index(jp), w_ptrs + jp * 128, mask=wmask & (jp < n_k))
             _grid_dependency(True)
+            if PDL == 2:  # release the next kernel now (``GEMV_EARLY_RELEASE``)
+                _grid_dependency(False)
             for jp in gl.static_range(STAGES - 1):
                 _cp_async(ring_x.index(jp), x_ptrs + jp * 128, mask=xmask & (jp < n_k))
                 async_copy.commit_group()
@@ -317,7 +327,7 @@ if _GLUON:
         if TMA:  # every issued box has been waited for (only tiles < n_k are issued)
             for sb in gl.static_range(STAGES):
                 mbarrier.invalidate(bars.index(sb))
-        if PDL:
+        if PDL == 1:
             _grid_dependency(False)  # the next kernel's prologue may overlap this epilogue
         rn = n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, ACC))
         rm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ACC))
@@ -386,9 +396,10 @@ def split_k_tiles(tiles: int, k_tiles: int, sms: int, programs: int, resident: i
 def gemv_wgmma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, bn_blk: int, bk_blk: int, sms: int,
                ng: int | None = None, stages: int | None = None, programs: int | None = None,
                safe: bool | None = None, pdl: bool | None = None, tma: bool | None = None,
-               resident: int | None = None, swizzle: bool | None = None) -> torch.Tensor:
+               resident: int | None = None, swizzle: bool | None = None, early: bool | None = None) -> torch.Tensor:
     """y [M, N] bf16 = x [M, K] @ dequant(q [N, K] e4m3, s)^T for M <= 32 (``takes`` must hold); s the
-    UE8M0 bytes [ceil(N / bn_blk), s_cols]. Keyword arguments: tuning knobs (defaults ``WGMMA_GEMV_TUNE``)."""
+    UE8M0 bytes [ceil(N / bn_blk), s_cols]. Keyword arguments: tuning knobs (defaults ``WGMMA_GEMV_TUNE``;
+    ``early``: ``GEMV_EARLY_RELEASE``, only under PDL)."""
     from deepinfer_nvidia.kernels.triton_fp8_gemv import _counters
 
     m, (n, k) = x.shape[0], q.shape
@@ -403,6 +414,7 @@ def gemv_wgmma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, b
     if safe is None:
         safe = not scales_allow_fast(s)
     pdl = bool(pdl_launch()) if pdl is None else pdl  # the step's shared switch (SM90+, DEEPINFER_NV_PDL)
+    pdl_mode = (2 if (GEMV_EARLY_RELEASE if early is None else early) else 1) if pdl else 0
     tma = GEMV_TMA if tma is None else tma
     q8 = q.view(torch.uint8)
     desc = weight_desc(q8) if tma and tma_fits(q8) else None
@@ -413,7 +425,7 @@ def gemv_wgmma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, b
     _wgmma_gemv_kernel[(tiles, split)](xp, q.view(torch.uint8), s.view(torch.uint8), y, part, cnt, m, n, k,
                                        xp.stride(0), s_cols, ng or n, k_per, BN_BLK=bn_blk, BK_BLK=bk_blk, SPLIT=split,
                                        BLOCK_M=block_m, STAGES=stages or tune["stages"],
-                                       SAFE=int(safe), PDL=int(pdl), TMA=int(desc is not None), q_desc=desc,
+                                       SAFE=int(safe), PDL=pdl_mode, TMA=int(desc is not None), q_desc=desc,
                                        num_warps=4, SWIZZLE=int(swizzle),
                                        **({"launch_pdl": True} if pdl else {}))
     return y

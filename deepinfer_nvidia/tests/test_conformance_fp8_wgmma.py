@@ -130,15 +130,19 @@ def test_wgmma_gemv_grouped_through_registry_and_graph_replay(t):
 
 @pytest.mark.parametrize("t", [1, 8, 16])
 @pytest.mark.parametrize("split_programs", [4, 1])
-def test_wgmma_gemv_pdl_chain_eager_and_graphed(t, split_programs, monkeypatch):
+@pytest.mark.parametrize("early", [False, True])
+def test_wgmma_gemv_pdl_chain_eager_and_graphed(t, split_programs, early, monkeypatch):
     """Programmatic dependent launch (``_common.PDL``): RMSNorm releasing the next kernel at its start, then a
     chain of GEMVs where each reads the previous one's output (wq_a -> wq_b shapes, then a GEMV of a tensor an
     elementwise op just wrote) gives the bits of the plain launches, eagerly and replayed from a CUDA graph with
     fresh inputs each replay: the weight prologue that runs before ``griddepcontrol.wait`` never reads what the
-    previous kernel writes."""
+    previous kernel writes. ``early``: each GEMV releases the next kernel right after its wait
+    (``GEMV_EARLY_RELEASE``), so the next GEMV's prologue overlaps the whole K loop."""
     from deepinfer_nvidia.kernels import _common
     from deepinfer_nvidia.kernels import gluon_fp8_gemv as gg
     from deepinfer_nvidia.kernels.triton_norm import rms
+
+    monkeypatch.setattr(gg, "GEMV_EARLY_RELEASE", early)
 
     x, q1, s1 = _operands(t, 1280, 5120, (32, 32), 901 + t)
     _, q2, s2 = _operands(t, 4096, 1280, (32, 32), 902 + t)

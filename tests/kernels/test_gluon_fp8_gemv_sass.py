@@ -81,6 +81,27 @@ def test_programmatic_dependent_launch_orders_the_prologue():
     assert abs(len(pdl["loop"]) - len(plain["loop"])) <= 0.05 * len(plain["loop"])
 
 
+def test_early_release_lets_the_next_kernel_launch_after_the_wait():
+    """``PDL=2`` (``GEMV_EARLY_RELEASE``): the same prologue and wait, then PREEXIT straight after ACQBULK, before
+    any activation copy, wgmma or store; the K loop does the same work as under ``PDL=1``."""
+    consts = {"BN_BLK": 32, "BK_BLK": 32, "SPLIT": 4, "BLOCK_M": 8, "STAGES": 3, "SAFE": 0, "TMA": 0,
+              "q_desc": None, "num_warps": 4, "SWIZZLE": int(gg.GEMV_SWIZZLE)}
+    div16 = frozenset({"N", "K", "stride_x", "k_per_split"})
+    late = count(gg._wgmma_gemv_kernel, SIG, {**consts, "PDL": 1}, warps=4, div16=div16)
+    early = count(gg._wgmma_gemv_kernel, SIG, {**consts, "PDL": 2}, warps=4, div16=div16)
+    ops = opcodes(early["sass"])
+    assert ops.count("ACQBULK") == 1 and ops.count("PREEXIT") == 1, [o for o in ops if o in ("ACQBULK", "PREEXIT")]
+    wait, release = ops.index("ACQBULK"), ops.index("PREEXIT")
+    assert wait < release, "released before the wait"
+    first_after = min(i for i, o in enumerate(ops) if o == "LDGSTS.E" or o.startswith(("HGMMA", "STG", "RED", "ATOM")))
+    assert wait < release < first_after, "the release comes after the K loop's work began"
+    assert len([o for o in ops[:wait] if o == "LDGSTS.E.BYPASS.128"]) == (consts["STAGES"] - 1) * 4
+    for op in ("HGMMA", "LDGSTS", "HMUL2"):
+        assert sum(v for k, v in early["ops"].items() if k.startswith(op)) == \
+            sum(v for k, v in late["ops"].items() if k.startswith(op)), op
+    assert abs(len(early["loop"]) - len(late["loop"])) <= 0.05 * len(late["loop"])
+
+
 @pytest.mark.parametrize("pdl", [0, 1])
 def test_tma_weight_tiles(pdl):
     """``TMA=1``: the weight tiles move by TMA (``UTMALDG.3D``: STAGES-1 in the prologue, one in the loop) into the

@@ -80,14 +80,14 @@ def test_members_that_cannot_stack_run_apart(why):
 @pytest.mark.parametrize("quant", ["fp8", "fp4"])
 def test_v41_merges_its_projections_and_keeps_its_logits(quant, monkeypatch):
     """The tiny V4.1 checkpoint (32 x 32 FP8 blocks) merges wq_a with wkv on every layer, wq_b with the indexer's
-    wq_b on index layers and the ratio-2 compressors' wkv with wgate; its logits are those of the model with every
-    projection apart."""
-    from deepinfer_models.deepseek_v4 import attention as v4_attention
+    wq_b on index layers, the ratio-2 compressors' wkv with wgate and the shared expert's w1 with w3; its logits are
+    those of the model with every projection apart."""
+    from deepinfer_models.layers import linear as linear_mod
     from deepinfer_models.deepseek_v41.loading import load_deepseek_v41
     from tests.models.v41_helpers import full_logits, prompt, tiny_ckpt
 
     d = tiny_ckpt("flash" if quant == "fp8" else "mixed", quant)
-    monkeypatch.setattr(v4_attention, "MERGE_PROJECTIONS", True)
+    monkeypatch.setattr(linear_mod, "MERGE_PROJECTIONS", True)
     merged = load_deepseek_v41(d, dtype=torch.float32)
     attns = [layer["attn"] for layer in merged.layers]
     assert all(a.qkv_a.merged for a in attns)
@@ -95,29 +95,34 @@ def test_v41_merges_its_projections_and_keeps_its_logits(quant, monkeypatch):
     assert all(a.q_b.merged == (a.indexer is not None) for a in attns)
     ratio2 = [a.compressor for a in attns if a.compressor is not None and a.compressor.ratio == 2]
     assert ratio2 and all(c.w_both is not None for c in ratio2)  # the compressor's wkv and wgate, stacked
-    monkeypatch.setattr(v4_attention, "MERGE_PROJECTIONS", False)
+    assert all(layer["ffn"].s13.merged for layer in merged.layers)  # the shared expert's w1 and w3
+    monkeypatch.setattr(linear_mod, "MERGE_PROJECTIONS", False)
     apart = load_deepseek_v41(d, dtype=torch.float32)
     assert not any(layer["attn"].qkv_a.merged or layer["attn"].q_b.merged for layer in apart.layers)
     assert not any(a.compressor.w_both is not None for a in (layer["attn"] for layer in apart.layers) if a.compressor)
+    assert not any(layer["ffn"].s13.merged for layer in apart.layers)
     ids = prompt(80, seed=4)
     torch.testing.assert_close(full_logits(merged, ids), full_logits(apart, ids), rtol=1e-5, atol=1e-5)
 
 
 def test_v4_merges_its_projections_and_keeps_its_logits(tmp_path, monkeypatch):
     """The tiny V4 checkpoint in bf16 (its FP8 blocks are 128 rows, wider than its projections): wq_a with wkv on
-    every layer, wq_b with the indexer's wq_b on CSA layers; logits as the model with every projection apart."""
-    from deepinfer_models.deepseek_v4 import attention as v4_attention
+    every layer, wq_b with the indexer's wq_b on CSA layers, the shared expert's w1 with w3; logits as the model with
+    every projection apart."""
+    from deepinfer_models.layers import linear as linear_mod
     from deepinfer_models.deepseek_v4.checkpoint_writer import write_tiny_v4_checkpoint
     from deepinfer_models.deepseek_v4.loading import load_deepseek_v4
     from tests.models.v41_helpers import full_logits, prompt
 
     d = write_tiny_v4_checkpoint(tmp_path / "v4", quant="none", seed=2, tokenizer=False)
-    monkeypatch.setattr(v4_attention, "MERGE_PROJECTIONS", True)
+    monkeypatch.setattr(linear_mod, "MERGE_PROJECTIONS", True)
     merged = load_deepseek_v4(d, dtype=torch.float32)
     attns = [layer["attn"] for layer in merged.layers]
     assert all(a.qkv_a.merged for a in attns) and any(a.indexer is not None for a in attns)
     assert all(a.q_b.merged == (a.indexer is not None) for a in attns)
-    monkeypatch.setattr(v4_attention, "MERGE_PROJECTIONS", False)
+    assert all(layer["ffn"].s13.merged for layer in merged.layers)
+    monkeypatch.setattr(linear_mod, "MERGE_PROJECTIONS", False)
     apart = load_deepseek_v4(d, dtype=torch.float32)
+    assert not any(layer["ffn"].s13.merged for layer in apart.layers)
     ids = prompt(70, seed=5)
     torch.testing.assert_close(full_logits(merged, ids), full_logits(apart, ids), rtol=1e-5, atol=1e-5)

@@ -37,7 +37,9 @@ def route_hash(logits: torch.Tensor, ids: torch.Tensor, scaling: float) -> tuple
 
 
 def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
-    """``silu(min(gate, L)) * clamp(up, -L, L)``."""
+    """``moe.clamped_swiglu``: gate, up [T, F] (any row stride: column slices of one product) -> [T, F] in gate's
+    dtype, ``silu(min(gate, L)) * clamp(up, -L, L)``: the silu in fp32 rounded to the dtype, then the product
+    rounded once (bf16 * bf16, as torch computes it)."""
     g = gate.clamp(max=limit)
     return F.silu(_up(g)).to(g.dtype) * up.clamp(min=-limit, max=limit)
 
@@ -147,7 +149,17 @@ def _gen_experts_mxfp4(dtype, device, seed):
                limit), {}
 
 
+def _gen_swiglu(dtype, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    for t, f, merged in [(1, 64, False), (3, 2048, True), (5, 96, True), (17, 1536, False)]:
+        both = (8 * torch.randn(t, 2 * f, generator=g)).to(dtype).to(device)  # past the limit on both sides
+        gate, up = (both[:, :f], both[:, f:]) if merged else (both[:, :f].contiguous(), both[:, f:].contiguous())
+        yield (gate, up, 10.0), {}
+
+
 OPS = [
+    OpSpec("moe.clamped_swiglu", clamped_swiglu, _gen_swiglu,
+           doc="the shared expert's activation: silu(min(gate, L)) * clamp(up, -L, L)"),
     OpSpec("moe.route_topk", route_topk, _gen_route, compare=_compare_route),
     OpSpec("moe.route_hash", route_hash, _gen_route_hash, compare=_compare_route),
     OpSpec("moe.experts", experts_dense, _gen_experts, tolerances={torch.bfloat16: (3e-2, 3e-2)}),
