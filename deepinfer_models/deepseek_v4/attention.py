@@ -156,7 +156,7 @@ class AttentionV4(SharedKVAttention):
             visible = ctx.meta(self.compressor.cache_name).read_idx  # [T, N] rows in entry order
             if self.indexer is not None:
                 sel = self.indexer(x, qr, ctx, q_index[0])  # entry numbers, -1 padded
-                cmp_idx = torch.where(sel >= 0, visible.gather(1, sel.clamp(min=0)), torch.full_like(sel, -1))
+                cmp_idx = self.k["index.entry_slots"](visible, sel)
             else:
                 cmp_idx = visible
         # rope(q), the attention, the inverse rope of the output: one fused op

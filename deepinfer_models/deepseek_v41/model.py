@@ -24,7 +24,8 @@ from deepinfer_models.deepseek_v41.step import IndexShare, StepRows
 _OWN_OPS = (
     "norm.rms", "norm.rms_unweighted", "norm.rms_rope", "rope.interleaved", "attention.sparse_sink",
     "attention.sparse_sink_rope", "compress.softmax_pool",
-    "index.scores", "index.topk", "index.candidate_blocks", "index.candidate_mask", "mhc.mix", "mhc.collapse",
+    "index.scores", "index.topk", "index.entry_slots", "index.candidate_blocks", "index.candidate_mask", "mhc.mix",
+    "mhc.collapse",
     "mhc.expand", "mhc.pre_norm", "mhc.expand_pre_norm", "gemm.dense", "gemm.fp8_block", "gemm.mxfp4", "engram.hash_ids", "engram.gather", "engram.gate",
     "gemm.fp8_block_grouped", "cache.write_rows",
 )

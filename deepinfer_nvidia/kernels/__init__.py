@@ -37,6 +37,9 @@ IMPLS: tuple[tuple, ...] = (
     ("index.topk", "triton", f"{_K}.triton_topk:topk_positions_triton", f"{_K}.triton_topk:supports", True),
     ("index.candidate_blocks", "triton", f"{_K}.triton_topk:candidate_blocks_triton",
      f"{_K}.triton_topk:supports_candidates", True),
+    # exact integer gather, one program per (row, selection block)
+    ("index.entry_slots", "triton", f"{_K}.triton_entry_slots:entry_slots", f"{_K}.triton_entry_slots:supports",
+     True),
     ("moe.route_topk", "triton", f"{_K}.triton_route:route_topk", f"{_K}.triton_route:supports_route", True),
     # elementwise (the shared expert's activation, one launch instead of five)
     ("moe.clamped_swiglu", "triton", f"{_K}.triton_swiglu:clamped_swiglu", f"{_K}.triton_swiglu:supports", True),

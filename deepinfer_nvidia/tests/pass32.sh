@@ -2,11 +2,12 @@
 # Thirty-second pass's device stages (prepared on the CPU in the thirty-first and thirty-second passes, when no
 # device time was left): OUT=dir bash pass32.sh STAGES (comma-separated; at most ~9 minutes a call, so
 # `conf,merge` then `v4merge,early` then `best`).
-#   conf     moe.clamped_swiglu's Triton kernel (on by default since this pass; interpreter, SASS and sm_90a
-#            compiles with Triton 3.6 and 3.9 checked on the CPU): its own file and the shared harness; then the
-#            wgmma GEMV's PDL chain (RMSNorm, three GEMVs, a torch op) with the release after the K loop and
-#            with DEEPINFER_NV_GEMV_EARLY_RELEASE's release right after the wait: bits equal the plain launches,
-#            eager and graph-replayed with fresh inputs; then parity_tiny (default knobs: the new op in the step).
+#   conf     the glue ops' Triton kernels, moe.clamped_swiglu and index.entry_slots (on by default since this pass;
+#            interpreter, SASS and sm_90a compiles with Triton 3.6 and 3.9 checked on the CPU): their own file and the
+#            shared harness; then the wgmma GEMV's PDL chain (RMSNorm, three GEMVs, a torch op) with the release
+#            after the K loop and with DEEPINFER_NV_GEMV_EARLY_RELEASE's release right after the wait: bits equal the
+#            plain launches, eager and graph-replayed with fresh inputs; then parity_tiny (default knobs: the new ops
+#            in the step).
 #   merge    projections that read one input as one product over stacked weights (deepinfer_models LinearGroup,
 #            DEEPINFER_MERGE_PROJECTIONS=1): wq_a + wkv every layer, wq_b + the indexer's wq_b on index (V4: CSA)
 #            layers, V4.1's ratio-2 compressors' wkv + wgate. parity_tiny with the knob on (greedy tokens and bf16
@@ -28,8 +29,8 @@ OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # stamp, has, quiet, xdist_files, rows_vals, v4_rows_vals; exports; HERE
 if has conf; then
   stamp conf
-  FILE_S=120 xdist_files swiglu_tests "$HERE/test_conformance_swiglu.py"
-  FILE_S=120 xdist_files swiglu_harness "$HERE/test_conformance.py" -k clamped_swiglu
+  FILE_S=120 xdist_files glue_tests "$HERE/test_conformance_glue_ops.py"
+  FILE_S=120 xdist_files glue_harness "$HERE/test_conformance.py" -k "clamped_swiglu or entry_slots"
   FILE_S=150 xdist_files chain_tests "$HERE/test_conformance_fp8_wgmma.py" -k pdl_chain
   timeout 150 python3 -m deepinfer_nvidia.tests.parity_tiny 2>&1 | quiet | tail -12 | tee "$OUT/parity.txt"
 fi

@@ -23,8 +23,9 @@ def test_every_invariant_entry_has_a_row_test():
     # test_conformance_topk.py::test_topk_graph_and_row_invariance and ::test_candidate_blocks_sets,
     # and test_conformance_norm_rope.py::test_rows_are_batch_invariant (norm.rms_rope, fused and as its parts)
     covered |= {("norm.rms_rope", "triton")}
-    # test_conformance_swiglu.py::test_rows_are_batch_invariant_and_graphs_replay
-    covered |= {("moe.clamped_swiglu", "triton")}
+    # test_conformance_glue_ops.py::test_swiglu_rows_are_batch_invariant_and_graphs_replay and
+    # ::test_entry_slot_rows_are_batch_invariant_and_graphs_replay
+    covered |= {("moe.clamped_swiglu", "triton"), ("index.entry_slots", "triton")}
     covered |= {("moe.route_topk", "triton"), ("moe.route_hash", "triton"), ("compress.softmax_pool", "triton"),
                 ("index.topk", "triton"), ("index.candidate_blocks", "triton")}
     assert set(INVARIANT) == covered

@@ -60,7 +60,33 @@ def _gen_topk(dtype, device, seed):
         yield (s.float().to(device), k), {}
 
 
+def entry_slots(visible: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
+    """The cache slots of selected compressed entries: visible [T, N] int64 (a group's ``read_idx``: slot of each
+    entry in position order, -1 = not visible), sel [T, k] int64 (top-k positions into those N, -1 padded) ->
+    [T, k] int64 ``visible[t, sel[t, j]]``, -1 where ``sel < 0``. Positions must be below N."""
+    return torch.where(sel >= 0, visible.gather(1, sel.clamp(min=0)), torch.full_like(sel, -1))
+
+
+def _gen_entry_slots(dtype, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    for t, n, k in [(1, 1, 1), (1, 64, 16), (5, 700, 512), (33, 2048, 512), (3, 40, 64)]:
+        visible = torch.randint(0, 1 << 40, (t, n), generator=g)
+        visible[torch.rand(t, n, generator=g) < 0.2] = -1
+        sel = torch.randint(0, n, (t, k), generator=g)
+        sel[torch.rand(t, k, generator=g) < 0.3] = -1
+        yield (visible.to(device), sel.to(device)), {}
+    # a selection that is a column slice of a wider tensor (its rows strided)
+    wide = torch.randint(0, 64, (4, 48), generator=g)
+    yield (torch.arange(4 * 64).view(4, 64).to(device), wide[:, 8:40].to(device)), {}
+
+
+def _compare_exact(out, ref, dtype):
+    assert out.dtype == ref.dtype and torch.equal(out.cpu(), ref.cpu()), "entry slots differ"
+
+
 OPS = [
+    OpSpec("index.entry_slots", entry_slots, _gen_entry_slots, compare=_compare_exact,
+           doc="the cache slots of top-k selected compressed entries"),
     OpSpec("index.scores", indexer_scores, _gen_scores, tolerances={torch.bfloat16: (5e-2, 5e-2)}),
     OpSpec("index.topk", topk_positions, _gen_topk, compare=_compare_topk),
 ]
