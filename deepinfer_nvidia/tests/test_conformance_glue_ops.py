@@ -18,6 +18,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from deepinfer_nvidia.tests.device_helpers import checked_call as _checked
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
 
 
@@ -34,20 +36,6 @@ def _exact(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
     gc = gate.double().clamp(max=limit)
     act = (gc / (1 + torch.exp(-gc))).to(gate.dtype)
     return (act.double() * up.double().clamp(-limit, limit)).to(gate.dtype)
-
-
-def _checked(fn, *args):
-    """``fn(*args)`` on a poisoned allocator with host synchronisation raising, then synchronised."""
-    from deepinfer_nvidia.tests.test_conformance import poison
-
-    poison()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        out = fn(*args)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    torch.cuda.synchronize()
-    return out
 
 
 def _launch(gate, up, limit):
