@@ -79,8 +79,10 @@ class CompressorV41:
         pos = ctx.positions
         xf = x.float()
         t = pos.shape[0]
+        # closing: the rows whose group closes, or None for every row (ratio 1, and every decode step at ratio 2:
+        # a static selection of all rows, so no index launches; the graphed step runs a few dozen fewer)
         if self.ratio == 1:  # every token closes its group
-            closing, valid = torch.arange(t, device=pos.device), None
+            closing, valid = None, None
             u = self.k["gemm.dense"](xf, self.wkv)  # [T, d] fp32
         else:
             both = self._kv_gate(xf)  # [T, 2d] fp32: kv | z
@@ -92,17 +94,18 @@ class CompressorV41:
                 return
             mask = (pos + 1) % self.ratio == 0
             if n_close == t:
-                closing, valid = torch.arange(t, device=pos.device), mask
+                closing, valid = None, mask
             else:
                 closing, valid = compact(mask, n_close)
-            u = self._pool_pairs(both, closing, ctx, rows)
+            u = self._pool_pairs(both, torch.arange(t, device=pos.device) if closing is None else closing, ctx, rows)
         latent = self.k["norm.rms"](u, self.norm_w, self.eps).to(x.dtype)  # [G, d]
-        at = pos[closing] // self.ratio * self.ratio  # first position of each group
+        pick = (lambda v: v) if closing is None else (lambda v: v[closing])
+        at = pick(pos) if self.ratio == 1 else pick(pos) // self.ratio * self.ratio  # first position of each group
         entry = self.k["rope.interleaved"](latent, at, self.inv_freq)
-        _write(ctx.caches[self.cache_name], ctx.meta(self.cache_name).write_slots[closing], entry, valid)
+        _write(ctx.caches[self.cache_name], pick(ctx.meta(self.cache_name).write_slots), entry, valid)
         if self.keys_name is not None:
             key = self.k["norm.rms_rope"](self.wk(latent), self.k_norm, self.eps, at, self.inv_freq)
-            _write(ctx.caches[self.keys_name], ctx.meta(self.keys_name).write_slots[closing], key, valid)
+            _write(ctx.caches[self.keys_name], pick(ctx.meta(self.keys_name).write_slots), key, valid)
 
     def _kv_gate(self, xf: torch.Tensor) -> torch.Tensor:
         """xf [T, D] fp32 -> ``kv | z`` [T, 2d] fp32: one product over the stacked weights, or two and a concat."""
@@ -151,8 +154,8 @@ class CompressorV41:
 def _write(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor | None = None) -> None:
     """Store rows at their slots; slot -1 = not written (the entry lives in a shared prefix-cache block),
     nor is a row with ``valid`` False (padding of a static-size selection). No host sync."""
-    keep = slots >= 0
-    write_rows(cache, slots, rows, keep if valid is None else keep & valid)
+    # without ``valid`` the op keeps ``slots >= 0`` itself (in the kernel on a GPU: no launch of its own here)
+    write_rows(cache, slots, rows, None if valid is None else (slots >= 0) & valid)
 
 
 def cache_name(layer: int) -> str:
