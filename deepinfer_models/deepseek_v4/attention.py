@@ -78,9 +78,10 @@ class Indexer:
         t = x.shape[0]
         q = (self.wq_b(qr) if q_b is None else q_b).view(t, self.n_heads, self.head_dim)
         q = self.k["rope.interleaved"](q, ctx.positions, self.inv_freq)
-        weights = self.weights_proj(x).float() * self.n_heads ** -0.5
+        weights = self.weights_proj(x)  # [T, Hi]; its n_heads^-0.5 rides in score_scale (no launches here)
         cand = ctx.meta(self.compressor.cache_name).read_idx  # [T, N] in entry order
-        scores = self.k["index.scores"](q, weights, ctx.caches[self.compressor.cache_name], cand, self.head_dim ** -0.5)
+        scores = self.k["index.scores"](q, weights, ctx.caches[self.compressor.cache_name], cand,
+                                        self.head_dim ** -0.5 * self.n_heads ** -0.5)
         return self.k["index.topk"](scores, self.cfg.index_topk)
 
 

@@ -44,9 +44,9 @@ class IndexerV41:
         pos = ctx.positions
         q = (self.wq_b(qr) if q_b is None else q_b).view(t, self.n_heads, self.head_dim)
         q = self.k["rope.interleaved"](q, pos, self.inv_freq)
-        weights = self.weights_proj(x).float() * self.weight_scale
+        weights = self.weights_proj(x)  # [T, Hi] in x's dtype; its scale rides in score_scale (no launches here)
         visible = ctx.meta(self.keys_name).read_idx  # [T, N] key slots in position order, -1 = not visible
-        scores = self.k["index.scores"](q, weights, ctx.caches[self.keys_name], visible, 1.0)
+        scores = self.k["index.scores"](q, weights, ctx.caches[self.keys_name], visible, self.weight_scale)
         cfg = self.cfg
         if self.publishes_candidates:
             share.candidates = self.k["index.candidate_blocks"](scores, (pos + 1) // self.ratio,

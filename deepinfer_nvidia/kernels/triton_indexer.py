@@ -62,7 +62,7 @@ def _scores_kernel(q_ptr, w_ptr, k_ptr, cand_ptr, out_ptr, H, D, N, score_scale,
 
 
 def supports(q, weights, keys, cand, score_scale) -> bool:
-    """CUDA q [T, Hi, Di] (fp32/bf16/fp16, Hi <= 128, Di <= 256), keys of q's dtype, fp32 weights, int64 cand."""
+    """CUDA q [T, Hi, Di] (fp32/bf16/fp16, Hi <= 128, Di <= 256), keys of q's dtype, float weights, int64 cand."""
     return (on_cuda(q, weights, keys, cand) and q.dtype in FLOATS and q.dim() == 3 and keys.dtype == q.dtype
             and keys.dim() == 2 and q.shape[1] <= 128 and q.shape[2] <= 256 and cand.dtype == torch.int64
             and cand.dim() == 2 and weights.dim() == 2)
@@ -80,7 +80,10 @@ def _checked(q, weights, keys, cand, score_scale, tiled: bool, launch: tuple | N
     out = torch.empty(t, n, dtype=torch.float32, device=q.device)
     if t == 0 or n == 0:
         return out
-    q, w, keys, cand = q.contiguous(), weights.float().contiguous(), keys.contiguous(), cand.contiguous()
+    # bf16 / fp16 weights are read as they are and widened in the kernel (the model passes weights_proj's output
+    # with its scale folded into score_scale: no cast or scale launch of its own)
+    w = weights if weights.dtype in FLOATS else weights.float()
+    q, w, keys, cand = q.contiguous(), w.contiguous(), keys.contiguous(), cand.contiguous()
     if tiled and t >= TILED_MIN_T:
         _tiled.launch(q, w, keys, cand, out, score_scale, dot_precision(q.dtype))
         return out

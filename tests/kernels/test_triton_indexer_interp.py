@@ -33,6 +33,13 @@ for small in (True, False):
         fin = torch.isfinite(ref)
         assert torch.equal(torch.isfinite(out), fin)
         torch.testing.assert_close(torch.where(fin, out, 0.0), torch.where(fin, ref, 0.0), atol=1e-4, rtol=1e-4)
+# weights in bf16 (the models pass weights_proj's output as it is, its scale in score_scale): widened in the kernel
+wb = w.bfloat16()
+out = ti.scores(q, wb, keys, cand, 0.3 * 0.125)
+ref = indexer_scores(q, wb, keys, cand, 0.3 * 0.125)
+fin = torch.isfinite(ref)
+torch.testing.assert_close(torch.where(fin, out, 0.0), torch.where(fin, ref, 0.0), atol=1e-4, rtol=1e-4)
+grids.pop()
 # per-token (batch-invariant) entry point: never the small-batch shape
 ti.SMALL_BATCH_SPLIT = True
 ti.scores_per_token(q[:1], w[:1], keys, cand[:1], 0.3)

@@ -11,7 +11,8 @@ def indexer_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, c
                    score_scale: float) -> torch.Tensor:
     """Index scores of candidate entries.
 
-    q [T, Hi, Di]; weights [T, Hi] fp32 (per-head weights, already scaled); keys [S, Di] flat
+    q [T, Hi, Di]; weights [T, Hi] any float dtype (per-head weights; a constant scale of theirs may ride in
+    ``score_scale``, as the models pass it); keys [S, Di] flat
     index-key cache; cand [T, N] int64 slots (-1 = not visible). Returns fp32 [T, N]:
     ``sum_h weights[t,h] * relu(q[t,h] . keys[cand[t,n]]) * score_scale``, ``-inf`` where cand < 0.
     """
@@ -45,6 +46,8 @@ def _gen_scores(dtype, device, seed):
         keys = torch.randn(s, d, generator=g).to(dtype).to(device)
         cand = torch.randint(-1, s, (t, n), generator=g).to(device)
         yield (q, w, keys, cand, d ** -0.5), {}
+        # weights in q's dtype with their scale in score_scale, as the models pass weights_proj's output
+        yield (q, w.to(dtype), keys, cand, d ** -0.5 * h ** -0.5), {}
 
 
 def _compare_topk(out, ref, dtype):
