@@ -97,15 +97,15 @@ class CompressorV41:
                 closing, valid = None, mask
             else:
                 closing, valid = compact(mask, n_close)
-            u = self._pool_pairs(both, torch.arange(t, device=pos.device) if closing is None else closing, ctx, rows)
+            u = self._pool_pairs(both, closing, ctx, rows)
         latent = self.k["norm.rms"](u, self.norm_w, self.eps).to(x.dtype)  # [G, d]
-        pick = (lambda v: v) if closing is None else (lambda v: v[closing])
-        at = pick(pos) if self.ratio == 1 else pick(pos) // self.ratio * self.ratio  # first position of each group
+        first = _take(pos, closing)
+        at = first if self.ratio == 1 else first // self.ratio * self.ratio  # first position of each group
         entry = self.k["rope.interleaved"](latent, at, self.inv_freq)
-        _write(ctx.caches[self.cache_name], pick(ctx.meta(self.cache_name).write_slots), entry, valid)
+        _write(ctx.caches[self.cache_name], _take(ctx.meta(self.cache_name).write_slots, closing), entry, valid)
         if self.keys_name is not None:
             key = self.k["norm.rms_rope"](self.wk(latent), self.k_norm, self.eps, at, self.inv_freq)
-            _write(ctx.caches[self.keys_name], pick(ctx.meta(self.keys_name).write_slots), key, valid)
+            _write(ctx.caches[self.keys_name], _take(ctx.meta(self.keys_name).write_slots, closing), key, valid)
 
     def _kv_gate(self, xf: torch.Tensor) -> torch.Tensor:
         """xf [T, D] fp32 -> ``kv | z`` [T, 2d] fp32: one product over the stacked weights, or two and a concat."""
@@ -113,21 +113,19 @@ class CompressorV41:
             return self.k["gemm.dense"](xf, self.w_both)
         return torch.cat([self.k["gemm.dense"](xf, self.wkv), self.k["gemm.dense"](xf, self.wgate)], dim=-1)
 
-    def _pool_pairs(self, both: torch.Tensor, closing: torch.Tensor, ctx: StepContext,
+    def _pool_pairs(self, both: torch.Tensor, closing: torch.Tensor | None, ctx: StepContext,
                     rows: StepRows) -> torch.Tensor:
-        """Pooled ``u`` [G, d] of the pairs closed by the ``closing`` rows (odd positions); ``both`` [T, 2d] is
-        every row's ``kv | z``."""
-        pos = ctx.positions
+        """Pooled ``u`` [G, d] of the pairs closed by the ``closing`` rows (odd positions; None: every row, G = T);
+        ``both`` [T, 2d] is every row's ``kv | z``."""
         ring = ctx.caches[self.ring_name]  # [slots, RING, 2d]
-        prev = pos[closing] - 1
+        prev = _take(ctx.positions, closing) - 1
         # the partner (even position) is in this step unless the step started at the closing token
-        here = (prev >= rows.start[closing])[:, None]
-        from_ring = ring[rows.slot[closing], prev % RING]
-        partner = torch.where(here, both[(closing - 1).clamp(min=0)], from_ring)
-        own = both[closing]
-        pair_kv = torch.stack([partner[:, : self.d], own[:, : self.d]], dim=1)  # [G, 2, d]
-        pair_z = torch.stack([partner[:, self.d:], own[:, self.d:]], dim=1)
-        u = self.k["compress.softmax_pool"](pair_kv, pair_z)
+        here = (prev >= _take(rows.start, closing))[:, None]
+        from_ring = ring[_take(rows.slot, closing), prev % RING]
+        before = torch.cat([both[:1], both[:-1]]) if closing is None else both[(closing - 1).clamp(min=0)]
+        partner = torch.where(here, before, from_ring)
+        pair = torch.stack([partner, _take(both, closing)], dim=1)  # [G, 2, 2d]: kv | z of the pair's positions
+        u = self.k["compress.softmax_pool"](pair[..., : self.d], pair[..., self.d:])
         # keep the last two positions of every request for pairs closing in a later step
         # (read above, written after: a 1-token step reads slot (p-1)%2 and writes p%2)
         self._store_tail(both, ctx, rows)
@@ -149,6 +147,11 @@ class CompressorV41:
         if k == t:
             return torch.arange(t, device=mask.device), mask
         return compact(mask, k)
+
+
+def _take(v: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    """``v[rows]``, or ``v`` itself for every row (None): a decode step's selection, without an index launch."""
+    return v if rows is None else v[rows]
 
 
 def _write(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor | None = None) -> None:
