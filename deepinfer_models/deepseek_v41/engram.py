@@ -64,11 +64,12 @@ class EngramHasher:
         # remember the last HISTORY_CAP positions of every request's chunk
         keep_mask = pos > pos[rows.last][ctx.token_seq] - HISTORY_CAP
         t, n_keep = pos.shape[0], min(pos.shape[0], rows.last.shape[0] * HISTORY_CAP)  # static bound: no sync
-        if n_keep == t:
-            keep, valid = torch.arange(t, device=pos.device), keep_mask
+        if n_keep == t:  # every row (a decode step): no index launches
+            dest, ids_kept, valid = rows.slot * HISTORY_CAP + pos % HISTORY_CAP, input_ids, keep_mask
         else:
             keep, valid = compact(keep_mask, n_keep)
-        write_rows(history.view(-1), rows.slot[keep] * HISTORY_CAP + pos[keep] % HISTORY_CAP, input_ids[keep], valid)
+            dest, ids_kept = rows.slot[keep] * HISTORY_CAP + pos[keep] % HISTORY_CAP, input_ids[keep]
+        write_rows(history.view(-1), dest, ids_kept, valid)
         return ids
 
 
