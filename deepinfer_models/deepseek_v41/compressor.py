@@ -140,21 +140,12 @@ class CompressorV41:
 def _tail_rows(ctx: StepContext, rows: StepRows) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """Rows of the last min(RING, n) tokens of each slice (distinct (slot, p % RING) pairs) as (rows [K] or None
     for every row, their ring rows ``slot * RING + p % RING`` [K], valid [K]), with the static bound
-    K = min(T, B * RING) (no host sync). The same for every ratio-2 compressor of a step, so it is made once a step
-    (kept in ``ctx.extras``)."""
-    memo = ctx.extras.get(_TAIL_KEY)
-    if memo is not None and memo[0] is rows:
-        return memo[1]
+    K = min(T, B * RING) (no host sync). Every row at decode, so no index launches there."""
     pos = ctx.positions
     mask = pos > pos[rows.last][ctx.token_seq] - RING
     t, k = mask.shape[0], min(mask.shape[0], rows.last.shape[0] * RING)
     keep, valid = (None, mask) if k == t else compact(mask, k)
-    out = (keep, _take(rows.slot, keep) * RING + _take(pos, keep) % RING, valid)
-    ctx.extras[_TAIL_KEY] = (rows, out)
-    return out
-
-
-_TAIL_KEY = "v41.compressor.ring_tail"  # ctx.extras: the step's ring-tail rows (_tail_rows)
+    return keep, _take(rows.slot, keep) * RING + _take(pos, keep) % RING, valid
 
 
 def _take(v: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
