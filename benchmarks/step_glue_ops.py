@@ -8,7 +8,9 @@ function in a ``TorchDispatchMode``, one prefill and one decode step. Every aten
 kernel implementation on its Python stack (any callable the kernel registry has loaded: one or a few
 launches on a GPU, whatever the CPU reference does) is not counted; the rest (index math, cache writes,
 model glue, and helpers of ``deepinfer_core/kernels/`` that a model calls directly rather than through the
-registry) is listed by source line. View ops are counted too, although they launch nothing.
+registry) is listed by source line. View ops are counted too, although they launch nothing; the first line says
+how many of the ops are views (``OpOverload.is_view``) and how many launch a kernel. The model runs in fp32, so a
+cast to fp32 that launches a kernel in a bf16 model on the GPU (``x.float()``) shows here as a no-op.
 
 Until the twenty-second pass the rule was "the stack passes through ``deepinfer_core/kernels/``", which
 also dropped the directly called helpers (the shared expert's ``clamped_swiglu``: five launches a layer).
@@ -45,6 +47,7 @@ class GlueOps(TorchDispatchMode):
         super().__init__()
         self.by_line: collections.Counter = collections.Counter()
         self.by_op: collections.Counter = collections.Counter()
+        self.views = 0  # ops that only alias their input (``OpOverload.is_view``): no kernel on a GPU
         self._codes: set = set()
         self._seen = 0
 
@@ -72,6 +75,7 @@ class GlueOps(TorchDispatchMode):
                 fr = frames[-1]
                 self.by_line[f"{Path(fr.filename).relative_to(ROOT)}:{fr.lineno}:{fr.name}"] += 1
                 self.by_op[str(func.overloadpacket)] += 1
+                self.views += int(bool(getattr(func, "is_view", False)))
         return func(*args, **(kwargs or {}))
 
 
@@ -110,7 +114,7 @@ def main() -> None:
     run_requests(ex, reqs, [[(i, n) for i, n in enumerate(lens)], [(i, 1) for i in range(args.batch)]])
     total, layers = sum(counter.by_line.values()), model.cfg.num_hidden_layers
     print(f"V4.1 {args.topology}, {layers} layers, batch {args.batch}: {total} glue ops in one graphed decode step "
-          f"({total / layers:.0f} per layer)")
+          f"({total / layers:.0f} per layer); {total - counter.views} of them launch a kernel ({counter.views} views)")
     for where, n in counter.by_line.most_common(args.top):
         print(f"{n:6d}  {where}")
     by_file = collections.Counter()

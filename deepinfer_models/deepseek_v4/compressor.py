@@ -55,9 +55,8 @@ class Compressor:
         """
         pos = ctx.positions
         t = x.shape[0]
-        xf = x.float()
-        kv = self.k["gemm.dense"](xf, self.wkv)
-        sc = self.k["gemm.dense"](xf, self.wgate) + self.ape[pos % self.ratio]
+        kv = self.k["gemm.dense_wide"](x, self.wkv)  # fp32, x widened in the kernel
+        sc = self.k["gemm.dense_wide"](x, self.wgate) + self.ape[pos % self.ratio]
         cache = ctx.caches[self.cache_name]
         state = ctx.caches[self.state_name]  # [slots, ring, 2*width] fp32: kv | score
         meta = ctx.meta(self.cache_name)

@@ -45,7 +45,7 @@ class MoEV4:
     def __call__(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         """x [T, D] (normed FFN input), input_ids [T] (hash routing) -> [T, D]."""
         cfg = self.cfg
-        logits = self.k["gemm.dense"](x.float(), self.gate_w)
+        logits = self.k["gemm.dense_wide"](x, self.gate_w)  # fp32 router: x widened in the kernel
         if self.is_hash:
             weights, ids = self.k["moe.route_hash"](logits, self.tid2eid[input_ids], cfg.routed_scaling_factor)
         else:

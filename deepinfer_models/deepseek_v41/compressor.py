@@ -77,15 +77,14 @@ class CompressorV41:
     def __call__(self, x: torch.Tensor, ctx: StepContext, rows: StepRows) -> None:
         """Project x [T, D]; write the entries (and index keys) of groups closing in this step."""
         pos = ctx.positions
-        xf = x.float()
         t = pos.shape[0]
         # closing: the rows whose group closes, or None for every row (ratio 1, and every decode step at ratio 2:
         # a static selection of all rows, so no index launches; the graphed step runs a few dozen fewer)
         if self.ratio == 1:  # every token closes its group
             closing, valid = None, None
-            u = self.k["gemm.dense"](xf, self.wkv)  # [T, d] fp32
+            u = self.k["gemm.dense_wide"](x, self.wkv)  # [T, d] fp32 (x widened in the kernel)
         else:
-            both = self._kv_gate(xf)  # [T, 2d] fp32: kv | z
+            both = self._kv_gate(x)  # [T, 2d] fp32: kv | z
             # a slice of n tokens closes at most n // 2 + 1 pairs: a static bound, no host sync;
             # padding rows are computed and not written
             n_close = min(t, t // self.ratio + rows.last.shape[0])
@@ -107,11 +106,13 @@ class CompressorV41:
             key = self.k["norm.rms_rope"](self.wk(latent), self.k_norm, self.eps, at, self.inv_freq)
             _write(ctx.caches[self.keys_name], _take(ctx.meta(self.keys_name).write_slots, closing), key, valid)
 
-    def _kv_gate(self, xf: torch.Tensor) -> torch.Tensor:
-        """xf [T, D] fp32 -> ``kv | z`` [T, 2d] fp32: one product over the stacked weights, or two and a concat."""
+    def _kv_gate(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, D] -> ``kv | z`` [T, 2d] fp32 (x widened): one product over the stacked weights, or two and a
+        concat."""
+        dense = self.k["gemm.dense_wide"]
         if self.w_both is not None:
-            return self.k["gemm.dense"](xf, self.w_both)
-        return torch.cat([self.k["gemm.dense"](xf, self.wkv), self.k["gemm.dense"](xf, self.wgate)], dim=-1)
+            return dense(x, self.w_both)
+        return torch.cat([dense(x, self.wkv), dense(x, self.wgate)], dim=-1)
 
     def _pool_pairs(self, both: torch.Tensor, closing: torch.Tensor | None, ctx: StepContext,
                     rows: StepRows) -> torch.Tensor:

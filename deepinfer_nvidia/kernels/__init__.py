@@ -80,6 +80,9 @@ IMPLS: tuple[tuple, ...] = (
     # gemm.dense: the split-K GEMV at 1-4 rows and small weights (fp32 sums in a per-split order), cuBLAS otherwise
     ("gemm.dense", "triton", f"{_K}.triton_dense_gemv:gemm_dense", f"{_K}.triton_dense_gemv:supports_dense"),
     ("gemm.dense", "aten", f"{_K}.aten_ops:gemm_dense", f"{_K}.aten_ops:supports_dense"),
+    # gemm.dense_wide: the same GEMV widening x as it loads it (the fp32 router and compressor projections)
+    ("gemm.dense_wide", "triton", f"{_K}.triton_dense_gemv:gemm_dense_wide",
+     f"{_K}.triton_dense_gemv:supports_dense_wide"),
     ("moe.experts", "aten", f"{_K}.aten_ops:moe_experts", f"{_K}.aten_ops:supports_experts"),
     ("moe.experts_fp8", "triton", f"{_K}.triton_moe:moe_experts_fp8", f"{_K}.triton_moe:supports"),
     ("moe.experts_mxfp4", "triton", f"{_K}.triton_moe:moe_experts_mxfp4", f"{_K}.triton_moe:supports"),
@@ -96,6 +99,8 @@ IMPLS: tuple[tuple, ...] = (
      f"{_K}.triton_gemm:supports_fp8_grouped", True),
     ("gemm.mxfp4", "triton_bi", f"{_K}.triton_gemm:gemm_mxfp4_bi", f"{_K}.triton_gemm:supports_mxfp4", True),
     ("gemm.dense", "triton_bi", f"{_K}.triton_gemm:gemm_dense_bi", f"{_K}.triton_gemm:supports_dense_bi", True),
+    ("gemm.dense_wide", "triton_bi", f"{_K}.triton_gemm:gemm_dense_wide_bi", f"{_K}.triton_gemm:supports_dense_bi",
+     True),
     ("moe.experts", "triton_bi", f"{_K}.triton_moe:moe_experts_dense_bi", f"{_K}.triton_moe:supports", True),
     ("moe.experts_fp8", "triton_bi", f"{_K}.triton_moe:moe_experts_fp8_bi", f"{_K}.triton_moe:supports", True),
     ("moe.experts_mxfp4", "triton_bi", f"{_K}.triton_moe:moe_experts_mxfp4_bi", f"{_K}.triton_moe:supports", True),

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_core.kernels.ops.gemm import _check_x, dense
+from deepinfer_core.kernels.ops.gemm import _check_x, dense, dense_wide
 from deepinfer_nvidia.kernels._common import FLOATS, hand_off, next_pow2
 from deepinfer_nvidia.kernels.aten_ops import gemm_dense as cublas_dense
 from deepinfer_nvidia.kernels.aten_ops import supports_dense  # the same operands: the kernel's or cuBLAS's
@@ -43,10 +43,11 @@ PROGRAMS = 4  # programs per SM to aim for with the K split
 @triton.jit
 def _dense_gemv_kernel(x_ptr, w_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, stride_x, stride_w, k_per_split,
                        SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       PDL: tl.constexpr = 0):
+                       PDL: tl.constexpr = 0, WIDEN: tl.constexpr = 0):
     """Program (row tile of BLOCK_N weight rows, K split): ``y[m, n] = sum_k x[m, k] * w[n, k]`` over this split's
     K range, m < M <= BLOCK_M. x [M, K] (row stride ``stride_x``), w [N, K] (row stride ``stride_w``), y [M, N] in
-    x's dtype; part [SPLIT, M, N] fp32 and cnt (zeroed int32 per row tile, reset here) when SPLIT > 1."""
+    x's dtype (WIDEN: in w's dtype, x widened to it instead of w rounded to x's); part [SPLIT, M, N] fp32 and cnt
+    (zeroed int32 per row tile, reset here) when SPLIT > 1."""
     pdl_enter(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -64,7 +65,10 @@ def _dense_gemv_kernel(x_ptr, w_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, stride_x
                     other=0.0)
         x = tl.load(x_ptr + rm[:, None].to(tl.int64) * stride_x + rk[None, :], mask=mmask[:, None] & kmask[None, :],
                     other=0.0)
-        wv = w.to(x_ptr.dtype.element_ty).to(tl.float32)  # the reference casts w to x's dtype first
+        if WIDEN:  # gemm.dense_wide: x widened (exact), w as it is
+            wv = w.to(tl.float32)
+        else:
+            wv = w.to(x_ptr.dtype.element_ty).to(tl.float32)  # the reference casts w to x's dtype first
         acc += tl.sum(x.to(tl.float32)[:, None, :] * wv[None, :, :], axis=2)
     out = rm[:, None] * N + rn[None, :]
     omask = mmask[:, None] & nmask[None, :]
@@ -102,8 +106,9 @@ def takes(x: torch.Tensor, w: torch.Tensor) -> bool:
             and w.shape[1] % 4 == 0 and w.stride(1) == 1 and w.shape[0] > 0)
 
 
-def gemv(x: torch.Tensor, w: torch.Tensor, sms: int) -> torch.Tensor:
-    """The kernel's launch for ``takes`` operands (CUDA, or CPU tensors under Triton's interpreter: tests)."""
+def gemv(x: torch.Tensor, w: torch.Tensor, sms: int, widen: bool = False) -> torch.Tensor:
+    """The kernel's launch for ``takes`` operands (CUDA, or CPU tensors under Triton's interpreter: tests); ``widen``:
+    ``gemm.dense_wide``'s numerics (y in w's dtype, x widened to it)."""
     from deepinfer_nvidia.kernels.triton_fp8_gemv import _counters
 
     m, (n, k) = x.shape[0], w.shape
@@ -111,11 +116,12 @@ def gemv(x: torch.Tensor, w: torch.Tensor, sms: int) -> torch.Tensor:
     bm, bk, split = plan(m, n, k, sms)
     k_per = triton.cdiv(triton.cdiv(k, bk), split) * bk
     tiles = triton.cdiv(n, BLOCK_N)
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    y = torch.empty(m, n, dtype=w.dtype if widen else x.dtype, device=x.device)
     part = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else y
     cnt = _counters(x.device, tiles) if split > 1 else part
     _dense_gemv_kernel[(tiles, split)](x, w, y, part, cnt, m, n, k, x.stride(0), w.stride(0), k_per, SPLIT=split,
-                                       BLOCK_M=bm, BLOCK_N=BLOCK_N, BLOCK_K=bk, num_warps=4, **pdl_launch())
+                                       BLOCK_M=bm, BLOCK_N=BLOCK_N, BLOCK_K=bk, num_warps=4, WIDEN=int(widen),
+                                       **pdl_launch())
     return y
 
 
@@ -132,3 +138,25 @@ def gemm_dense(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     from deepinfer_nvidia.kernels.triton_gemm import _sm_count
 
     return gemv(x, w, _sm_count(x.device))
+
+
+def supports_dense_wide(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """CUDA float x and w (fp32 / bf16 / fp16)."""
+    return supports_dense(x, w) and w.dtype in FLOATS
+
+
+def gemm_dense_wide(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``gemm.dense_wide``: x [T, K] cast to w's dtype @ w [N, K]^T -> [T, N] in w's dtype. ``takes`` operands with
+    x narrower than w: this module's GEMV widening x as it loads it (no cast launch); the others: ``gemm_dense`` of
+    the cast x (the cast, then the GEMV or cuBLAS as for ``gemm.dense``)."""
+    if not supports_dense_wide(x, w):
+        return hand_off("gemm.dense_wide", f"operands {x.dtype}/{w.dtype} on {x.device} not covered", dense_wide,
+                        x, w)
+    if w.dim() != 2:
+        raise ValueError(f"gemm.dense_wide: w must be [N, K], got shape {tuple(w.shape)}")
+    _check_x(x, w.shape[1], "gemm.dense_wide")
+    if x.dtype.itemsize < w.dtype.itemsize and takes(x, w):
+        from deepinfer_nvidia.kernels.triton_gemm import _sm_count
+
+        return gemv(x, w, _sm_count(x.device), widen=True)
+    return gemm_dense(x.to(w.dtype), w)

@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_core.kernels.ops.gemm import _check_x, dense, fp8_block, mxfp4
+from deepinfer_core.kernels.ops.gemm import _check_x, dense, dense_wide, fp8_block, mxfp4
 from deepinfer_core.kernels.ops.quant import MXFP4_GROUP, QuantFormatError, fp8_block_scale_shape
 from deepinfer_nvidia.kernels import gluon_fp8_gemv, triton_fp8_fine, triton_fp8_gemv
 from deepinfer_nvidia.kernels.triton_scales import ue8m0
@@ -523,3 +523,15 @@ def _launch_dense(x: torch.Tensor, w: torch.Tensor, tiles) -> torch.Tensor:
     _dense_gemm_kernel[grid](x, w, y, m, n, k, x.stride(0), w.stride(0), n, k_per, SPLIT_K=split, BLOCK_M=bm,
                              BLOCK_N=bn, BLOCK_K=bk, PREC=dot_precision(x.dtype), num_warps=warps, num_stages=stages)
     return y if split == 1 else _finish(y, m, n, x.dtype)
+
+
+def gemm_dense_wide_bi(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``gemm.dense_wide``, batch-invariant: ``gemm_dense_bi`` of x cast to w's dtype (the cast is elementwise, so
+    each row's bits still do not depend on the batch)."""
+    if not supports_dense_bi(x, w):
+        return hand_off("gemm.dense_wide[bi]", f"operands {x.dtype}/{w.dtype} on {x.device} not covered", dense_wide,
+                        x, w)
+    if w.dim() != 2:
+        raise ValueError(f"gemm.dense_wide: w must be [N, K], got shape {tuple(w.shape)}")
+    _check_x(x, w.shape[1], "gemm.dense_wide")
+    return gemm_dense_bi(x.to(w.dtype), w)

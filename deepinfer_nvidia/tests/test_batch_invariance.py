@@ -120,6 +120,14 @@ def test_dense_gemm_rows(reg, dtype, wdtype):
     check_rows(lambda rows: fn(torch.stack(rows).cuda().to(dtype), w), lambda g: torch.randn(4096, generator=g))
 
 
+def test_dense_wide_gemm_rows(reg):
+    """gemm.dense_wide[triton_bi]: bf16 rows widened to an fp32 router-like weight."""
+    g = torch.Generator().manual_seed(4)
+    w = (torch.randn(384, 5120, generator=g) / 70).cuda()
+    fn = reg.impl("gemm.dense_wide", "triton_bi")
+    check_rows(lambda rows: fn(torch.stack(rows).cuda().bfloat16(), w), lambda g: torch.randn(5120, generator=g))
+
+
 @pytest.mark.parametrize("t", [1, 8, 64, 600])
 @pytest.mark.parametrize("dtype,wdtype", [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32),
                                           (torch.bfloat16, torch.float32)])

@@ -88,3 +88,24 @@ def test_aten_splitk(rows, splits):
         out.zero_()
         graph.replay()
         assert torch.equal(out, got)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 4, 5, 64])
+@pytest.mark.parametrize("xd", [torch.bfloat16, torch.float32])
+def test_dense_wide(rows, xd):
+    """``gemm.dense_wide`` (the router and the compressors' fp32 projections of a bf16 x): 1-4 rows through the GEMV
+    widening x in the kernel, 5 and 64 through the cast and cuBLAS; fp32 out within fp32 sums of the exact products
+    (the weight is not rounded), the same bits as ``gemm_dense`` of the widened x on the GEMV path."""
+    from deepinfer_nvidia.kernels import triton_dense_gemv as dg
+
+    g = torch.Generator().manual_seed(40 + rows)
+    for n, k in SHAPES:
+        x = torch.randn(rows, k, generator=g).to(xd).cuda()
+        w = (torch.randn(n, k, generator=g) / k ** 0.5).cuda()
+        exact = x.double() @ w.double().t()
+        _poison()
+        y = dg.gemm_dense_wide(x, w)
+        assert y.dtype == torch.float32 and not torch.isnan(y).any()
+        assert (y.double() - exact).abs().max() <= 1e-5 * max(1.0, exact.abs().max().item()), (rows, n, k)
+        if rows <= 4:
+            assert torch.equal(y, dg.gemm_dense(x.float(), w)), (rows, n, k)  # the same sums in the same order

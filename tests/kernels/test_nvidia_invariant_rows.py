@@ -12,7 +12,7 @@ def test_every_invariant_entry_has_a_row_test():
     """A new ``batch_invariant=True`` registration must come with a row check: in
     ``deepinfer_nvidia/tests/test_batch_invariance.py``, or in the op family's own device test (named here)."""
     covered = {("gemm.fp8_block", "triton_bi"), ("gemm.fp8_block_grouped", "triton_bi"), ("gemm.mxfp4", "triton_bi"),
-               ("gemm.dense", "triton_bi"),
+               ("gemm.dense", "triton_bi"), ("gemm.dense_wide", "triton_bi"),
                ("attention.sparse_sink", "triton_bi"), ("index.scores", "triton_bi"), ("mhc.mix", "triton_bi"),
                ("mhc.collapse", "triton"), ("mhc.expand", "triton"), ("norm.rms", "triton"),
                ("norm.rms_unweighted", "triton"), ("rope.interleaved", "triton"),

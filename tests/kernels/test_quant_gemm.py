@@ -270,7 +270,7 @@ def test_gemm_ops_register_and_run_their_inputs():
     reg = KernelRegistry()
     for spec in gemm.OPS:
         reg.register_op(spec)
-    assert reg.ops() == ["gemm.dense", "gemm.fp8_block", "gemm.fp8_block_grouped", "gemm.mxfp4"]
+    assert reg.ops() == ["gemm.dense", "gemm.dense_wide", "gemm.fp8_block", "gemm.fp8_block_grouped", "gemm.mxfp4"]
     for spec in gemm.OPS:
         for dtype in (torch.float32, torch.bfloat16):
             cases = list(spec.input_gen(dtype, "cpu", 0))
@@ -278,4 +278,19 @@ def test_gemm_ops_register_and_run_their_inputs():
             for args, kwargs in cases:
                 y = spec.reference(*args, **kwargs)
                 x = args[0]
-                assert y.dtype == dtype and y.shape[0] == x.shape[0] and torch.isfinite(y).all()
+                want = args[1].dtype if spec.name == "gemm.dense_wide" else dtype  # dense_wide: w's dtype
+                assert y.dtype == want and y.shape[0] == x.shape[0] and torch.isfinite(y).all()
+
+
+def test_dense_wide_is_dense_of_x_cast_to_the_weights_dtype():
+    """``gemm.dense_wide(x, w)`` is ``gemm.dense(x.to(w.dtype), w)`` bit for bit (bf16 and fp64 activations on fp32
+    router-like weights), in w's dtype; bad operands raise naming the op."""
+    g = torch.Generator().manual_seed(7)
+    w = torch.randn(384, 512, generator=g) / 20
+    for x in (torch.randn(3, 512, generator=g).bfloat16(), torch.randn(2, 512, generator=g, dtype=torch.float64)):
+        y = gemm.dense_wide(x, w)
+        assert y.dtype == torch.float32 and torch.equal(y, gemm.dense(x.float(), w))
+    with pytest.raises(ValueError, match="gemm.dense_wide"):
+        gemm.dense_wide(torch.randn(3, 500), w)
+    with pytest.raises(TypeError, match="gemm.dense_wide"):
+        gemm.dense_wide(torch.randn(3, 512), torch.ones(4, 512, dtype=torch.int32))

@@ -1,6 +1,6 @@
 """``gemm.dense``'s Triton provider (``deepinfer_nvidia/kernels/triton_dense_gemv.py``): the split-K GEMV against
 the reference in Triton's CPU interpreter (fp32 / bf16 / fp16 x, fp32 / bf16 / fp16 weights, 1-4 rows, ragged N and K,
-strided operands, one split and many), which operands it takes and which go to cuBLAS, its registration, and
+strided operands, one split and many; ``gemm.dense_wide``'s launch widening bf16 / fp16 x to fp32 weights), which operands it takes and which go to cuBLAS, its registration, and
 its sm_90a compile (PDL wait first, 16-byte weight loads)."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from deepinfer_nvidia.kernels import triton_dense_gemv as dg
 
 g = torch.Generator().manual_seed(0)
-n_cases = 0
+n_cases = n_wide = 0
 for xd, wd in [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32),
                (torch.float16, torch.float16)]:
     for m, n, k, sms in [(1, 384, 1024, 132), (2, 37, 300, 132), (3, 16, 4, 132), (4, 50, 2052, 132),
@@ -45,7 +45,18 @@ assert torch.allclose(dg.gemv(x, w, 132), x @ w.t(), rtol=1e-5, atol=1e-5)
 # the counters are reset: a second split launch on the same row tiles gives the same bits
 a = dg.gemv(x, w, 132)
 assert torch.equal(a, dg.gemv(x, w, 132))
-print("INTERPRETED", n_cases)
+# gemm.dense_wide: bf16 / fp16 x widened to fp32 weights in the kernel (no cast launch): fp32 out, fp32 sums of
+# the exact products of the unrounded weights
+for xd in (torch.bfloat16, torch.float16):
+    for m, n, k, sms in [(1, 384, 5120, 132), (4, 50, 2052, 132), (1, 20, 1536, 1)]:
+        x = torch.randn(m, k, generator=g).to(xd)
+        w = torch.randn(n, k, generator=g) / k ** 0.5
+        got = dg.gemv(x, w, sms, widen=True)
+        exact = x.double() @ w.double().t()
+        assert got.dtype == torch.float32 and got.shape == (m, n)
+        assert (got.double() - exact).abs().max() <= 1e-5 * max(1.0, exact.abs().max().item()), (xd, m, n, k)
+        n_wide += 1
+print("INTERPRETED", n_cases, "WIDE", n_wide)
 """
 
 
@@ -53,6 +64,7 @@ def test_gemv_in_the_interpreter(run_interpreted):
     proc = run_interpreted(_INTERPRETED, "INTERPRETED")
     n = int(proc.stdout.split("INTERPRETED")[-1].split()[0])
     assert n % 100 == 24 and n // 100 >= 8  # all 24 cases ran, at least 8 of them split over K
+    assert int(proc.stdout.split("WIDE")[-1].split()[0]) == 6
 
 
 def test_plan_shapes():
@@ -106,16 +118,20 @@ def test_registered_before_cublas():
     assert order.index("triton") < order.index("aten")
 
 
-def test_compiles_for_sm90_with_the_wait_first():
+@pytest.mark.parametrize("widen", [0, 1])
+def test_compiles_for_sm90_with_the_wait_first(widen):
+    """fp32 x (``gemm.dense``), and bf16 x widened to fp32 weights (``gemm.dense_wide``, WIDEN=1)."""
     pytest.importorskip("triton")
     dg = pytest.importorskip("deepinfer_nvidia.kernels.triton_dense_gemv")
     from deepinfer_nvidia.tests.sass_count import count, missing_tools, opcodes
 
     if missing_tools(dg):
         pytest.skip(missing_tools(dg))
-    sig = {"x_ptr": "*fp32", "w_ptr": "*fp32", "y_ptr": "*fp32", "part_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32",
-           "N": "i32", "K": "i32", "stride_x": "i32", "stride_w": "i32", "k_per_split": "i32"}
-    res = count(dg._dense_gemv_kernel, sig, {"SPLIT": 10, "BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 512, "PDL": 1},
+    sig = {"x_ptr": "*bf16" if widen else "*fp32", "w_ptr": "*fp32", "y_ptr": "*fp32", "part_ptr": "*fp32",
+           "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_x": "i32", "stride_w": "i32",
+           "k_per_split": "i32"}
+    res = count(dg._dense_gemv_kernel, sig, {"SPLIT": 10, "BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 512, "PDL": 1,
+                                             "WIDEN": widen},
                 warps=4, div16=frozenset({"K", "stride_x", "stride_w", "k_per_split"}))
     ops = opcodes(res["sass"])
     first_load = min(i for i, o in enumerate(ops) if o.startswith("LDG"))

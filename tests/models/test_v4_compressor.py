@@ -17,7 +17,7 @@ from deepinfer_core.runner.context import SeqSlice, build_step_context
 from deepinfer_core.runner.executor import group_specs
 from deepinfer_models.deepseek_v4.compressor import Compressor
 
-OPS = ("gemm.dense", "compress.softmax_pool", "norm.rms", "rope.interleaved", "norm.rms_rope")
+OPS = ("gemm.dense", "gemm.dense_wide", "compress.softmax_pool", "norm.rms", "rope.interleaved", "norm.rms_rope")
 
 
 def textbook_entry(x, wkv, wgate, ape, norm_w, ratio, overlap, w, d, inv_freq):

@@ -37,6 +37,18 @@ def dense(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return linear_rows(x, w)
 
 
+def dense_wide(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``x [T, K]`` cast to ``w``'s dtype, ``@ w [N, K]^T -> [T, N]`` in w's dtype: the fp32 projections of a
+    half-precision activation (the MoE router, the compressors' ``wkv`` / ``wgate``: a widening, exact),
+    ``gemm.dense(x.float(), w)`` without the cast as a kernel of its own."""
+    if w.dim() != 2:
+        raise ValueError(f"gemm.dense_wide: w must be [N, K], got shape {tuple(w.shape)}")
+    _check_x(x, w.shape[1], "gemm.dense_wide")
+    if not w.is_floating_point():
+        raise TypeError(f"gemm.dense_wide: w must be a float tensor, got {w.dtype}")
+    return dense(x.to(w.dtype), w)
+
+
 def fp8_block(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
     """``x [T, K]`` times an FP8 block weight -> ``[T, N]`` in ``x.dtype``.
 
@@ -97,6 +109,11 @@ def _gen_dense(dtype, device, seed):
         yield (x, w), {}
 
 
+def _gen_dense_wide(dtype, device, seed):
+    for (x, w), kw in _gen_dense(dtype, device, seed):
+        yield (x, w.float()), kw
+
+
 def _gen_fp8_block(dtype, device, seed):
     g = torch.Generator().manual_seed(seed)
     for (t, n, k), block, fmt in zip(_SHAPES, [(128, 128), (128, 128), (32, 32), (128, 128)],
@@ -129,6 +146,7 @@ _QUANT_TOL = {torch.bfloat16: (3e-2, 3e-2), torch.float16: (3e-3, 3e-3)}
 
 OPS = [
     OpSpec("gemm.dense", dense, _gen_dense, doc="y = x @ w^T"),
+    OpSpec("gemm.dense_wide", dense_wide, _gen_dense_wide, doc="y = x.to(w.dtype) @ w^T in w's dtype"),
     OpSpec("gemm.fp8_block", fp8_block, _gen_fp8_block, tolerances=_QUANT_TOL,
            doc="y = x @ dequant_fp8_block(q, scale, block)^T"),
     OpSpec("gemm.fp8_block_grouped", fp8_block_grouped, _gen_fp8_block_grouped, tolerances=_QUANT_TOL,
