@@ -53,13 +53,9 @@ class EngramHasher:
         n = self.n
         pos = ctx.positions
         history = ctx.caches[HISTORY]  # [slots, HISTORY_CAP] token id of position p at p % HISTORY_CAP
-        s = torch.arange(n, device=pos.device)
-        q = pos[:, None] - s[None, :]  # [T, N] position of each n-gram column
-        here = q >= rows.start[:, None]
-        t_rows = (torch.arange(pos.shape[0], device=pos.device)[:, None] - s[None, :]).clamp(min=0)
-        past = history[rows.slot].gather(1, q.remainder(HISTORY_CAP))  # read before this step writes
-        window = torch.where(here, input_ids[t_rows], past)
-        ids = self.k["engram.hash_ids"](window, q >= 0, self.token_map, self.pad_id, self.multipliers,
+        # [T, N] token ids of positions p .. p-N+1: this step's rows, or the history (read before this step writes)
+        window, valid = self.k["engram.window"](input_ids, pos, rows.start, rows.slot, history, n)
+        ids = self.k["engram.hash_ids"](window, valid, self.token_map, self.pad_id, self.multipliers,
                                         self.primes, self.offsets)
         # remember the last HISTORY_CAP positions of every request's chunk
         keep_mask = pos > pos[rows.last][ctx.token_seq] - HISTORY_CAP

@@ -26,7 +26,8 @@ _OWN_OPS = (
     "attention.sparse_sink_rope", "compress.softmax_pool",
     "index.scores", "index.topk", "index.entry_slots", "index.candidate_blocks", "index.candidate_mask", "mhc.mix",
     "mhc.collapse",
-    "mhc.expand", "mhc.pre_norm", "mhc.expand_pre_norm", "gemm.dense", "gemm.dense_wide", "gemm.fp8_block", "gemm.mxfp4", "engram.hash_ids", "engram.gather", "engram.gate",
+    "mhc.expand", "mhc.pre_norm", "mhc.expand_pre_norm", "gemm.dense", "gemm.dense_wide", "gemm.fp8_block", "gemm.mxfp4", "engram.window", "engram.hash_ids", "engram.gather",
+    "engram.gate",
     "gemm.fp8_block_grouped", "cache.write_rows",
 )
 # The MoE is V4's: take whatever routing / expert ops it uses from V4's list.

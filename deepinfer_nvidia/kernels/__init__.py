@@ -52,6 +52,7 @@ IMPLS: tuple[tuple, ...] = (
     # Engram: one program per table row (gather) or per token (gate, fixed reduction order)
     ("engram.gather", "triton", f"{_K}.triton_engram:gather", f"{_K}.triton_engram:supports_gather", True),
     ("engram.gate", "triton", f"{_K}.triton_engram:gate", f"{_K}.triton_engram:supports_gate", True),
+    ("engram.window", "triton", f"{_K}.triton_engram_window:window", f"{_K}.triton_engram_window:supports", True),
     # exact integer hashing, one program per (token, layer)
     ("engram.hash_ids", "triton", f"{_K}.triton_engram_hash:hash_ids", f"{_K}.triton_engram_hash:supports_hash",
      True),

@@ -1,5 +1,6 @@
 """The step's glue ops on the GPU (skipped without one): ``moe.clamped_swiglu`` (``triton_swiglu.py``, the shared
-expert's activation) and ``index.entry_slots`` (``triton_entry_slots.py``, the cache slots of the top-k entries).
+expert's activation), ``index.entry_slots`` (``triton_entry_slots.py``, the cache slots of the top-k entries) and
+``engram.window`` (``triton_engram_window.py``, the n-gram window of each token).
 
     python3 -m pytest -q deepinfer_nvidia/tests/test_conformance_glue_ops.py
 
@@ -7,7 +8,8 @@ The activation: shapes of the shared expert (F = 2048 in V4-Flash, 2304 in V4.1-
 odd widths; gate and up contiguous or the two column halves of one merged ``w1 | w3`` product; bf16 and fp32.
 Against the reference evaluated in float64 and rounded as it rounds (silu to the dtype, then the product): within 2
 units in the last place (an fp32 exp may round the silu to the neighbouring bf16). The entry slots: exactly the
-reference's, 1-8192 rows, N up to 8192 (1M context at ratio 128), k 512 and odd.
+reference's, 1-8192 rows, N up to 8192 (1M context at ratio 128), k 512 and odd. The window: exactly the
+reference's where valid (decode and prefill slices, positions near 0 and far past the ring).
 
 Each launch runs on a NaN-poisoned allocator with host synchronisation raising; a token alone equals the same token
 in a batch, bit for bit (both registrations say batch-invariant); a CUDA graph replay under programmatic dependent
@@ -132,3 +134,55 @@ def test_entry_slot_rows_are_batch_invariant_and_graphs_replay():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(y, reference(fv, fs)), seed
+
+
+def _window_inputs(lens, starts, n, seed, cap=16):
+    g = torch.Generator().manual_seed(seed)
+    slots = torch.randperm(4 * len(lens) + 1, generator=g)[: len(lens)]
+    pos = torch.cat([torch.arange(st, st + ln) for st, ln in zip(starts, lens)])
+    start = torch.cat([torch.full((ln,), st) for st, ln in zip(starts, lens)])
+    slot = torch.cat([torch.full((ln,), int(sl)) for sl, ln in zip(slots, lens)])
+    ids = torch.randint(0, 129280, (pos.shape[0],), generator=g)
+    history = torch.randint(0, 129280, (4 * len(lens) + 1, cap), generator=g)
+    return [v.cuda() for v in (ids, pos, start, slot, history)]
+
+
+@pytest.mark.parametrize("lens,starts", [([1], [0]), ([1] * 64, list(range(0, 6400, 100))), ([300, 1, 57], [0, 9, 2]),
+                                         ([8192], [100])])
+@pytest.mark.parametrize("n", [1, 3, 4])
+def test_engram_window_matches_the_reference(lens, starts, n):
+    from deepinfer_core.kernels.ops.engram import window_ids
+    from deepinfer_nvidia.kernels.triton_engram_window import window
+
+    args = _window_inputs(lens, starts, n, seed=n + len(lens))
+    win, valid = _checked(window, *args, n)
+    rw, rv = window_ids(*args, n)
+    assert torch.equal(valid, rv) and torch.equal(torch.where(rv, win, 0), torch.where(rv, rw, 0))
+
+
+def test_engram_window_rows_and_graphs():
+    """A token's window alone (its own one-token slice) equals it inside a batch of 64 decode slices; a captured
+    graph replayed with fresh positions and history equals the reference each time."""
+    from deepinfer_core.kernels.ops.engram import window_ids
+    from deepinfer_nvidia.kernels.triton_engram_window import window
+
+    args = _window_inputs([1] * 64, list(range(3, 64 * 37, 37)), 4, seed=1)
+    batch = _checked(window, *args, 4)
+    for row in (0, 30, 63):
+        one = [v[row:row + 1] for v in args[:4]] + [args[4]]
+        w1, v1 = _checked(window, *one, 4)
+        assert torch.equal(w1[0], batch[0][row]) and torch.equal(v1[0], batch[1][row]), row
+    static = _window_inputs([1] * 8, list(range(0, 80, 10)), 4, seed=2)
+    window(*static, 4)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = window(*static, 4)
+    for seed in range(3):
+        fresh = _window_inputs([1] * 8, [int(x) for x in torch.randint(0, 500, (8,))], 4, seed=10 + seed)
+        for dst, src in zip(static, fresh):
+            dst.copy_(src)
+        graph.replay()
+        torch.cuda.synchronize()
+        rw, rv = window_ids(*fresh, 4)
+        assert torch.equal(out[1], rv) and torch.equal(torch.where(rv, out[0], 0), torch.where(rv, rw, 0)), seed

@@ -24,8 +24,8 @@ def test_every_invariant_entry_has_a_row_test():
     # and test_conformance_norm_rope.py::test_rows_are_batch_invariant (norm.rms_rope, fused and as its parts)
     covered |= {("norm.rms_rope", "triton")}
     # test_conformance_glue_ops.py::test_swiglu_rows_are_batch_invariant_and_graphs_replay and
-    # ::test_entry_slot_rows_are_batch_invariant_and_graphs_replay
-    covered |= {("moe.clamped_swiglu", "triton"), ("index.entry_slots", "triton")}
+    # ::test_entry_slot_rows_are_batch_invariant_and_graphs_replay and ::test_engram_window_rows_and_graphs
+    covered |= {("moe.clamped_swiglu", "triton"), ("index.entry_slots", "triton"), ("engram.window", "triton")}
     covered |= {("moe.route_topk", "triton"), ("moe.route_hash", "triton"), ("compress.softmax_pool", "triton"),
                 ("index.topk", "triton"), ("index.candidate_blocks", "triton")}
     assert set(INVARIANT) == covered

@@ -52,7 +52,7 @@ def test_step_kernels_take_part():
                    "_expand_kernel", "_attn_kernel", "_merge_kernel", "_topk_kernel", "_scores_kernel",
                    "_align_sort_kernel", "_sum_slices_kernel", "_write_rows_kernel", "_swap_kernel",
                    "_wgmma_gemv_kernel", "_engram_gate_kernel", "_rms_rope_kernel", "_swiglu_kernel",
-                   "_entry_slots_kernel"):
+                   "_entry_slots_kernel", "_window_kernel"):
         assert kernel in names, kernel
 
 
@@ -113,8 +113,8 @@ def test_platform_check_on_this_machine():
 
 
 def _cases():
-    from deepinfer_nvidia.kernels import (triton_entry_slots, triton_gemm, triton_mhc, triton_norm, triton_rope,
-                                          triton_swiglu)
+    from deepinfer_nvidia.kernels import (triton_engram_window, triton_entry_slots, triton_gemm, triton_mhc,
+                                          triton_norm, triton_rope, triton_swiglu)
     return {
         "rms": (triton_norm._rms_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "n_rows": "i32",
                                           "n_cols": "i32", "eps": "fp32"},
@@ -133,10 +133,16 @@ def _cases():
         "entry_slots": (triton_entry_slots._entry_slots_kernel, {"vis_ptr": "*i64", "sel_ptr": "*i64", "out_ptr": "*i64",
                                                                  "n": "i32", "k": "i32", "stride_v": "i32",
                                                                  "stride_s": "i32"}, {"BLOCK": 512}, 4),
+        "engram_window": (triton_engram_window._window_kernel, {"ids_ptr": "*i64", "pos_ptr": "*i64",
+                                                                "start_ptr": "*i64", "slot_ptr": "*i64",
+                                                                "hist_ptr": "*i64", "win_ptr": "*i64", "valid_ptr": "*i1",
+                                                                "N": "i32", "C": "i32", "stride_h": "i32"},
+                          {"NP": 4}, 1),
     }
 
 
-@pytest.mark.parametrize("case", ["rms", "collapse", "sum_slices", "rms_rope", "swiglu", "entry_slots"])
+@pytest.mark.parametrize("case", ["rms", "collapse", "sum_slices", "rms_rope", "swiglu", "entry_slots",
+                                  "engram_window"])
 def test_wait_then_release_before_any_global_access(case):
     from deepinfer_nvidia.tests.sass_count import count, missing_tools, opcodes
 

@@ -20,6 +20,21 @@ from deepinfer_core.kernels.spec import OpSpec, acc
 SCALE_GROUP = 32  # one UE8M0 scale per 32 table values
 
 
+def window_ids(input_ids: torch.Tensor, positions: torch.Tensor, start: torch.Tensor, slot: torch.Tensor,
+               history: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The n-gram window of every token of a step: ``(window [T, n] int64, valid [T, n] bool)``, column s the token
+    id at position p-s. input_ids / positions / start / slot [T] int64 (start: the first position of the token's
+    slice in this step; slot: its request's state slot, rows of one slice contiguous in step order); history
+    [S, C] int64, each slot's token id of position q at ``q % C`` (written after this step reads it). Position
+    p-s comes from this step's row t-s when it is in the slice (``p-s >= start``), else from the history; valid
+    where p-s >= 0 (the window value there is any in-range history entry)."""
+    s = torch.arange(n, device=positions.device)
+    q = positions[:, None] - s[None, :]  # [T, n] position of each column
+    t_rows = (torch.arange(positions.shape[0], device=positions.device)[:, None] - s[None, :]).clamp(min=0)
+    past = history[slot].gather(1, q.remainder(history.shape[1]))
+    return torch.where(q >= start[:, None], input_ids[t_rows], past), q >= 0
+
+
 def hash_ids(window: torch.Tensor, valid: torch.Tensor, token_map: torch.Tensor, pad_id: int,
              multipliers: torch.Tensor, primes: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """Table rows of every n-gram hash of each token.
@@ -99,6 +114,24 @@ def _gen_hash(dtype, device, seed):
                offsets.to(device)), {}
 
 
+def _gen_window(dtype, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    for lens, starts, n, cap in [([1], [0], 4, 16), ([1, 1, 1], [5, 0, 40], 4, 16), ([6, 1, 3], [0, 17, 2], 3, 8)]:
+        slots = torch.randperm(9, generator=g)[: len(lens)]
+        pos = torch.cat([torch.arange(st, st + ln) for st, ln in zip(starts, lens)])
+        start = torch.cat([torch.full((ln,), st) for st, ln in zip(starts, lens)])
+        slot = torch.cat([torch.full((ln,), int(sl)) for sl, ln in zip(slots, lens)])
+        ids = torch.randint(0, 1000, (pos.shape[0],), generator=g)
+        history = torch.randint(0, 1000, (9, cap), generator=g)
+        yield tuple(v.to(device) for v in (ids, pos, start, slot, history)) + (n,), {}
+
+
+def _compare_window(out, ref, dtype):
+    (w, v), (wr, vr) = out, ref
+    assert torch.equal(v.cpu(), vr.cpu()), "valid masks differ"
+    assert torch.equal(torch.where(vr, w, 0).cpu(), torch.where(vr, wr, 0).cpu()), "window ids differ"
+
+
 def _gen_gather(dtype, device, seed):
     from deepinfer_core.kernels.ops.quant import quant_fp8_block
 
@@ -123,6 +156,8 @@ def _gen_gate(dtype, device, seed):
 
 
 OPS = [
+    OpSpec("engram.window", window_ids, _gen_window, compare=_compare_window,
+           doc="the n-gram window of each token from this step and the request's history"),
     OpSpec("engram.hash_ids", hash_ids, _gen_hash, doc="n-gram hash ids into each Engram table"),
     OpSpec("engram.gather", gather_rows, _gen_gather, doc="dequantised Engram table rows"),
     OpSpec("engram.gate", gate, _gen_gate, tolerances={torch.bfloat16: (3e-2, 3e-2)},
