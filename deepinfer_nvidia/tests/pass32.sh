@@ -2,8 +2,8 @@
 # Thirty-second pass's device stages (prepared on the CPU in the thirty-first and thirty-second passes, when no
 # device time was left): OUT=dir bash pass32.sh STAGES (comma-separated; at most ~9 minutes a call, so
 # `conf,merge` then `v4merge,early` then `best`).
-#   conf     the glue ops' kernels, moe.clamped_swiglu, index.entry_slots and gemm.dense_wide (the dense GEMV widening
-#            x; all on by default since this pass; interpreter, SASS and sm_90a compiles with Triton 3.6 and 3.9
+#   conf     the glue ops' kernels, moe.clamped_swiglu, index.entry_slots, engram.window and gemm.dense_wide (the
+#            dense GEMV widening x; all on by default since this pass; interpreter, SASS and sm_90a compiles with Triton 3.6 and 3.9
 #            checked on the CPU): their own files, the batch-invariance rows and the shared harness; then the wgmma GEMV's PDL chain (RMSNorm, three GEMVs, a torch op) with the release
 #            after the K loop and with DEEPINFER_NV_GEMV_EARLY_RELEASE's release right after the wait: bits equal the
 #            plain launches, eager and graph-replayed with fresh inputs; then parity_tiny (default knobs: the new ops
@@ -30,7 +30,7 @@ source "$(dirname "$0")/pass_lib.sh"  # stamp, has, quiet, xdist_files, rows_val
 if has conf; then
   stamp conf
   FILE_S=120 xdist_files glue_tests "$HERE/test_conformance_glue_ops.py"
-  FILE_S=120 xdist_files glue_harness "$HERE/test_conformance.py" -k "clamped_swiglu or entry_slots or dense_wide"
+  FILE_S=120 xdist_files glue_harness "$HERE/test_conformance.py" -k "clamped_swiglu or entry_slots or dense_wide or engram.window"
   FILE_S=120 xdist_files wide_tests "$HERE/test_conformance_dense_gemv.py" "$HERE/test_batch_invariance.py" \
     -k "dense_wide or model_widths"
   FILE_S=150 xdist_files chain_tests "$HERE/test_conformance_fp8_wgmma.py" -k pdl_chain
