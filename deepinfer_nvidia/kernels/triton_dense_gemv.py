@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_core.kernels.ops.gemm import _check_x, dense, dense_wide
+from deepinfer_core.kernels.ops.gemm import _check_x, check_dense_wide, dense, dense_wide
 from deepinfer_nvidia.kernels._common import FLOATS, hand_off, next_pow2
 from deepinfer_nvidia.kernels.aten_ops import gemm_dense as cublas_dense
 from deepinfer_nvidia.kernels.aten_ops import supports_dense  # the same operands: the kernel's or cuBLAS's
@@ -152,9 +152,7 @@ def gemm_dense_wide(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     if not supports_dense_wide(x, w):
         return hand_off("gemm.dense_wide", f"operands {x.dtype}/{w.dtype} on {x.device} not covered", dense_wide,
                         x, w)
-    if w.dim() != 2:
-        raise ValueError(f"gemm.dense_wide: w must be [N, K], got shape {tuple(w.shape)}")
-    _check_x(x, w.shape[1], "gemm.dense_wide")
+    check_dense_wide(x, w)
     if x.dtype.itemsize < w.dtype.itemsize and takes(x, w):
         from deepinfer_nvidia.kernels.triton_gemm import _sm_count
 

@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_core.kernels.ops.gemm import _check_x, dense, dense_wide, fp8_block, mxfp4
+from deepinfer_core.kernels.ops.gemm import _check_x, check_dense_wide, dense, dense_wide, fp8_block, mxfp4
 from deepinfer_core.kernels.ops.quant import MXFP4_GROUP, QuantFormatError, fp8_block_scale_shape
 from deepinfer_nvidia.kernels import gluon_fp8_gemv, triton_fp8_fine, triton_fp8_gemv
 from deepinfer_nvidia.kernels.triton_scales import ue8m0
@@ -531,7 +531,5 @@ def gemm_dense_wide_bi(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     if not supports_dense_bi(x, w):
         return hand_off("gemm.dense_wide[bi]", f"operands {x.dtype}/{w.dtype} on {x.device} not covered", dense_wide,
                         x, w)
-    if w.dim() != 2:
-        raise ValueError(f"gemm.dense_wide: w must be [N, K], got shape {tuple(w.shape)}")
-    _check_x(x, w.shape[1], "gemm.dense_wide")
+    check_dense_wide(x, w)
     return gemm_dense_bi(x.to(w.dtype), w)

@@ -41,12 +41,17 @@ def dense_wide(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``x [T, K]`` cast to ``w``'s dtype, ``@ w [N, K]^T -> [T, N]`` in w's dtype: the fp32 projections of a
     half-precision activation (the MoE router, the compressors' ``wkv`` / ``wgate``: a widening, exact),
     ``gemm.dense(x.float(), w)`` without the cast as a kernel of its own."""
+    check_dense_wide(x, w)
+    return dense(x.to(w.dtype), w)
+
+
+def check_dense_wide(x: torch.Tensor, w: torch.Tensor) -> None:
+    """``gemm.dense_wide``'s operand contract (the providers raise the same errors): w a 2-D float [N, K], x [T, K]."""
     if w.dim() != 2:
         raise ValueError(f"gemm.dense_wide: w must be [N, K], got shape {tuple(w.shape)}")
     _check_x(x, w.shape[1], "gemm.dense_wide")
     if not w.is_floating_point():
         raise TypeError(f"gemm.dense_wide: w must be a float tensor, got {w.dtype}")
-    return dense(x.to(w.dtype), w)
 
 
 def fp8_block(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
