@@ -183,8 +183,9 @@ def test_index_scores_rows(reg, dtype):
 
     def run(rows):
         cand = pad_lists([r[2] for r in rows], extra=19 if len(rows) > 1 else 0)
-        out = fn(torch.stack([r[0] for r in rows]).to(dtype).cuda(), torch.stack([r[1] for r in rows]).cuda(),
-                 keys, cand, d ** -0.5)
+        # the weights in q's dtype, as the models pass weights_proj's output (its scale folded into score_scale)
+        out = fn(torch.stack([r[0] for r in rows]).to(dtype).cuda(), torch.stack([r[1] for r in rows]).to(dtype).cuda(),
+                 keys, cand, d ** -0.5 * h ** -0.5)
         return [o[:len(r[2])] for o, r in zip(out, rows)]  # the row's own candidates
 
     check_rows(run, make_row)
