@@ -95,8 +95,8 @@ class Compressor:
             pooled = self.k["compress.softmax_pool"](g_kv.to(x.dtype), g_sc)
             entry = self.k["norm.rms_rope"](pooled, self.norm_w, self.eps, w * r, self.inv_freq)
             out = meta.write_slots[closing]
-            # -1: the entry is already in a shared prefix-cache block
-            write_rows(cache, out, entry, valid & (out >= 0))
+            # -1: the entry is already in a shared prefix-cache block (write_rows never writes a negative slot)
+            write_rows(cache, out, entry, valid)
         # keep the last `ring` positions of every request's chunk for windows closing later
         keep_mask = pos >= ctx.extras["seq_end"][seq] - ring
         n_keep = min(t, nseq * ring)

@@ -157,8 +157,8 @@ def _take(v: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
 def _write(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor | None = None) -> None:
     """Store rows at their slots; slot -1 = not written (the entry lives in a shared prefix-cache block),
     nor is a row with ``valid`` False (padding of a static-size selection). No host sync."""
-    # without ``valid`` the op keeps ``slots >= 0`` itself (in the kernel on a GPU: no launch of its own here)
-    write_rows(cache, slots, rows, None if valid is None else (slots >= 0) & valid)
+    # the op never writes a negative slot (in the kernel on a GPU: no launch of its own here)
+    write_rows(cache, slots, rows, valid)
 
 
 def cache_name(layer: int) -> str:

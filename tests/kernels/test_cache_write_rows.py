@@ -19,8 +19,9 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def masked(cache, slots, rows, keep):
-    """The form the op replaces (it syncs the host on a GPU): ``cache[slots[keep]] = rows[keep]``."""
-    keep = slots >= 0 if keep is None else keep
+    """The form the op replaces (it syncs the host on a GPU): ``cache[slots[keep]] = rows[keep]``, negative slots
+    never written."""
+    keep = slots >= 0 if keep is None else keep & (slots >= 0)
     out = cache.clone()
     out[slots[keep]] = rows[keep].to(cache.dtype)
     return out
@@ -87,6 +88,9 @@ def test_nothing_kept_leaves_the_cache_unchanged():
     write_rows(cache, torch.zeros(0, dtype=torch.long), torch.zeros(0, 4))
     assert torch.equal(bits(cache), bits(before))
     write_rows(torch.zeros(0, 4), torch.tensor([-1, -1]), torch.randn(2, 4))  # N == 0
+    # a kept row whose slot is -1 is not written either (no wrap to the last row)
+    write_rows(cache, torch.tensor([-1, -1]), torch.randn(2, 4), torch.ones(2, dtype=torch.bool))
+    assert torch.equal(bits(cache), bits(before))
 
 
 @pytest.mark.parametrize("args,err,words", [

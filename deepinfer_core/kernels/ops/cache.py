@@ -45,17 +45,18 @@ def write_rows(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor,
     """``cache[slots[i]] = rows[i].to(cache.dtype)`` for each i with ``keep[i]``, in place; returns ``cache``.
 
     cache [N, *E] any dtype (a 1-D cache [N] takes scalar rows); slots [K] integer (int64 in the
-    models); rows [K, *E] any dtype, cast to ``cache.dtype``; keep [K] bool or None (then
-    ``slots >= 0``: slot -1 means "not written"). The kept slots must be distinct (as for the
-    masked form, whose result would otherwise depend on the write order) and lie in [0, N).
+    models); rows [K, *E] any dtype, cast to ``cache.dtype``; keep [K] bool or None (all rows). A
+    negative slot is never written, kept or not (slot -1 means "not written": a position served from a
+    shared prefix-cache block), so a caller's padding mask needs no ``& (slots >= 0)`` of its own. The
+    kept slots must be distinct (as for the masked form, whose result would otherwise depend on the
+    write order) and lie below N.
     K == 0, N == 0 or an empty row: nothing is written. No host synchronisation.
     """
     check_write_rows(cache, slots, rows, keep)
     k = slots.shape[0]
     if k == 0 or cache.numel() == 0:
         return cache
-    if keep is None:
-        keep = slots >= 0
+    keep = slots >= 0 if keep is None else keep & (slots >= 0)
     rows = rows.to(cache.dtype)
     first = torch.argmax(keep.to(torch.int32))  # the first kept row (0 when none is kept)
     src = torch.where(keep, torch.arange(k, device=slots.device), first)  # a kept row for every row
@@ -83,7 +84,7 @@ def _case(g, n, e, k, rows_dtype, cache_dtype, pattern, with_keep):
         slots[torch.rand(k, generator=g) < 0.4] = -1
     keep = None
     if with_keep:
-        keep = (slots >= 0) & (torch.rand(k, generator=g) < 0.7)  # keep given: a subset of the valid slots
+        keep = torch.rand(k, generator=g) < 0.7  # keep given: a padding mask that may keep a -1 slot (not written)
     return cache, slots, rows, keep
 
 
