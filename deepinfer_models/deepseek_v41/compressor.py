@@ -138,14 +138,19 @@ class CompressorV41:
         write_rows(ring.view(-1, ring.shape[-1]), dest, _take(both, keep), valid)
 
 
-def _tail_rows(ctx: StepContext, rows: StepRows) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+def _tail_rows(ctx: StepContext, rows: StepRows) -> tuple[torch.Tensor | None, torch.Tensor,
+                                                           torch.Tensor | None]:
     """Rows of the last min(RING, n) tokens of each slice (distinct (slot, p % RING) pairs) as (rows [K] or None
-    for every row, their ring rows ``slot * RING + p % RING`` [K], valid [K]), with the static bound
-    K = min(T, B * RING) (no host sync). Every row at decode, so no index launches there."""
+    for every row, their ring rows ``slot * RING + p % RING`` [K], valid [K] or None for all), with the static bound
+    K = min(T, B * RING) (no host sync). Every row at decode, so no index launches there; with one token a slice
+    every token is its slice's last, so no mask either."""
     pos = ctx.positions
-    mask = pos > pos[rows.last][ctx.token_seq] - RING
-    t, k = mask.shape[0], min(mask.shape[0], rows.last.shape[0] * RING)
-    keep, valid = (None, mask) if k == t else compact(mask, k)
+    t, k = pos.shape[0], min(pos.shape[0], rows.last.shape[0] * RING)
+    if rows.last.shape[0] == t:
+        keep, valid = None, None
+    else:
+        mask = pos > pos[rows.last][ctx.token_seq] - RING
+        keep, valid = (None, mask) if k == t else compact(mask, k)
     return keep, _take(rows.slot, keep) * RING + _take(pos, keep) % RING, valid
 
 

@@ -58,11 +58,14 @@ class EngramHasher:
         ids = self.k["engram.hash_ids"](window, valid, self.token_map, self.pad_id, self.multipliers,
                                         self.primes, self.offsets)
         # remember the last HISTORY_CAP positions of every request's chunk
-        keep_mask = pos > pos[rows.last][ctx.token_seq] - HISTORY_CAP
         t, n_keep = pos.shape[0], min(pos.shape[0], rows.last.shape[0] * HISTORY_CAP)  # static bound: no sync
-        if n_keep == t:  # every row (a decode step): no index launches
+        if rows.last.shape[0] == t:  # one token a slice (a decode step): each is its slice's last, all kept
+            dest, ids_kept, valid = rows.slot * HISTORY_CAP + pos % HISTORY_CAP, input_ids, None
+        elif n_keep == t:  # every row, masked: no index launches
+            keep_mask = pos > pos[rows.last][ctx.token_seq] - HISTORY_CAP
             dest, ids_kept, valid = rows.slot * HISTORY_CAP + pos % HISTORY_CAP, input_ids, keep_mask
         else:
+            keep_mask = pos > pos[rows.last][ctx.token_seq] - HISTORY_CAP
             keep, valid = compact(keep_mask, n_keep)
             dest, ids_kept = rows.slot[keep] * HISTORY_CAP + pos[keep] % HISTORY_CAP, input_ids[keep]
         write_rows(history.view(-1), dest, ids_kept, valid)
