@@ -25,7 +25,7 @@ from deepinfer_core.kv.spec import CompressedSpec, StateSpec
 from deepinfer_core.runner.context import StepContext
 from deepinfer_models.deepseek_v41.config import DeepseekV41Config
 from deepinfer_models.deepseek_v41.step import StepRows
-from deepinfer_models.layers.static_index import closes_any, compact, write_rows
+from deepinfer_models.layers.static_index import closes_any, compact, take_rows, write_rows
 
 # Positions kept per request for ratio 2. Two would do for plain decoding; 8 (vLLM's
 # ``max(8, next_pow2(num_spec_tokens + 2))``) lets up to 6 rejected speculative positions be
@@ -98,13 +98,13 @@ class CompressorV41:
                 closing, valid = compact(mask, n_close)
             u = self._pool_pairs(both, closing, ctx, rows)
         latent = self.k["norm.rms"](u, self.norm_w, self.eps).to(x.dtype)  # [G, d]
-        first = _take(pos, closing)
+        first = take_rows(pos, closing)
         at = first if self.ratio == 1 else first // self.ratio * self.ratio  # first position of each group
         entry = self.k["rope.interleaved"](latent, at, self.inv_freq)
-        _write(ctx.caches[self.cache_name], _take(ctx.meta(self.cache_name).write_slots, closing), entry, valid)
+        _write(ctx.caches[self.cache_name], take_rows(ctx.meta(self.cache_name).write_slots, closing), entry, valid)
         if self.keys_name is not None:
             key = self.k["norm.rms_rope"](self.wk(latent), self.k_norm, self.eps, at, self.inv_freq)
-            _write(ctx.caches[self.keys_name], _take(ctx.meta(self.keys_name).write_slots, closing), key, valid)
+            _write(ctx.caches[self.keys_name], take_rows(ctx.meta(self.keys_name).write_slots, closing), key, valid)
 
     def _kv_gate(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, D] -> ``kv | z`` [T, 2d] fp32 (x widened): one product over the stacked weights, or two and a
@@ -119,13 +119,13 @@ class CompressorV41:
         """Pooled ``u`` [G, d] of the pairs closed by the ``closing`` rows (odd positions; None: every row, G = T);
         ``both`` [T, 2d] is every row's ``kv | z``."""
         ring = ctx.caches[self.ring_name]  # [slots, RING, 2d]
-        prev = _take(ctx.positions, closing) - 1
+        prev = take_rows(ctx.positions, closing) - 1
         # the partner (even position) is in this step unless the step started at the closing token
-        here = (prev >= _take(rows.start, closing))[:, None]
-        from_ring = ring[_take(rows.slot, closing), prev % RING]
+        here = (prev >= take_rows(rows.start, closing))[:, None]
+        from_ring = ring[take_rows(rows.slot, closing), prev % RING]
         before = torch.cat([both[:1], both[:-1]]) if closing is None else both[(closing - 1).clamp(min=0)]
         partner = torch.where(here, before, from_ring)
-        pair = torch.stack([partner, _take(both, closing)], dim=1)  # [G, 2, 2d]: kv | z of the pair's positions
+        pair = torch.stack([partner, take_rows(both, closing)], dim=1)  # [G, 2, 2d]: kv | z of the pair's positions
         u = self.k["compress.softmax_pool"](pair[..., : self.d], pair[..., self.d:])
         # keep the last two positions of every request for pairs closing in a later step
         # (read above, written after: a 1-token step reads slot (p-1)%2 and writes p%2)
@@ -134,29 +134,8 @@ class CompressorV41:
 
     def _store_tail(self, both: torch.Tensor, ctx: StepContext, rows: StepRows) -> None:
         ring = ctx.caches[self.ring_name]  # [slots, RING, 2d]
-        keep, dest, valid = _tail_rows(ctx, rows)
-        write_rows(ring.view(-1, ring.shape[-1]), dest, _take(both, keep), valid)
-
-
-def _tail_rows(ctx: StepContext, rows: StepRows) -> tuple[torch.Tensor | None, torch.Tensor,
-                                                           torch.Tensor | None]:
-    """Rows of the last min(RING, n) tokens of each slice (distinct (slot, p % RING) pairs) as (rows [K] or None
-    for every row, their ring rows ``slot * RING + p % RING`` [K], valid [K] or None for all), with the static bound
-    K = min(T, B * RING) (no host sync). Every row at decode, so no index launches there; with one token a slice
-    every token is its slice's last, so no mask either."""
-    pos = ctx.positions
-    t, k = pos.shape[0], min(pos.shape[0], rows.last.shape[0] * RING)
-    if rows.last.shape[0] == t:
-        keep, valid = None, None
-    else:
-        mask = pos > pos[rows.last][ctx.token_seq] - RING
-        keep, valid = (None, mask) if k == t else compact(mask, k)
-    return keep, _take(rows.slot, keep) * RING + _take(pos, keep) % RING, valid
-
-
-def _take(v: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
-    """``v[rows]``, or ``v`` itself for every row (None): a decode step's selection, without an index launch."""
-    return v if rows is None else v[rows]
+        keep, dest, valid = rows.ring_tail(ctx, RING)
+        write_rows(ring.view(-1, ring.shape[-1]), dest, take_rows(both, keep), valid)
 
 
 def _write(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor | None = None) -> None:

@@ -22,7 +22,7 @@ from deepinfer_core.runner.context import StepContext
 from deepinfer_models.deepseek_v41.config import DeepseekV41Config
 from deepinfer_models.deepseek_v41.engram_hash import engram_multipliers, engram_offsets, engram_primes
 from deepinfer_models.deepseek_v41.step import StepRows
-from deepinfer_models.layers.static_index import compact, write_rows
+from deepinfer_models.layers.static_index import take_rows, write_rows
 
 HISTORY = "engram.history"
 HISTORY_CAP = 16  # >= N-1 + the most rejected speculative positions (N = 4: up to 12)
@@ -58,16 +58,8 @@ class EngramHasher:
         ids = self.k["engram.hash_ids"](window, valid, self.token_map, self.pad_id, self.multipliers,
                                         self.primes, self.offsets)
         # remember the last HISTORY_CAP positions of every request's chunk
-        t, n_keep = pos.shape[0], min(pos.shape[0], rows.last.shape[0] * HISTORY_CAP)  # static bound: no sync
-        if rows.last.shape[0] == t:  # one token a slice (a decode step): each is its slice's last, all kept
-            dest, ids_kept, valid = rows.slot * HISTORY_CAP + pos % HISTORY_CAP, input_ids, None
-        elif n_keep == t:  # every row, masked: no index launches
-            keep_mask = pos > pos[rows.last][ctx.token_seq] - HISTORY_CAP
-            dest, ids_kept, valid = rows.slot * HISTORY_CAP + pos % HISTORY_CAP, input_ids, keep_mask
-        else:
-            keep_mask = pos > pos[rows.last][ctx.token_seq] - HISTORY_CAP
-            keep, valid = compact(keep_mask, n_keep)
-            dest, ids_kept = rows.slot[keep] * HISTORY_CAP + pos[keep] % HISTORY_CAP, input_ids[keep]
+        keep, dest, valid = rows.ring_tail(ctx, HISTORY_CAP)
+        ids_kept = take_rows(input_ids, keep)
         write_rows(history.view(-1), dest, ids_kept, valid)
         return ids
 

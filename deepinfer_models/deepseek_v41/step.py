@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from deepinfer_core.runner.context import StepContext
+from deepinfer_models.layers.static_index import compact, take_rows
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,21 @@ class StepRows:
         first = ctx.extras["seq_first_row"]  # [B]
         n = ctx.extras["seq_end"] - start[first]  # tokens of each slice
         return cls(start=start, slot=ctx.state_slots[ctx.token_seq], last=first + n - 1)
+
+    def ring_tail(self, ctx: StepContext, cap: int) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+        """Where a per-request ring of ``cap`` positions (the compressor ring, the Engram history) keeps this step:
+        the rows of the last min(cap, n) tokens of each slice (distinct (slot, p % cap) pairs) as (rows [K] or None
+        for every row, their ring rows ``slot * cap + p % cap`` [K], valid [K] or None for all), with the static
+        bound K = min(T, B * cap) (no host sync). Every row at decode, so no index launches there; with one token
+        a slice every token is its slice's last, so no mask either."""
+        pos = ctx.positions
+        t, k = pos.shape[0], min(pos.shape[0], self.last.shape[0] * cap)
+        if self.last.shape[0] == t:
+            keep, valid = None, None
+        else:
+            mask = pos > pos[self.last][ctx.token_seq] - cap
+            keep, valid = (None, mask) if k == t else compact(mask, k)
+        return keep, take_rows(self.slot, keep) * cap + take_rows(pos, keep) % cap, valid
 
 
 @dataclass

@@ -10,6 +10,8 @@ shapes alone, and give results bit-identical to the masked forms:
   not kept to repeat the write of the first kept row; a platform kernel does it in one launch).
 - ``compact``: the first ``size`` indices of a 1-D mask's True entries (a static-size ``nonzero``),
   with a validity mask for the padding.
+- ``take_rows``: ``v[rows]``, or ``v`` itself when every row is selected (``rows`` None), so a decode step
+  that keeps every row launches no gather.
 - ``closes_any``: whether a step closes any compressor window, read from the host-side slices (no
   sync), so an eager step can skip the pooling; a step captured in a graph sets
   ``ctx.extras["static_shapes"] = True`` and always runs it.
@@ -44,6 +46,11 @@ def write_rows(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, kee
     cache [N, *E]; slots [K] int64; rows [K, *E]. The kept slots must be distinct (as for the
     masked form, whose result would otherwise depend on the write order). No host sync."""
     _write_rows_op(cache, slots, rows, keep)
+
+
+def take_rows(v: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    """``v[rows]``, or ``v`` itself for every row (None): a decode step's selection, without an index launch."""
+    return v if rows is None else v[rows]
 
 
 def compact(mask: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
