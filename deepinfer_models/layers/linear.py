@@ -17,7 +17,7 @@ from deepinfer_core.kernels.ops.quant import dequant_fp8_block, dequant_mxfp4
 # with wkv, wq_b with the indexer's wq_b (V4's CSA layers, V4.1's index layers), V4.1's ratio-2 compressors' wkv
 # with wgate, and the shared expert's w1 with w3. Opt-in until a device measures it (``DEEPINFER_MERGE_PROJECTIONS=1``,
 # read at import, looked up when a layer is built; ``deepinfer_nvidia/tests/pass32.sh conf,merge``): predicted
-# -50 to -100 us a V4.1 batch-1 step on the H200 (docs/performance.md, thirty-second pass).
+# -55 to -100 us a V4.1 batch-1 step on the H200 (docs/performance.md, thirty-second pass).
 MERGE_PROJECTIONS = os.environ.get("DEEPINFER_MERGE_PROJECTIONS", "0") == "1"
 
 
