@@ -23,7 +23,7 @@ KERNEL_OPS = (
     "mhc.expand_pre_norm", "moe.route_topk", "moe.clamped_swiglu",
     "moe.route_hash", "moe.experts", "moe.experts_fp8", "moe.experts_mxfp4", "gemm.dense", "gemm.dense_wide",
     "gemm.fp8_block", "gemm.mxfp4",
-    "gemm.fp8_block_grouped", "cache.write_rows",
+    "gemm.fp8_block_grouped", "cache.write_rows", "stream.side",
 )
 
 

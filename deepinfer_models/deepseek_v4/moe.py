@@ -45,6 +45,9 @@ class MoEV4:
     def __call__(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         """x [T, D] (normed FFN input), input_ids [T] (hash routing) -> [T, D]."""
         cfg = self.cfg
+        # the shared expert reads only x: a branch beside the routed path (a second stream where the platform
+        # has one; in order elsewhere), joined before the sum
+        shared = self.k["stream.side"](self._shared, x)
         logits = self.k["gemm.dense_wide"](x, self.gate_w)  # fp32 router: x widened in the kernel
         if self.is_hash:
             weights, ids = self.k["moe.route_hash"](logits, self.tid2eid[input_ids], cfg.routed_scaling_factor)
@@ -56,6 +59,9 @@ class MoEV4:
             routed = self.k["moe.experts_fp8"](x, weights, ids, *self.experts, self.block, cfg.swiglu_limit)
         else:
             routed = self.k["moe.experts_mxfp4"](x, weights, ids, *self.experts, cfg.swiglu_limit)
+        return routed + shared.join()
+
+    def _shared(self, x: torch.Tensor) -> torch.Tensor:
+        """The shared expert: x [T, D] -> [T, D] (gate and up as one product where merged)."""
         gate, up = self.s13(x)
-        shared = self.s2(self.k["moe.clamped_swiglu"](gate, up, cfg.swiglu_limit))
-        return routed + shared
+        return self.s2(self.k["moe.clamped_swiglu"](gate, up, self.cfg.swiglu_limit))

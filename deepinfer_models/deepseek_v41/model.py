@@ -28,7 +28,7 @@ _OWN_OPS = (
     "mhc.collapse",
     "mhc.expand", "mhc.pre_norm", "mhc.expand_pre_norm", "gemm.dense", "gemm.dense_wide", "gemm.fp8_block", "gemm.mxfp4", "engram.window", "engram.hash_ids", "engram.gather",
     "engram.gate",
-    "gemm.fp8_block_grouped", "cache.write_rows",
+    "gemm.fp8_block_grouped", "cache.write_rows", "stream.side",
 )
 # The MoE is V4's: take whatever routing / expert ops it uses from V4's list.
 KERNEL_OPS = _OWN_OPS + tuple(op for op in V4_KERNEL_OPS if op.startswith("moe.") and op not in _OWN_OPS)

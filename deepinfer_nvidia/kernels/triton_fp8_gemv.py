@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from deepinfer_nvidia.kernels.triton_scales import ue8m0
+from deepinfer_nvidia.kernels.cuda_side_stream import lane
 
 # block_n x block_k weight tile per iteration, programs per SM to aim for with split-K, warps, stages, and the
 # largest row count served here (the tensor-core kernels above it). H200: docs/performance.md (ninth pass).
@@ -30,15 +31,17 @@ from deepinfer_nvidia.kernels.triton_scales import ue8m0
 GEMV_TUNE: dict[str, int] = {"block_n": 32, "block_k": 256, "programs": 4, "warps": 4, "stages": 3, "rows": 2,
                              "fold": 1, "min_iters": 2}
 
-# Arrival counters of the folded split-K sum, per device: zero between launches (each launch's last programs reset
-# theirs). Launches on one stream run one after another, which is all the engine does.
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
+# Arrival counters of the folded split-K sum, per (device, lane): zero between launches (each launch's last programs
+# reset theirs). Launches on one stream run one after another; a ``stream.side`` branch (``cuda_side_stream``) runs
+# in lane 1, so its launches never share counters with those in flight on the stream that forked it.
+_COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
 
 
 def _counters(device: torch.device, n: int) -> torch.Tensor:
-    buf = _COUNTERS.get(device)
+    key = (device, lane())
+    buf = _COUNTERS.get(key)
     if buf is None or buf.numel() < n:
-        buf = _COUNTERS[device] = torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device)
+        buf = _COUNTERS[key] = torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device)
     return buf
 
 

@@ -26,6 +26,8 @@ def test_every_invariant_entry_has_a_row_test():
     # test_conformance_glue_ops.py::test_swiglu_rows_are_batch_invariant_and_graphs_replay and
     # ::test_entry_slot_rows_are_batch_invariant_and_graphs_replay and ::test_engram_window_rows_and_graphs
     covered |= {("moe.clamped_swiglu", "triton"), ("index.entry_slots", "triton"), ("engram.window", "triton")}
+    # test_side_stream.py::test_branch_beside_split_k_gemvs_is_bit_equal (the branch's kernels are the same launches)
+    covered |= {("stream.side", "aten")}
     covered |= {("moe.route_topk", "triton"), ("moe.route_hash", "triton"), ("compress.softmax_pool", "triton"),
                 ("index.topk", "triton"), ("index.candidate_blocks", "triton")}
     assert set(INVARIANT) == covered

@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib
 
 FAMILIES = ("norm", "rope", "attention", "compress", "indexer", "mhc", "moe", "gemm", "sampling", "structured",
-            "candidates", "engram", "cache", "kv")
+            "candidates", "engram", "cache", "kv", "stream")
 
 
 def register_builtin_ops(registry) -> None:

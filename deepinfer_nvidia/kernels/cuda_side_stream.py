@@ -1,0 +1,108 @@
+"""``stream.side`` on a second CUDA stream: the branch forks from the current stream and joins back into it.
+
+Why (docs/performance.md, thirty-third pass). At batch 1 the routed experts' launches fill about half the SMs
+(216 programs of 8 warps, 0.55 waves on 132 SMs) and run at ~45% of the copy bandwidth, while the shared expert's
+three launches (two FP8 GEMVs and the SwiGLU, ~35 MB at V4.1's widths) wait behind them although they only read
+the layer's normed input. Forked onto a side stream they run beside the routed path; inside a CUDA graph the fork
+and the join become two parallel paths of the captured DAG, so graph replay overlaps them with no host work.
+
+Contract (``deepinfer_core.kernels.ops.stream``): the branch reads only its arguments and weights, and the caller
+joins it before it reads the result or lets the arguments go. So
+
+- the side stream first waits for everything issued so far on the current stream (its inputs are written);
+- ``join()`` makes the current stream wait for the side stream, so what follows sees the result, and the
+  arguments, read by the branch, are not freed for reuse before the branch is done (the caching allocator frees a
+  block for its own stream's later work, which is ordered after the join);
+- the result's blocks belong to the side stream's pool: reused only by a later branch, which forks after the
+  current stream has consumed this result.
+
+Scratch the kernels share across launches: the split-K counters (``triton_fp8_gemv._counters``) are per lane, and
+a branch runs in lane 1, so two GEMVs in flight on the two streams never share a counter.
+
+Off under ``DEEPINFER_NV_COMPILE=1`` (dynamo would have to trace the stream switch; the compiled step keeps one
+stream) and, until timed, by default (``DEEPINFER_NV_SIDE_STREAM=1`` turns it on).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Callable
+
+import torch
+
+from deepinfer_core.kernels.ops.stream import Joined, side as side_reference
+
+# Opt-in until the device rows time it (deepinfer_nvidia/tests/pass33.sh).
+SIDE_STREAM = os.environ.get("DEEPINFER_NV_SIDE_STREAM", "0") == "1"
+_STREAMS: dict[int, torch.cuda.Stream] = {}  # device index -> its side stream (made once, reused by every branch)
+_LANE = [0]  # 0: the current stream's launches, 1: inside a branch (``lane()``)
+
+
+def lane() -> int:
+    """Which scratch set a launch issued now must use: 1 inside a side branch, else 0."""
+    return _LANE[0]
+
+
+@contextlib.contextmanager
+def _in_branch():
+    _LANE[0] += 1
+    try:
+        yield
+    finally:
+        _LANE[0] -= 1
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    s = _STREAMS.get(idx)
+    if s is None:
+        s = _STREAMS[idx] = torch.cuda.Stream(device=idx)
+    return s
+
+
+class Forked:
+    """A branch running on ``side``: ``join()`` orders the stream that forked it after it and returns its result."""
+
+    __slots__ = ("value", "main", "side", "joined")
+
+    def __init__(self, value: Any, main: torch.cuda.Stream, side: torch.cuda.Stream) -> None:
+        self.value, self.main, self.side, self.joined = value, main, side, False
+
+    def join(self) -> Any:
+        if not self.joined:
+            self.main.wait_stream(self.side)
+            self.joined = True
+        return self.value
+
+
+def _device_of(args: tuple) -> torch.device | None:
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a.device if a.is_cuda else None
+    return None
+
+
+def _compiling() -> bool:
+    from deepinfer_nvidia.graphs import compile_enabled
+
+    return compile_enabled() or torch.compiler.is_compiling()
+
+
+def side(fn: Callable[..., Any], *args: Any, enabled: bool | None = None) -> Joined | Forked:
+    """``fn(*args)`` on the device's side stream (``enabled``: default ``SIDE_STREAM``). Runs in order, as the
+    reference does, where the knob is off, the first tensor argument is not on a CUDA device, a branch is already
+    open (one side stream: a nested branch runs inline on it) or the step is compiled."""
+    device = _device_of(args)
+    if not (SIDE_STREAM if enabled is None else enabled) or device is None or _LANE[0] or _compiling():
+        return side_reference(fn, *args)
+    main = torch.cuda.current_stream(device)
+    stream = _side_stream(device)
+    stream.wait_stream(main)  # the branch's inputs are written on the current stream
+    with torch.cuda.stream(stream), _in_branch():
+        value = fn(*args)
+    return Forked(value, main, stream)
+
+
+def supports(fn: Callable[..., Any], *args: Any) -> bool:
+    """Every call is taken (``side`` itself runs inline where a second stream cannot help)."""
+    return True

