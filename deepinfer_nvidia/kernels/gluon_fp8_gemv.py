@@ -89,8 +89,9 @@ GEMV_SWIZZLE = os.environ.get("DEEPINFER_NV_GEMV_SWIZZLE", "1") == "1"
 # kernel of the chain waits before it reads or writes, so the order is the same; what changes is that a following
 # wgmma GEMV (wo_a -> wo_b, wq_a -> wkv when apart) requests its first weight tiles while this one's whole K loop
 # runs, not only its epilogue. Its programs then hold ~31 KB of shared memory on SMs this launch already fills
-# (every program of this launch is resident before the release can fire). Opt-in until timed
-# (``DEEPINFER_NV_GEMV_EARLY_RELEASE=1``; docs/performance.md, thirty-second pass).
+# (every program of this launch is resident before the release can fire). Measured no faster on the H200, so opt-in
+# (``DEEPINFER_NV_GEMV_EARLY_RELEASE=1``; V4.1 batch 1 2.48 -> 2.53 and 2.36 -> 2.36 ms: docs/performance.md,
+# thirty-third pass).
 GEMV_EARLY_RELEASE = os.environ.get("DEEPINFER_NV_GEMV_EARLY_RELEASE", "0") == "1"
 _SM90: dict[int, bool] = {}  # device index -> capability 9.x (asked once per device)
 
