@@ -34,6 +34,9 @@ from deepinfer_core.kernels.ops.stream import Joined, side as side_reference
 
 # Opt-in until the device rows time it (deepinfer_nvidia/tests/pass33.sh).
 SIDE_STREAM = os.environ.get("DEEPINFER_NV_SIDE_STREAM", "0") == "1"
+# Branches whose first tensor has more rows than this run in order: the overlap is for decode-sized launches that
+# leave SMs idle (timed at 1 and 64 rows); a prefill's GEMMs fill the GPU each on their own.
+SIDE_MAX_ROWS = int(os.environ.get("DEEPINFER_NV_SIDE_STREAM_ROWS", "64"))
 _STREAMS: dict[int, torch.cuda.Stream] = {}  # device index -> its side stream (made once, reused by every branch)
 _LANE = [0]  # 0: the current stream's launches, 1: inside a branch (``lane()``)
 
@@ -76,9 +79,10 @@ class Forked:
 
 
 def _device_of(args: tuple) -> torch.device | None:
+    """The CUDA device of the first tensor argument, or None (not on CUDA, or more than ``SIDE_MAX_ROWS`` rows)."""
     for a in args:
         if isinstance(a, torch.Tensor):
-            return a.device if a.is_cuda else None
+            return a.device if a.is_cuda and (a.dim() == 0 or a.shape[0] <= SIDE_MAX_ROWS) else None
     return None
 
 
@@ -90,8 +94,9 @@ def _compiling() -> bool:
 
 def side(fn: Callable[..., Any], *args: Any, enabled: bool | None = None) -> Joined | Forked:
     """``fn(*args)`` on the device's side stream (``enabled``: default ``SIDE_STREAM``). Runs in order, as the
-    reference does, where the knob is off, the first tensor argument is not on a CUDA device, a branch is already
-    open (one side stream: a nested branch runs inline on it) or the step is compiled."""
+    reference does, where the knob is off, the first tensor argument is not on a CUDA device or has more than
+    ``SIDE_MAX_ROWS`` rows, a branch is already open (one side stream: a nested branch runs inline on it) or the
+    step is compiled."""
     device = _device_of(args)
     if not (SIDE_STREAM if enabled is None else enabled) or device is None or _LANE[0] or _compiling():
         return side_reference(fn, *args)

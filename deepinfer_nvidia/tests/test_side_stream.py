@@ -9,7 +9,7 @@
   shared split-K arrival counter would corrupt both (each lane has its own);
 - the same under programmatic dependent launch, eager and captured in one CUDA graph (fork and join inside the
   capture), replayed with fresh inputs: the in-order bits each time;
-- a nested branch runs inline (one side stream), and the knob off runs in order.
+- a nested branch, a branch of more than ``SIDE_MAX_ROWS`` rows (prefill) and the knob off run in order.
 """
 from __future__ import annotations
 
@@ -130,5 +130,7 @@ def test_nested_branch_runs_inline_and_knob_off_in_order(side_on, monkeypatch):
     branch = css.side(outer, x)
     assert isinstance(inner[0], Joined)  # nested: inline, on the side stream
     assert torch.equal(branch.join(), torch.tanh(x) * 2) and css.lane() == 0
+    assert isinstance(css.side(torch.tanh, torch.randn(css.SIDE_MAX_ROWS + 1, 64, device="cuda")), Joined)  # prefill
+    assert not isinstance(css.side(torch.tanh, torch.randn(css.SIDE_MAX_ROWS, 64, device="cuda")), Joined)
     monkeypatch.setattr(css, "SIDE_STREAM", False)
     assert isinstance(css.side(torch.tanh, x), Joined)
