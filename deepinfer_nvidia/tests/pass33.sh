@@ -6,6 +6,7 @@
 #          the knob on, then the V4.1 rows at batch 1 and 64 with the knob 0, 1, 0, 1 (the graphed row's
 #          bit-identical-to-eager flag kept). Predicted: -50 to -100 us at batch 1 (the shared expert's ~17 us a
 #          layer hidden beside the routed experts, which fill ~0.55 waves of SMs at one token); even at batch 64.
+#          Short form (little device time left): SIDE_PARITY=0 SIDE_DECODES=1 SIDE_TEST_S=120.
 #   best   V4.1 batch 1, the compiled step (DEEPINFER_NV_COMPILE=1; one stream) with the merged projections (the
 #          default since this pass), and the plain graphed step beside it: the best batch-1 reading of this code.
 #   prof   V4.1 batch 1, graphed, profiled with PDL on and the side stream on: GPU kernel time against the step.
@@ -23,11 +24,13 @@ v41_row() {  # v41_row LABEL DECODES ENV...: one V4.1 sweep process, the graphed
 }
 if has side; then
   stamp side
-  FILE_S=200 xdist_files side_tests "$HERE/test_side_stream.py"
-  DEEPINFER_NV_SIDE_STREAM=1 timeout 150 python3 -m deepinfer_nvidia.tests.parity_tiny 2>&1 | quiet | tail -6 \
-    | tee "$OUT/side_parity.txt"
+  FILE_S=${SIDE_TEST_S:-200} xdist_files side_tests "$HERE/test_side_stream.py"
+  if [ "${SIDE_PARITY:-1}" = 1 ]; then
+    DEEPINFER_NV_SIDE_STREAM=1 timeout 150 python3 -m deepinfer_nvidia.tests.parity_tiny 2>&1 | quiet | tail -6 \
+      | tee "$OUT/side_parity.txt"
+  fi
   stamp rows
-  for v in 0 1 0 1; do v41_row "DEEPINFER_NV_SIDE_STREAM=$v" 1,64 DEEPINFER_NV_SIDE_STREAM=$v; done \
+  for v in 0 1 0 1; do v41_row "DEEPINFER_NV_SIDE_STREAM=$v" "${SIDE_DECODES:-1,64}" DEEPINFER_NV_SIDE_STREAM=$v; done \
     | tee -a "$OUT/side_rows.txt"
 fi
 if has best; then
