@@ -30,10 +30,10 @@ def side_on(monkeypatch):
     return css
 
 
-def test_harness_cases(side_on):
+def test_harness_cases(side_on, nvidia_reg):
     from deepinfer_core.testing.conformance import check_impl
 
-    assert check_impl("stream.side", "aten", "cuda") == 12
+    assert check_impl("stream.side", "aten", "cuda", registry=nvidia_reg) == 12
 
 
 def _fp8(n, k, seed):
