@@ -106,7 +106,7 @@ IMPLS: tuple[tuple, ...] = (
     ("moe.experts_fp8", "triton_bi", f"{_K}.triton_moe:moe_experts_fp8_bi", f"{_K}.triton_moe:supports", True),
     ("moe.experts_mxfp4", "triton_bi", f"{_K}.triton_moe:moe_experts_mxfp4_bi", f"{_K}.triton_moe:supports", True),
     # a second CUDA stream for a branch that reads only its arguments (the shared expert beside the routed ones):
-    # the same kernels on the same operands, so invariant wherever they are (DEEPINFER_NV_SIDE_STREAM=1; opt-in)
+    # the same kernels on the same operands, so invariant wherever they are (on; DEEPINFER_NV_SIDE_STREAM=0: in order)
     ("stream.side", "aten", f"{_K}.cuda_side_stream:side", f"{_K}.cuda_side_stream:supports", True),
     # vendor libraries (kernels/vendors.py: tried before triton only where they import, on SM100; never run on
     # any machine of this project): FlashMLA's sparse attention, DeepGEMM's FP8 GEMM and FP8 x FP4 grouped GEMM
