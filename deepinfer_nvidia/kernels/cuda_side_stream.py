@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from typing import Any, Callable
 
 import torch
@@ -41,21 +42,21 @@ SIDE_STREAM = os.environ.get("DEEPINFER_NV_SIDE_STREAM", "1") == "1"
 # leave SMs idle (timed at 1 and 64 rows); a prefill's GEMMs fill the GPU each on their own.
 SIDE_MAX_ROWS = int(os.environ.get("DEEPINFER_NV_SIDE_STREAM_ROWS", "64"))
 _STREAMS: dict[int, torch.cuda.Stream] = {}  # device index -> its side stream (made once, reused by every branch)
-_LANE = [0]  # 0: the current stream's launches, 1: inside a branch (``lane()``)
+_STATE = threading.local()  # .lane: 0 for the current stream's launches, 1 inside a branch (per issuing thread)
 
 
 def lane() -> int:
     """Which scratch set a launch issued now must use: 1 inside a side branch, else 0."""
-    return _LANE[0]
+    return getattr(_STATE, "lane", 0)
 
 
 @contextlib.contextmanager
 def _in_branch():
-    _LANE[0] += 1
+    _STATE.lane = lane() + 1
     try:
         yield
     finally:
-        _LANE[0] -= 1
+        _STATE.lane -= 1
 
 
 def _side_stream(device: torch.device) -> torch.cuda.Stream:
@@ -101,7 +102,7 @@ def side(fn: Callable[..., Any], *args: Any, enabled: bool | None = None) -> Joi
     ``SIDE_MAX_ROWS`` rows, a branch is already open (one side stream: a nested branch runs inline on it) or the
     step is compiled."""
     device = _device_of(args)
-    if not (SIDE_STREAM if enabled is None else enabled) or device is None or _LANE[0] or _compiling():
+    if not (SIDE_STREAM if enabled is None else enabled) or device is None or lane() or _compiling():
         return side_reference(fn, *args)
     main = torch.cuda.current_stream(device)
     stream = _side_stream(device)

@@ -50,3 +50,22 @@ def test_nvidia_registers_the_op_batch_invariant():
     rows = [row for row in IMPLS if row[0] == "stream.side"]
     assert rows == [("stream.side", "aten", "deepinfer_nvidia.kernels.cuda_side_stream:side",
                      "deepinfer_nvidia.kernels.cuda_side_stream:supports", True)]
+
+
+def test_lanes_nest_and_belong_to_their_thread():
+    """The split-K counters are chosen by ``lane()``: 1 while a branch issues its launches, back to 0 after, and a
+    thread that is not inside a branch stays in lane 0."""
+    import threading
+
+    from deepinfer_nvidia.kernels import cuda_side_stream as css
+
+    seen = []
+    assert css.lane() == 0
+    with css._in_branch():
+        seen.append(css.lane())
+        other = threading.Thread(target=lambda: seen.append(css.lane()))
+        other.start()
+        other.join()
+        with css._in_branch():
+            seen.append(css.lane())
+    assert seen == [1, 0, 2] and css.lane() == 0
