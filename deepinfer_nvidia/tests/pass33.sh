@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Thirty-third pass's device stages: OUT=dir bash pass33.sh STAGES (comma-separated; at most ~9 minutes a call).
-#   side   the shared expert on a second stream (``stream.side``, ``cuda_side_stream.py``, DEEPINFER_NV_SIDE_STREAM=1):
+#   side   the shared expert on a second stream (``stream.side``, ``cuda_side_stream.py``; on by default since the short form
+#          of this stage ran on an H100, DEEPINFER_NV_SIDE_STREAM=0 turns it off):
 #          its device tests (harness cases; split-K GEMVs on both streams at once, bit-equal to the in-order launches;
 #          fork and join captured in a CUDA graph under PDL and without, replayed with fresh inputs), parity_tiny with
 #          the knob on, then the V4.1 rows at batch 1 and 64 with the knob 0, 1, 0, 1 (the graphed row's
