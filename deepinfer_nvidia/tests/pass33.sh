@@ -4,7 +4,8 @@
 #          of this stage ran on an H100, DEEPINFER_NV_SIDE_STREAM=0 turns it off):
 #          its device tests (harness cases; split-K GEMVs on both streams at once, bit-equal to the in-order launches;
 #          fork and join captured in a CUDA graph under PDL and without, replayed with fresh inputs), parity_tiny with
-#          the knob on, then the V4.1 rows at batch 1 and 64 with the knob 0, 1, 0, 1 (the graphed row's
+#          the knob on, ``side_bits`` (tiny V4 and V4.1, 24 greedy steps: every step's logits bit-equal with the
+#          branch on and off), then the V4.1 rows at batch 1 and 64 with the knob 0, 1, 0, 1 (the graphed row's
 #          bit-identical-to-eager flag kept). Predicted: -50 to -100 us at batch 1 (the shared expert's ~17 us a
 #          layer hidden beside the routed experts, which fill ~0.55 waves of SMs at one token); even at batch 64.
 #          Short form (little device time left): SIDE_PARITY=0 SIDE_DECODES=1 SIDE_TEST_S=120.
@@ -27,6 +28,7 @@ if has side; then
   stamp side
   FILE_S=${SIDE_TEST_S:-200} xdist_files side_tests "$HERE/test_side_stream.py"
   if [ "${SIDE_PARITY:-1}" = 1 ]; then
+    timeout 200 python3 -m deepinfer_nvidia.tests.side_bits 2>&1 | quiet | tail -4 | tee "$OUT/side_bits.txt"
     DEEPINFER_NV_SIDE_STREAM=1 timeout 150 python3 -m deepinfer_nvidia.tests.parity_tiny 2>&1 | quiet | tail -6 \
       | tee "$OUT/side_parity.txt"
   fi
