@@ -9,6 +9,8 @@ an index source owns an indexer. Consumers own no compressed state at all.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from deepinfer_core.kv.spec import KVCacheSpec
@@ -20,6 +22,13 @@ from deepinfer_models.deepseek_v41.indexer import IndexerV41
 from deepinfer_models.deepseek_v41.step import IndexShare, StepRows
 from deepinfer_models.layers.linear import LinearGroup
 from deepinfer_models.layers.static_index import write_rows
+
+# A kv source's KV half (its SWA row, the compressor, the index keys) as a ``stream.side`` branch beside the query
+# half's norm and ``wq_b`` GEMV, joined before the first cache read (the indexer, the attention). Opt-in until a
+# device times it (``DEEPINFER_BRANCH_KV_WRITE=1``): predicted -20 to -30 us a V4.1 batch-1 step on the H200 (two kv
+# sources in the 8-layer slice, their ~10-15 us compressor chains beside the ~17 us query half; docs/performance.md,
+# thirty-third pass). ``tests/models/test_side_branch_order.py`` runs it with the branch deferred to its join.
+BRANCH_KV_WRITE = os.environ.get("DEEPINFER_BRANCH_KV_WRITE", "0") == "1"
 
 
 class AttentionV41(SharedKVAttention):
@@ -47,6 +56,8 @@ class AttentionV41(SharedKVAttention):
     def __call__(self, x: torch.Tensor, ctx: StepContext, rows: StepRows | None, share: IndexShare) -> torch.Tensor:
         """x [T, D] (normed attention input) -> [T, D]. ``rows`` is only read by a kv source's compressor."""
         q_a, kv_a = self.qkv_a(x)  # one product where merged
+        if self.compressor is not None and BRANCH_KV_WRITE:
+            return self.attend(x, ctx, share, q_a, self.k["stream.side"](self.write_kv, x, ctx, rows, kv_a))
         self.write_kv(x, ctx, rows, kv_a)
         return self.attend(x, ctx, share, q_a)
 
@@ -63,9 +74,10 @@ class AttentionV41(SharedKVAttention):
             self.compressor(x, ctx, rows)
 
     def attend(self, x: torch.Tensor, ctx: StepContext, share: IndexShare,
-               q_a: torch.Tensor | None = None) -> torch.Tensor:
+               q_a: torch.Tensor | None = None, kv_written=None) -> torch.Tensor:
         """The query half: x [T, D] -> [T, D], reading the caches ``write_kv`` filled. ``q_a``: ``wq_a(x)`` when
-        the caller has it."""
+        the caller has it. ``kv_written``: the ``stream.side`` branch running ``write_kv``, joined before the first
+        cache read."""
         k = self.k
         t, pos = x.shape[0], ctx.positions
         qr = k["norm.rms"](self.wq_a(x) if q_a is None else q_a, self.q_norm, self.eps)
@@ -73,6 +85,8 @@ class AttentionV41(SharedKVAttention):
         q = q.view(t, self.h, self.d)
         if self.cfg.q_head_norm:  # V4 behaviour; V4.1-Flash has it off ("qr is normed before wq_b")
             q = k["norm.rms_unweighted"](q, self.eps)
+        if kv_written is not None:  # the caches below (index keys, SWA, compressed) are read from here on
+            kv_written.join()
         swa, swa_meta = ctx.caches[self.swa_name], ctx.meta(self.swa_name)
         if self.indexer is not None:
             share.topk[self.layer] = self.indexer(x, qr, ctx, share, q_index[0])

@@ -9,6 +9,9 @@
 #          bit-identical-to-eager flag kept). Predicted: -50 to -100 us at batch 1 (the shared expert's ~17 us a
 #          layer hidden beside the routed experts, which fill ~0.55 waves of SMs at one token); even at batch 64.
 #          Short form (little device time left): SIDE_PARITY=0 SIDE_DECODES=1 SIDE_TEST_S=120.
+#   kvbranch  V4.1's kv sources' KV half as a branch too (DEEPINFER_BRANCH_KV_WRITE=1, opt-in): side_bits with it on
+#          (bit-equal logits, side stream on and off), then the V4.1 rows with it 0, 1, 0, 1. Predicted: -20 to -30 us
+#          at batch 1 (two kv sources, their compressor chains beside the query half's norm and wq_b).
 #   best   V4.1 batch 1, the compiled step (DEEPINFER_NV_COMPILE=1; one stream) with the merged projections (the
 #          default since this pass), and the plain graphed step beside it: the best batch-1 reading of this code.
 #   prof   V4.1 batch 1, graphed, profiled with PDL on and the side stream on: GPU kernel time against the step.
@@ -35,6 +38,13 @@ if has side; then
   stamp rows
   for v in 0 1 0 1; do v41_row "DEEPINFER_NV_SIDE_STREAM=$v" "${SIDE_DECODES:-1,64}" DEEPINFER_NV_SIDE_STREAM=$v; done \
     | tee -a "$OUT/side_rows.txt"
+fi
+if has kvbranch; then
+  stamp kvbranch
+  DEEPINFER_BRANCH_KV_WRITE=1 timeout 200 python3 -m deepinfer_nvidia.tests.side_bits 2>&1 | quiet | tail -4 \
+    | tee "$OUT/kvbranch_bits.txt"
+  for v in 0 1 0 1; do v41_row "DEEPINFER_BRANCH_KV_WRITE=$v" "${SIDE_DECODES:-1,64}" DEEPINFER_BRANCH_KV_WRITE=$v; done \
+    | tee -a "$OUT/kvbranch_rows.txt"
 fi
 if has best; then
   stamp best

@@ -1,0 +1,92 @@
+"""Where a model joins its ``stream.side`` branches: as late as the op allows, and never too late.
+
+The reference runs a branch at once, so on the CPU a misplaced join changes nothing. Here the branch is
+*deferred* instead: it runs only when joined. That is the extreme order a second stream may take. If anything reads
+a branch's result or what it writes (a cache row) before the join, the logits change. Two requests are run through
+prefill chunks and decode steps, and the logits must equal the in-order run's bit for bit. Every branch must also
+be joined within its step. Branches: the MoE layers' shared expert (V4, V4.1), and with ``DEEPINFER_BRANCH_KV_WRITE``
+V4.1's kv sources' KV half (SWA row, compressor, index keys).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepinfer_core.runner.executor import PagedExecutor
+from deepinfer_core.runner.simple_driver import run_requests
+from tests.models.v41_helpers import prompt, tiny_ckpt
+
+
+class _Deferred:
+    """A branch that runs when joined (the latest order a side stream may take)."""
+
+    def __init__(self, fn, args, log):
+        self.fn, self.args, self.value, self.done = fn, args, None, False
+        log.append(self)
+
+    def join(self):
+        if not self.done:
+            self.value, self.done = self.fn(*self.args), True
+        return self.value
+
+
+def _run(model, requests, schedule):
+    ex = PagedExecutor(model, num_blocks=256, max_num_seqs=len(requests))
+    with torch.inference_mode():
+        hidden = run_requests(ex, requests, schedule)
+    return torch.cat([model.compute_logits(hidden[i]) for i in range(len(requests))])
+
+
+def _schedule(lengths, prefill_chunk):
+    """Prefill both requests in chunks of ``prefill_chunk`` (together), then one token a step each."""
+    steps, pos = [], [0, 0]
+    prefill = [n - 6 for n in lengths]
+    while any(p < q for p, q in zip(pos, prefill)):
+        step = [(i, min(prefill_chunk, q - p)) for i, (p, q) in enumerate(zip(pos, prefill)) if p < q]
+        steps.append(step)
+        for i, n in step:
+            pos[i] += n
+    for _ in range(6):
+        steps.append([(0, 1), (1, 1)])
+    return steps
+
+
+def _model(arch):
+    if arch == "v41":
+        from deepinfer_models.deepseek_v41.loading import load_deepseek_v41
+
+        return load_deepseek_v41(tiny_ckpt("flash", "fp8"), dtype=torch.float32)
+    import tempfile
+
+    from deepinfer_models.deepseek_v4.loading import load_deepseek_v4
+    from deepinfer_models.testing import write_tiny_v4_checkpoint
+
+    d = tempfile.mkdtemp(prefix="deepinfer-v4-side-")
+    write_tiny_v4_checkpoint(d, quant="fp8", seed=3, tokenizer=False)
+    return load_deepseek_v4(d, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("arch,kv_branch", [("v41", False), ("v41", True), ("v4", False)])
+def test_deferred_branches_give_the_in_order_logits(arch, kv_branch, monkeypatch):
+    """``kv_branch``: V4.1's kv sources also write their KV as a branch (``DEEPINFER_BRANCH_KV_WRITE=1``), joined
+    before the indexer and the attention read the caches."""
+    from deepinfer_models.deepseek_v41 import attention
+
+    monkeypatch.setattr(attention, "BRANCH_KV_WRITE", kv_branch)
+    model = _model(arch)
+    requests = [prompt(40, seed=11), prompt(27, seed=12)]
+    schedule = _schedule([len(r) for r in requests], prefill_chunk=9)
+    want = _run(model, requests, schedule)
+    log: list[_Deferred] = []
+    in_order = model.k["stream.side"]
+    model.k["stream.side"] = lambda fn, *args: _Deferred(fn, args, log)
+    try:
+        got = _run(model, requests, schedule)
+    finally:
+        model.k["stream.side"] = in_order
+    assert log, "the model declared no branch"
+    assert all(b.done for b in log), f"{sum(not b.done for b in log)} of {len(log)} branches never joined"
+    if kv_branch:  # a step: the shared expert of every layer, the KV half of every kv source
+        sources = sum(layer["attn"].compressor is not None for layer in model.layers)
+        assert sources >= 1 and len(log) == len(schedule) * (len(model.layers) + sources)
+    assert torch.equal(got, want)
