@@ -7,7 +7,8 @@ the layer's normed input. Forked onto a side stream they run beside the routed p
 and the join become two parallel paths of the captured DAG, so graph replay overlaps them with no host work.
 
 Contract (``deepinfer_core.kernels.ops.stream``): the branch reads only its arguments and weights, and the caller
-joins it before it reads the result or lets the arguments go. So
+joins it before it reads the result or anything the branch writes (a cache row), and before it lets the arguments
+go. So
 
 - the side stream first waits for everything issued so far on the current stream (its inputs are written);
 - ``join()`` makes the current stream wait for the side stream, so what follows sees the result, and the
@@ -39,7 +40,7 @@ from deepinfer_core.kernels.ops.stream import Joined, side as side_reference
 # ``DEEPINFER_NV_SIDE_STREAM=0``: one stream, the branch in order.
 SIDE_STREAM = os.environ.get("DEEPINFER_NV_SIDE_STREAM", "1") == "1"
 # Branches whose first tensor has more rows than this run in order: the overlap is for decode-sized launches that
-# leave SMs idle (timed at 1 and 64 rows); a prefill's GEMMs fill the GPU each on their own.
+# leave SMs idle (timed at 1 and 32 rows); a prefill's GEMMs fill the GPU each on their own.
 SIDE_MAX_ROWS = int(os.environ.get("DEEPINFER_NV_SIDE_STREAM_ROWS", "64"))
 _STREAMS: dict[int, torch.cuda.Stream] = {}  # device index -> its side stream (made once, reused by every branch)
 _STATE = threading.local()  # .lane: 0 for the current stream's launches, 1 inside a branch (per issuing thread)

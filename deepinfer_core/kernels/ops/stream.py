@@ -1,7 +1,9 @@
 """``stream.side``: run a piece of a layer that does not depend on the rest of it as a side branch.
 
 A model calls ``branch = k["stream.side"](fn, *args)`` where ``fn(*args)`` reads only ``args`` (and weights), and
-later ``branch.join()`` for its result, before anything that reads that result and before ``args`` may be freed.
+later ``branch.join()`` for its result: before anything reads that result or what the branch wrote (a cache row), and
+before ``args`` may be freed. ``tests/models/test_side_branch_order.py`` checks a model's joins by deferring each
+branch to its join.
 What runs is exactly ``fn(*args)``: the same kernels on the same operands, so the result is the same bits on every
 platform. The reference runs it at once, in order. A platform may instead run it beside the work issued between the
 call and the join (NVIDIA: a second CUDA stream forked from and joined back into the current one, so a CUDA graph
