@@ -30,27 +30,27 @@ OVERRIDES = {"gemm.dense": "aten", "moe.experts": "aten"}
 BF16_ERROR_RATIO = 1.5
 
 
-def greedy(model, prompts, n, device):
+def greedy(model, prompts, n, device) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """``n`` greedy tokens per prompt through the paged path, and every step's logits ([prompts, vocab] fp32 on
+    the CPU; the first step's is the prefill's)."""
     ex = PagedExecutor(model, 512, len(prompts), device)
     alloc = SimpleBlockAllocator(ex)
     seqs = [list(p) for p in prompts]
     done = [0] * len(prompts)
-    first_logits = None
-    for step in range(n):
+    steps = []
+    for _ in range(n):
         slices, ids = [], []
         for i, s in enumerate(seqs):
-            k = len(s) - done[i]
-            slices.append(SeqSlice(done[i], k, alloc.tables_for(i, len(s)), i))
+            slices.append(SeqSlice(done[i], len(s) - done[i], alloc.tables_for(i, len(s)), i))
             ids += s[done[i]:]
         hidden = ex.run(torch.tensor(ids), slices)
         ends = torch.cumsum(torch.tensor([sl.num_tokens for sl in slices]), 0) - 1
         logits = model.compute_logits(hidden[ends.to(hidden.device)]).float().cpu()
-        if first_logits is None:
-            first_logits = logits
+        steps.append(logits)
         for i, s in enumerate(seqs):
             done[i] = len(s)
             s.append(int(logits[i].argmax()))
-    return [s[len(p):] for s, p in zip(seqs, prompts)], first_logits
+    return [s[len(p):] for s, p in zip(seqs, prompts)], steps
 
 
 def main() -> None:
@@ -70,8 +70,8 @@ def main() -> None:
         os.environ.pop("DEEPINFER_KERNELS")
         gpu_model = load_deepseek_v4(d, dtype=dtype, device=gpu.device(), platform=gpu, kernel_overrides=OVERRIDES)
         with torch.inference_mode():
-            t_cpu, l_cpu = greedy(cpu_model, prompts, 24, "cpu")
-            t_gpu, l_gpu = greedy(gpu_model, prompts, 24, gpu.device())
+            t_cpu, (l_cpu, *_) = greedy(cpu_model, prompts, 24, "cpu")
+            t_gpu, (l_gpu, *_) = greedy(gpu_model, prompts, 24, gpu.device())
         same = [a == b for a, b in zip(t_cpu, t_gpu)]
         agree = [sum(x == y for x, y in zip(a, b)) for a, b in zip(t_cpu, t_gpu)]
         diff = (l_cpu - l_gpu).abs().max().item()

@@ -14,31 +14,7 @@ import tempfile
 
 import torch
 
-from deepinfer_core.runner.context import SeqSlice
-from deepinfer_core.runner.executor import PagedExecutor
-from deepinfer_core.runner.simple_driver import SimpleBlockAllocator
-
-
-def greedy_all(model, prompts, n, device) -> tuple[list[list[int]], list[torch.Tensor]]:
-    """``n`` greedy tokens per prompt; the logits of every step ([prompts, vocab] fp32 on the CPU)."""
-    ex = PagedExecutor(model, 512, len(prompts), device)
-    alloc = SimpleBlockAllocator(ex)
-    seqs = [list(p) for p in prompts]
-    done = [0] * len(prompts)
-    steps = []
-    for _ in range(n):
-        slices, ids = [], []
-        for i, s in enumerate(seqs):
-            slices.append(SeqSlice(done[i], len(s) - done[i], alloc.tables_for(i, len(s)), i))
-            ids += s[done[i]:]
-        hidden = ex.run(torch.tensor(ids), slices)
-        ends = torch.cumsum(torch.tensor([sl.num_tokens for sl in slices]), 0) - 1
-        logits = model.compute_logits(hidden[ends.to(hidden.device)]).float().cpu()
-        steps.append(logits)
-        for i, s in enumerate(seqs):
-            done[i] = len(s)
-            s.append(int(logits[i].argmax()))
-    return [s[len(p):] for s, p in zip(seqs, prompts)], steps
+from deepinfer_nvidia.tests.parity_tiny import greedy
 
 
 def main() -> None:
@@ -62,7 +38,7 @@ def main() -> None:
         for on in (False, True, False, True):
             css.SIDE_STREAM = on
             with torch.inference_mode():
-                runs.setdefault(on, []).append(greedy_all(model, prompts, 24, gpu.device()))
+                runs.setdefault(on, []).append(greedy(model, prompts, 24, gpu.device()))
         (t_off, l_off), (t_on, l_on) = runs[False][0], runs[True][0]
         same_tokens = t_off == t_on and all(r[0] == t_off for rs in runs.values() for r in rs)
         unequal = [i for i, (a, b) in enumerate(zip(l_off, l_on)) if not torch.equal(a, b)]

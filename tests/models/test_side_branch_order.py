@@ -51,29 +51,26 @@ def _schedule(lengths, prefill_chunk):
     return steps
 
 
-def _model(arch):
+def _model(arch, tmp_path):
     if arch == "v41":
         from deepinfer_models.deepseek_v41.loading import load_deepseek_v41
 
         return load_deepseek_v41(tiny_ckpt("flash", "fp8"), dtype=torch.float32)
-    import tempfile
-
     from deepinfer_models.deepseek_v4.loading import load_deepseek_v4
     from deepinfer_models.testing import write_tiny_v4_checkpoint
 
-    d = tempfile.mkdtemp(prefix="deepinfer-v4-side-")
-    write_tiny_v4_checkpoint(d, quant="fp8", seed=3, tokenizer=False)
-    return load_deepseek_v4(d, dtype=torch.float32)
+    write_tiny_v4_checkpoint(tmp_path, quant="fp8", seed=3, tokenizer=False)
+    return load_deepseek_v4(tmp_path, dtype=torch.float32)
 
 
 @pytest.mark.parametrize("arch,kv_branch", [("v41", False), ("v41", True), ("v4", False)])
-def test_deferred_branches_give_the_in_order_logits(arch, kv_branch, monkeypatch):
+def test_deferred_branches_give_the_in_order_logits(arch, kv_branch, monkeypatch, tmp_path):
     """``kv_branch``: V4.1's kv sources also write their KV as a branch (``DEEPINFER_BRANCH_KV_WRITE=1``), joined
     before the indexer and the attention read the caches."""
     from deepinfer_models.deepseek_v41 import attention
 
     monkeypatch.setattr(attention, "BRANCH_KV_WRITE", kv_branch)
-    model = _model(arch)
+    model = _model(arch, tmp_path)
     requests = [prompt(40, seed=11), prompt(27, seed=12)]
     schedule = _schedule([len(r) for r in requests], prefill_chunk=9)
     want = _run(model, requests, schedule)

@@ -4,10 +4,11 @@ A model calls ``branch = k["stream.side"](fn, *args)`` where ``fn(*args)`` reads
 later ``branch.join()`` for its result: before anything reads that result or what the branch wrote (a cache row), and
 before ``args`` may be freed. ``tests/models/test_side_branch_order.py`` checks a model's joins by deferring each
 branch to its join.
+
 What runs is exactly ``fn(*args)``: the same kernels on the same operands, so the result is the same bits on every
 platform. The reference runs it at once, in order. A platform may instead run it beside the work issued between the
-call and the join (NVIDIA: a second CUDA stream forked from and joined back into the current one, so a CUDA graph
-captures the two branches as parallel paths), which pays where both branches are small launches that leave SMs
+call and the join (a second stream forked from and joined back into the current one, which a captured graph holds
+as two parallel paths), which pays where both branches are small launches that leave SMs
 idle: the shared expert beside the routed experts at decode sizes (docs/performance.md, thirty-third pass).
 """
 from __future__ import annotations
