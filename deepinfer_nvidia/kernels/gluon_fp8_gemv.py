@@ -35,6 +35,7 @@ import torch
 import triton
 
 from deepinfer_nvidia.kernels import gluon_moe_swap as _swap, gluon_swap_layout as _layout, scale_checks
+from deepinfer_nvidia.kernels.l2_prefetch import prefetch_asm
 from deepinfer_nvidia.kernels.mxfp4_word_decode import _bf16x2_mul
 from deepinfer_nvidia.kernels.triton_pdl import gluon_grid_dependency, pdl_launch
 
@@ -93,6 +94,13 @@ GEMV_SWIZZLE = os.environ.get("DEEPINFER_NV_GEMV_SWIZZLE", "1") == "1"
 # (``DEEPINFER_NV_GEMV_EARLY_RELEASE=1``; V4.1 batch 1 2.48 -> 2.53 and 2.36 -> 2.36 ms: docs/performance.md,
 # thirty-third pass).
 GEMV_EARLY_RELEASE = os.environ.get("DEEPINFER_NV_GEMV_EARLY_RELEASE", "0") == "1"
+# K tiles ahead of the one being decoded that a program asks L2 for (``l2_prefetch``): tiles STAGES-1 .. PREFETCH-1
+# in the prologue (before the wait under PDL, so they stream while the previous kernel runs), tile i + PREFETCH
+# in iteration i. ``GEMV_L2_BUDGET``: bytes of L2 the launch's prefetched-but-unread tiles may hold at once
+# (programs x (PREFETCH - STAGES + 1) x 8 KB); the distance is cut to fit. 0: off.
+# ``DEEPINFER_NV_GEMV_L2_PREFETCH`` (docs/performance.md, thirty-fourth pass).
+GEMV_L2_PREFETCH = int(os.environ.get("DEEPINFER_NV_GEMV_L2_PREFETCH", "0"))
+GEMV_L2_BUDGET = 24 << 20
 _SM90: dict[int, bool] = {}  # device index -> capability 9.x (asked once per device)
 
 
@@ -158,6 +166,7 @@ if _GLUON:
     _FRAG2D = gl.constexpr(_fragment_rows_layout())
     _ASM_SAFE = gl.constexpr(_word_asm(True))
     _ASM_FAST = gl.constexpr(_word_asm(False))
+    _PF64 = gl.constexpr(prefetch_asm(64))
 
     @gluon.jit
     def _decode(b, sc, SAFE: gl.constexpr):
@@ -201,10 +210,28 @@ if _GLUON:
         async_copy.commit_group()
 
     @gluon.jit
+    def _l2_prefetch_tile(pf_row, pf_zero, j, n_k):
+        """Ask L2 for K tile ``j`` of this program's 64 weight rows (nothing past ``n_k``): thread t takes row
+        t % 64, bytes 64 * (t // 64) .. +63 of the row's 128, one ``cp.async.bulk.prefetch.L2`` each (no shared
+        memory, no register result: the ring's later ``cp.async`` of the tile then hits L2). ``pf_row`` [128]:
+        each thread's byte address of tile 0 and ``pf_zero`` int32 zeros in its layout (``_l2_prefetch_rows``)."""
+        live = (pf_zero + j) < n_k
+        gl.inline_asm_elementwise(_PF64, "=r,l,r", [pf_row + j * 128, live.to(gl.int32)], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
+    @gluon.jit
+    def _l2_prefetch_rows(q_ptr, n0, K, k_lo, num_warps: gl.constexpr):
+        """[128] byte pointers, thread t: weight row ``n0 + t % 64`` at column ``k_lo + 64 * (t // 64)``; and [128]
+        int32 zeros in the same layout."""
+        LP: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+        t = gl.arange(0, 128, layout=LP)
+        return q_ptr + (n0 + t % 64).to(gl.int64) * K + k_lo + 64 * (t // 64), t * 0
+
+    @gluon.jit
     def _wgmma_gemv_kernel(x_ptr, q_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, stride_x, s_cols, NG, k_per_split,
                            BN_BLK: gl.constexpr, BK_BLK: gl.constexpr, SPLIT: gl.constexpr, BLOCK_M: gl.constexpr,
                            STAGES: gl.constexpr, SAFE: gl.constexpr, PDL: gl.constexpr, TMA: gl.constexpr, q_desc,
-                           num_warps: gl.constexpr, SWIZZLE: gl.constexpr = 0):
+                           num_warps: gl.constexpr, SWIZZLE: gl.constexpr = 0, PREFETCH: gl.constexpr = 0):
         """Program (row tile of 64 weight rows, K split): ``y[m, n] = sum_k x[m, k] * bf16(q[n, k] * s)``.
         x [M, K] bf16 (natural order: the tile loads gather ``permute_x``'s order); q [N, K] e4m3 bytes; s UE8M0 bytes
         [ceil(N / BN_BLK), s_cols]; y [M, N] bf16; part [SPLIT, M, N] fp32 and cnt (zeroed int32 per row tile)
@@ -214,7 +241,9 @@ if _GLUON:
         kernel may launch once the K loop is done (PDL 1) or right after the wait (PDL 2). TMA: the weight tiles arrive by TMA (``q_desc``: q viewed as
         [N, K/32, 32] bytes, boxes [64, 4, 32]) into the same unswizzled bytes, x keeps ``cp.async``. SWIZZLE (not
         with TMA): the ring holds [64, 128] byte tiles whose 16-byte chunks are XOR-swizzled by row % 8
-        (``GEMV_SWIZZLE``), so a quarter-warp's fragment read touches all 32 banks once."""
+        (``GEMV_SWIZZLE``), so a quarter-warp's fragment read touches all 32 banks once. PREFETCH (> STAGES - 1):
+        weight tiles up to PREFETCH - 1 are asked of L2 in the prologue (before the wait, under PDL) and tile
+        i + PREFETCH in iteration i, so each tile's ``cp.async`` finds it in L2 (``GEMV_L2_PREFETCH``)."""
         gl.static_assert(num_warps == 4)
         LW: gl.constexpr = gl.BlockedLayout([1, 1, 16], [4, 4, 2], [num_warps, 1, 1], [2, 1, 0])
         LX: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [num_warps, 1], [1, 0])  # 4-byte gathers of x
@@ -271,6 +300,11 @@ if _GLUON:
         ring_x = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, 128], SX)
         acc = warpgroup_mma_init(gl.zeros([64, BLOCK_M], gl.float32, layout=ACC))
         kc0 = k_lo // 32  # this split's first 32-byte column of q
+        if PREFETCH:  # weights only: never written by a kernel, so asked for before any wait
+            gl.static_assert(PREFETCH > STAGES - 1)
+            pf_row, pf_zero = _l2_prefetch_rows(q_ptr, n0, K, k_lo, num_warps)
+            for jp in gl.static_range(STAGES - 1, PREFETCH):
+                _l2_prefetch_tile(pf_row, pf_zero, jp, n_k)
         if TMA:
             bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
             for sb in gl.static_range(STAGES):
@@ -308,6 +342,8 @@ if _GLUON:
                 _issue_tma(ring_w, ring_x, q_desc, bars, x_ptrs, xmask, n0, kc0, j, j % STAGES, n_k)
             else:
                 _issue(ring_w, ring_x, w_ptrs, x_ptrs, wmask, xmask, j, j % STAGES, n_k)
+            if PREFETCH:
+                _l2_prefetch_tile(pf_row, pf_zero, i + PREFETCH, n_k)
             nsc = gl.expand_dims(gl.load(s_ptr + s_row + (s_col + (i + 1) * 128) // BK_BLK,
                                          mask=smask & (i + 1 < n_k), other=127), 2)
             async_copy.wait_group(STAGES - 1)
@@ -394,13 +430,24 @@ def split_k_tiles(tiles: int, k_tiles: int, sms: int, programs: int, resident: i
     return -(-k_tiles // split)
 
 
+def prefetch_distance(want: int, stages: int, programs: int, k_tiles: int, budget: int = GEMV_L2_BUDGET) -> int:
+    """The ``PREFETCH`` constexpr of a launch: ``want`` tiles ahead, cut so that ``programs`` x (distance -
+    stages + 1) tiles of 8 KB fit ``budget`` bytes and to the program's ``k_tiles``; 0 when nothing is left past
+    the ring's own ``stages - 1`` tiles."""
+    dist = min(want, k_tiles)
+    while dist > stages - 1 and programs * (dist - stages + 1) * 8192 > budget:
+        dist -= 1
+    return dist if dist > stages - 1 else 0
+
+
 def gemv_wgmma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, bn_blk: int, bk_blk: int, sms: int,
                ng: int | None = None, stages: int | None = None, programs: int | None = None,
                safe: bool | None = None, pdl: bool | None = None, tma: bool | None = None,
-               resident: int | None = None, swizzle: bool | None = None, early: bool | None = None) -> torch.Tensor:
+               resident: int | None = None, swizzle: bool | None = None, early: bool | None = None,
+               prefetch: int | None = None) -> torch.Tensor:
     """y [M, N] bf16 = x [M, K] @ dequant(q [N, K] e4m3, s)^T for M <= 32 (``takes`` must hold); s the
     UE8M0 bytes [ceil(N / bn_blk), s_cols]. Keyword arguments: tuning knobs (defaults ``WGMMA_GEMV_TUNE``;
-    ``early``: ``GEMV_EARLY_RELEASE``, only under PDL)."""
+    ``early``: ``GEMV_EARLY_RELEASE``, only under PDL; ``prefetch``: ``GEMV_L2_PREFETCH``)."""
     from deepinfer_nvidia.kernels.triton_fp8_gemv import _counters
 
     m, (n, k) = x.shape[0], q.shape
@@ -420,13 +467,16 @@ def gemv_wgmma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, b
     q8 = q.view(torch.uint8)
     desc = weight_desc(q8) if tma and tma_fits(q8) else None
     swizzle = (GEMV_SWIZZLE if swizzle is None else swizzle) and desc is None
+    stages = stages or tune["stages"]
+    prefetch = prefetch_distance(GEMV_L2_PREFETCH if prefetch is None else prefetch, stages, tiles * split,
+                                 k_per // 128)
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     part = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else y
     cnt = _counters(x.device, tiles) if split > 1 else part
     _wgmma_gemv_kernel[(tiles, split)](xp, q.view(torch.uint8), s.view(torch.uint8), y, part, cnt, m, n, k,
                                        xp.stride(0), s_cols, ng or n, k_per, BN_BLK=bn_blk, BK_BLK=bk_blk, SPLIT=split,
-                                       BLOCK_M=block_m, STAGES=stages or tune["stages"],
+                                       BLOCK_M=block_m, STAGES=stages,
                                        SAFE=int(safe), PDL=pdl_mode, TMA=int(desc is not None), q_desc=desc,
-                                       num_warps=4, SWIZZLE=int(swizzle),
+                                       num_warps=4, SWIZZLE=int(swizzle), PREFETCH=prefetch,
                                        **({"launch_pdl": True} if pdl else {}))
     return y

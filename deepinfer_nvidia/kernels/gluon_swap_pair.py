@@ -27,6 +27,7 @@ import torch
 import triton
 
 from deepinfer_nvidia.kernels import gluon_moe_swap as _swap
+from deepinfer_nvidia.kernels.l2_prefetch import prefetch_asm
 from deepinfer_nvidia.kernels.triton_pdl import pdl_launch
 
 # On where the one-warpgroup up launch would fill less than ``PAIR_MAX_WAVES`` waves of 3 programs an SM (1 token:
@@ -42,6 +43,11 @@ PAIR_STAGES = int(os.environ.get("DEEPINFER_NV_SWAP_PAIR_STAGES", "3"))
 # Registers a thread: two 8-warp programs an SM need <= 128 (Triton 3.6 allocates 128 for the up kernel unasked,
 # 3.9 130, and under the cap spills 6 outside the K loop, none inside: tests/kernels/test_gluon_swap_pair_sass.py).
 PAIR_MAXNREG = 128
+# Steps (two K tiles) ahead of the one being decoded that a program asks L2 for (``cp.async.bulk.prefetch.L2``):
+# steps STAGES-1 .. PREFETCH-1 right after the wait, then step i + PREFETCH at step i, so the ring's ``cp.async``
+# finds its bytes in L2 instead of waiting on DRAM with only STAGES-1 steps in flight. 0: off.
+# ``DEEPINFER_NV_SWAP_L2_PREFETCH`` (docs/performance.md, thirty-fourth pass).
+PAIR_L2_PREFETCH = int(os.environ.get("DEEPINFER_NV_SWAP_L2_PREFETCH", "0"))
 _GLUON = _swap.available()
 
 if _GLUON:
@@ -67,6 +73,8 @@ if _GLUON:
 
     # [128, 4, 16] packed bytes: rows 64h + r are weight row r of K tile 2i + h, held by warpgroup h
     _FRAG_PAIR = gl.constexpr(_swap._fragment_bytes_layout(128, warpgroups=2))
+    _PF64 = gl.constexpr(prefetch_asm(64))
+    _PF32 = gl.constexpr(prefetch_asm(32))
 
     @gluon.jit
     def _issue_pair(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, gcol3, xoff, vx, xk, KG, K, j, stage,
@@ -79,6 +87,33 @@ if _GLUON:
             _cp_async(ring_b.index(stage), wb_ptr + woff3 + j * 128, mask=nm3 & gm)
         _cp_async(ring_x.index(stage), x_ptr + xoff + j * 256, mask=vx & (j * 256 + xk < K))
         async_copy.commit_group()
+
+    @gluon.jit
+    def _prefetch_rows(wa_ptr, wb_ptr, e64, tile, N, row_bytes, UP: gl.constexpr, num_warps: gl.constexpr):
+        """[256] byte addresses for ``_prefetch_step`` and their row mask: thread t takes weight row
+        ``tile * 64 + t % 64``; part t // 64 is, for the up launch, the first / second 64 bytes of a step's 128 in
+        w1 (parts 0, 1) and w3 (2, 3), else a 32-byte quarter of w2's."""
+        LP: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+        t = gl.arange(0, 256, layout=LP)
+        rn = tile * 64 + t % 64
+        part = t // 64
+        off = e64 * N * row_bytes + rn.to(gl.int64) * row_bytes
+        if UP:
+            ptr = gl.where(part < 2, wa_ptr + off, wb_ptr + off) + (part % 2) * 64
+        else:
+            ptr = wa_ptr + off + part * 32
+        return ptr, rn < N
+
+    @gluon.jit
+    def _prefetch_step(pf_ptr, pf_ok, j, n_s, UP: gl.constexpr):
+        """Ask L2 for step ``j``'s weight bytes (128 a row and matrix, at byte 128 j of the row; nothing past
+        ``n_s``): one ``cp.async.bulk.prefetch.L2`` a thread, no result."""
+        live = (pf_ok & (j < n_s)).to(gl.int32)
+        if UP:
+            asm: gl.constexpr = _PF64
+        else:
+            asm: gl.constexpr = _PF32
+        gl.inline_asm_elementwise(asm, "=r,l,r", [pf_ptr + j * 128, live], dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
     def _stage_pair_scales(s_ptr, e64, N, KW, tile, n_s, KT_PAD: gl.constexpr, num_warps: gl.constexpr):
@@ -111,10 +146,11 @@ if _GLUON:
                           row_bytes, stride_x, limit, NT, TOPK: gl.constexpr, UP: gl.constexpr,
                           BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SAFE: gl.constexpr,
                           SKIP_PAD: gl.constexpr, KT_PAD: gl.constexpr, num_warps: gl.constexpr,
-                          PDL: gl.constexpr = 0):
+                          PDL: gl.constexpr = 0, PREFETCH: gl.constexpr = 0):
         """One (expert block, 64-row tile) of ``gluon_moe_swap._swap_kernel`` (AREG 2, no split; the same
         arguments, layouts and outputs; the scale stacks as int32 words) on two warpgroups, each taking every other
-        128-column K tile. ``KT_PAD``: a power of 2 >= the steps, cdiv(K / 128, 2)."""
+        128-column K tile. ``KT_PAD``: a power of 2 >= the steps, cdiv(K / 128, 2). ``PREFETCH`` (> STAGES - 1):
+        steps asked of L2 ahead of the ring (``PAIR_L2_PREFETCH``)."""
         if PDL:  # programmatic dependent launch (triton_pdl): wait for the previous kernel, release the next
             _grid_dependency(True)
             _grid_dependency(False)
@@ -176,6 +212,11 @@ if _GLUON:
         for jp in gl.static_range(STAGES - 1):
             _issue_pair(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, gcol3, xoff, vx, xk, KG, K, jp,
                         jp, UP)
+        if PREFETCH:
+            gl.static_assert(PREFETCH > STAGES - 1)
+            pf_ptr, pf_ok = _prefetch_rows(wa_ptr, wb_ptr, e64, tile, N, row_bytes, UP, num_warps)
+            for jp in gl.static_range(STAGES - 1, PREFETCH):
+                _prefetch_step(pf_ptr, pf_ok, jp, n_s, UP)
         ss_a = _stage_pair_scales(sa_ptr, e64, N, KG // 4, tile, n_s, KT_PAD, num_warps)
         ss_b = _stage_pair_scales(sb_ptr, e64, N, KG // 4, tile, n_s, KT_PAD, num_warps) if UP else ss_a
         _cta_barrier()  # every warp's words are stored before any warp reads them
@@ -191,6 +232,8 @@ if _GLUON:
             j = i + STAGES - 1
             _issue_pair(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, gcol3, xoff, vx, xk, KG, K, j,
                         j % STAGES, UP)
+            if PREFETCH:
+                _prefetch_step(pf_ptr, pf_ok, i + PREFETCH, n_s, UP)
             nca = _pair_scales(ss_a, gl.minimum(i + 1, KT_PAD - 1), rg3, LS)  # the last step's read is unused
             if UP:
                 ncb = _pair_scales(ss_b, gl.minimum(i + 1, KT_PAD - 1), rg3, LS)
@@ -236,12 +279,16 @@ def takes(programs: int, sms: int, d: int, f: int) -> bool:
 
 
 def launch(up: bool, grid: int, x, pair, bexp, w, s, wb, sb, wt, out, p: int, ne: int, n: int, k: int,
-           stride_x: int, limit: float, nt: int, topk: int, safe: bool, skip_pad: bool, stages: int) -> None:
+           stride_x: int, limit: float, nt: int, topk: int, safe: bool, skip_pad: bool, stages: int,
+           prefetch: int | None = None) -> None:
     """One launch of ``_swap_pair_kernel`` (the arguments of ``gluon_moe_swap._swap_kernel``'s, byte stacks
-    ``w`` and UE8M0 bytes ``s`` (``wb``/``sb``: w3 for the up launch, else repeated)), ``stages`` deep."""
+    ``w`` and UE8M0 bytes ``s`` (``wb``/``sb``: w3 for the up launch, else repeated)), ``stages`` deep;
+    ``prefetch``: steps asked of L2 ahead (default ``PAIR_L2_PREFETCH``; 0 or at most ``stages - 1``: none)."""
+    prefetch = PAIR_L2_PREFETCH if prefetch is None else prefetch
+    prefetch = prefetch if prefetch > stages - 1 else 0
     words = [a.view(torch.int32) for a in (s, sb)]  # a row's 4 scale bytes of a 128-column tile as one word
     _swap_pair_kernel[(grid,)](x, pair, bexp, w, words[0], wb, words[1], wt, out, p, ne, n, k, k // 2, stride_x,
                                float(limit), nt,
                                TOPK=topk, UP=int(up), BLOCK_M=PAIR_BLOCK_M, STAGES=stages, SAFE=int(safe),
                                SKIP_PAD=int(skip_pad), KT_PAD=triton.next_power_of_2(triton.cdiv(k // 128, 2)),
-                               num_warps=8, maxnreg=PAIR_MAXNREG, **pdl_launch())
+                               num_warps=8, maxnreg=PAIR_MAXNREG, PREFETCH=prefetch, **pdl_launch())

@@ -1,0 +1,22 @@
+"""Hopper's bulk L2 prefetch for the weight-streaming kernels (``gluon_fp8_gemv``, ``gluon_swap_pair``).
+
+``cp.async.bulk.prefetch.L2.global [addr], n`` (SM90, PTX 8.0) asks the TMA unit to bring ``n`` bytes (a multiple
+of 16, 16-byte aligned) into L2 and returns at once: no shared memory, no register, no completion to wait for.
+The kernels' ``cp.async`` rings keep only STAGES - 1 tiles in flight a program, so at batch 1 each program
+waits on DRAM latency every few tiles; asking L2 for tiles further ahead puts more bytes in flight without a
+deeper ring (whose barriers and shared memory made it slower: docs/performance.md, twenty-sixth pass), and a
+kernel under programmatic dependent launch can ask for its first weights before ``griddepcontrol.wait``, while the
+previous kernel runs (weights are never written by a kernel).
+
+``prefetch_asm(n)`` is the inline-PTX body for ``inline_asm_elementwise`` with operands (``=r`` dummy result,
+``l`` address, ``r`` predicate): a thread whose predicate is 0 issues nothing.
+"""
+from __future__ import annotations
+
+
+def prefetch_asm(nbytes: int) -> str:
+    """PTX: if $2 != 0, prefetch ``nbytes`` bytes at address $1 into L2; $0 = 0."""
+    if nbytes <= 0 or nbytes % 16:
+        raise ValueError(f"bulk L2 prefetch sizes are positive multiples of 16 bytes, got {nbytes}")
+    return ("{ .reg .pred p; setp.ne.b32 p, $2, 0; "
+            f"@p cp.async.bulk.prefetch.L2.global [$1], {nbytes}; mov.b32 $0, 0; }}")
