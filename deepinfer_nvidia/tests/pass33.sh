@@ -19,14 +19,7 @@
 set -u
 STAGES=${1:-side}
 OUT=${OUT:-.}
-source "$(dirname "$0")/pass_lib.sh"  # stamp, has, quiet, xdist_files, rows_vals; exports; HERE
-v41_row() {  # v41_row LABEL DECODES ENV...: one V4.1 sweep process, the graphed rows with the bit-identical flag
-  local label=$1 decodes=$2; shift 2
-  echo "== $label"
-  env "$@" timeout 200 python3 benchmarks/sweep.py --arch v41 --out "$OUT/row" --providers triton --decode "$decodes" \
-    --prefill "" --skip-hf --graphs --profile-decode "" 2>&1 | grep -E "pipelined|Error" | sed -E 's/capture [0-9.]+ s, //'
-  rm -rf "$OUT/row"
-}
+source "$(dirname "$0")/pass_lib.sh"  # stamp, has, quiet, xdist_files, rows_vals, v41_row; exports; HERE
 if has side; then
   stamp side
   FILE_S=${SIDE_TEST_S:-200} xdist_files side_tests "$HERE/test_side_stream.py"

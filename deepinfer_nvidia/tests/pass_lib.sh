@@ -46,3 +46,10 @@ v4_rows_vals() {  # v4_rows_vals KNOB V...: the V4 batch-32 row (the HF row's sh
   done | tee -a "$OUT/v4_rows_vals.txt"
   rm -rf "$OUT"/v4_*
 }
+v41_row() {  # v41_row LABEL DECODES ENV...: one V4.1 sweep process with ENV (VAR=value words), its graphed rows
+  local label=$1 decodes=$2; shift 2
+  echo "== $label"
+  env "$@" timeout 200 python3 benchmarks/sweep.py --arch v41 --out "$OUT/row" --providers triton --decode "$decodes" \
+    --prefill "" --skip-hf --graphs --profile-decode "" 2>&1 | grep -E "pipelined|Error" | sed -E 's/capture [0-9.]+ s, //'
+  rm -rf "$OUT/row"
+}
