@@ -35,6 +35,7 @@ import torch
 import triton
 
 from deepinfer_nvidia.kernels import gluon_moe_swap as _swap, gluon_swap_layout as _layout, scale_checks
+from deepinfer_nvidia.kernels import l2_prefetch as _l2
 from deepinfer_nvidia.kernels.l2_prefetch import prefetch_asm
 from deepinfer_nvidia.kernels.mxfp4_word_decode import _bf16x2_mul
 from deepinfer_nvidia.kernels.triton_pdl import gluon_grid_dependency, pdl_launch
@@ -167,6 +168,7 @@ if _GLUON:
     _ASM_SAFE = gl.constexpr(_word_asm(True))
     _ASM_FAST = gl.constexpr(_word_asm(False))
     _PF64 = gl.constexpr(prefetch_asm(64))
+    _PF_LINE = gl.constexpr(prefetch_asm(0))
 
     @gluon.jit
     def _decode(b, sc, SAFE: gl.constexpr):
@@ -210,28 +212,34 @@ if _GLUON:
         async_copy.commit_group()
 
     @gluon.jit
-    def _l2_prefetch_tile(pf_row, pf_zero, j, n_k):
-        """Ask L2 for K tile ``j`` of this program's 64 weight rows (nothing past ``n_k``): thread t takes row
-        t % 64, bytes 64 * (t // 64) .. +63 of the row's 128, one ``cp.async.bulk.prefetch.L2`` each (no shared
-        memory, no register result: the ring's later ``cp.async`` of the tile then hits L2). ``pf_row`` [128]:
-        each thread's byte address of tile 0 and ``pf_zero`` int32 zeros in its layout (``_l2_prefetch_rows``)."""
-        live = (pf_zero + j) < n_k
-        gl.inline_asm_elementwise(_PF64, "=r,l,r", [pf_row + j * 128, live.to(gl.int32)], dtype=gl.int32,
-                                  is_pure=False, pack=1)
+    def _l2_prefetch_tile(pf_row, pf_on, j, n_k, LINE: gl.constexpr):
+        """Ask L2 for K tile ``j`` of this program's 64 weight rows (nothing past ``n_k``; no shared memory, no
+        register result: the ring's later ``cp.async`` of the tile then hits L2). ``pf_row`` [128]: each thread's
+        byte address of tile 0, ``pf_on`` whether it asks (``_l2_prefetch_rows``). LINE: the row's 128-byte line by
+        ``prefetch.global.L2``, else its 64 bytes by ``cp.async.bulk.prefetch.L2``."""
+        live = (pf_on * 0 + j) < n_k
+        if LINE:
+            asm: gl.constexpr = _PF_LINE
+        else:
+            asm: gl.constexpr = _PF64
+        gl.inline_asm_elementwise(asm, "=r,l,r", [pf_row + j * 128, (live & (pf_on != 0)).to(gl.int32)],
+                                  dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
-    def _l2_prefetch_rows(q_ptr, n0, K, k_lo, num_warps: gl.constexpr):
+    def _l2_prefetch_rows(q_ptr, n0, K, k_lo, LINE: gl.constexpr, num_warps: gl.constexpr):
         """[128] byte pointers, thread t: weight row ``n0 + t % 64`` at column ``k_lo + 64 * (t // 64)``; and [128]
-        int32 zeros in the same layout."""
+        int32, 1 where the thread asks (LINE: the first 64, one line a row; else all, 64 bytes each)."""
         LP: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
         t = gl.arange(0, 128, layout=LP)
-        return q_ptr + (n0 + t % 64).to(gl.int64) * K + k_lo + 64 * (t // 64), t * 0
+        on = (t < 64).to(gl.int32) if LINE else t * 0 + 1
+        return q_ptr + (n0 + t % 64).to(gl.int64) * K + k_lo + 64 * (t // 64), on
 
     @gluon.jit
     def _wgmma_gemv_kernel(x_ptr, q_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, stride_x, s_cols, NG, k_per_split,
                            BN_BLK: gl.constexpr, BK_BLK: gl.constexpr, SPLIT: gl.constexpr, BLOCK_M: gl.constexpr,
                            STAGES: gl.constexpr, SAFE: gl.constexpr, PDL: gl.constexpr, TMA: gl.constexpr, q_desc,
-                           num_warps: gl.constexpr, SWIZZLE: gl.constexpr = 0, PREFETCH: gl.constexpr = 0):
+                           num_warps: gl.constexpr, SWIZZLE: gl.constexpr = 0, PREFETCH: gl.constexpr = 0,
+                           PF_LINE: gl.constexpr = 1):
         """Program (row tile of 64 weight rows, K split): ``y[m, n] = sum_k x[m, k] * bf16(q[n, k] * s)``.
         x [M, K] bf16 (natural order: the tile loads gather ``permute_x``'s order); q [N, K] e4m3 bytes; s UE8M0 bytes
         [ceil(N / BN_BLK), s_cols]; y [M, N] bf16; part [SPLIT, M, N] fp32 and cnt (zeroed int32 per row tile)
@@ -243,7 +251,8 @@ if _GLUON:
         with TMA): the ring holds [64, 128] byte tiles whose 16-byte chunks are XOR-swizzled by row % 8
         (``GEMV_SWIZZLE``), so a quarter-warp's fragment read touches all 32 banks once. PREFETCH (> STAGES - 1):
         weight tiles up to PREFETCH - 1 are asked of L2 in the prologue (before the wait, under PDL) and tile
-        i + PREFETCH in iteration i, so each tile's ``cp.async`` finds it in L2 (``GEMV_L2_PREFETCH``)."""
+        i + PREFETCH in iteration i, so each tile's ``cp.async`` finds it in L2 (``GEMV_L2_PREFETCH``); PF_LINE: by
+        lines, else bulk requests (``l2_prefetch.LINE``)."""
         gl.static_assert(num_warps == 4)
         LW: gl.constexpr = gl.BlockedLayout([1, 1, 16], [4, 4, 2], [num_warps, 1, 1], [2, 1, 0])
         LX: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [num_warps, 1], [1, 0])  # 4-byte gathers of x
@@ -302,9 +311,9 @@ if _GLUON:
         kc0 = k_lo // 32  # this split's first 32-byte column of q
         if PREFETCH:  # weights only: never written by a kernel, so asked for before any wait
             gl.static_assert(PREFETCH > STAGES - 1)
-            pf_row, pf_zero = _l2_prefetch_rows(q_ptr, n0, K, k_lo, num_warps)
+            pf_row, pf_on = _l2_prefetch_rows(q_ptr, n0, K, k_lo, PF_LINE, num_warps)
             for jp in gl.static_range(STAGES - 1, PREFETCH):
-                _l2_prefetch_tile(pf_row, pf_zero, jp, n_k)
+                _l2_prefetch_tile(pf_row, pf_on, jp, n_k, PF_LINE)
         if TMA:
             bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
             for sb in gl.static_range(STAGES):
@@ -343,7 +352,7 @@ if _GLUON:
             else:
                 _issue(ring_w, ring_x, w_ptrs, x_ptrs, wmask, xmask, j, j % STAGES, n_k)
             if PREFETCH:
-                _l2_prefetch_tile(pf_row, pf_zero, i + PREFETCH, n_k)
+                _l2_prefetch_tile(pf_row, pf_on, i + PREFETCH, n_k, PF_LINE)
             nsc = gl.expand_dims(gl.load(s_ptr + s_row + (s_col + (i + 1) * 128) // BK_BLK,
                                          mask=smask & (i + 1 < n_k), other=127), 2)
             async_copy.wait_group(STAGES - 1)
@@ -478,5 +487,6 @@ def gemv_wgmma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, b
                                        BLOCK_M=block_m, STAGES=stages,
                                        SAFE=int(safe), PDL=pdl_mode, TMA=int(desc is not None), q_desc=desc,
                                        num_warps=4, SWIZZLE=int(swizzle), PREFETCH=prefetch,
+                                       PF_LINE=int(_l2.LINE),
                                        **({"launch_pdl": True} if pdl else {}))
     return y

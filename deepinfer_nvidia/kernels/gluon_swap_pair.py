@@ -27,6 +27,7 @@ import torch
 import triton
 
 from deepinfer_nvidia.kernels import gluon_moe_swap as _swap
+from deepinfer_nvidia.kernels import l2_prefetch as _l2
 from deepinfer_nvidia.kernels.l2_prefetch import prefetch_asm
 from deepinfer_nvidia.kernels.triton_pdl import pdl_launch
 
@@ -75,6 +76,7 @@ if _GLUON:
     _FRAG_PAIR = gl.constexpr(_swap._fragment_bytes_layout(128, warpgroups=2))
     _PF64 = gl.constexpr(prefetch_asm(64))
     _PF32 = gl.constexpr(prefetch_asm(32))
+    _PF_LINE = gl.constexpr(prefetch_asm(0))
 
     @gluon.jit
     def _issue_pair(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, gcol3, xoff, vx, xk, KG, K, j, stage,
@@ -89,10 +91,12 @@ if _GLUON:
         async_copy.commit_group()
 
     @gluon.jit
-    def _prefetch_rows(wa_ptr, wb_ptr, e64, tile, N, row_bytes, UP: gl.constexpr, num_warps: gl.constexpr):
-        """[256] byte addresses for ``_prefetch_step`` and their row mask: thread t takes weight row
+    def _prefetch_rows(wa_ptr, wb_ptr, e64, tile, N, row_bytes, UP: gl.constexpr, LINE: gl.constexpr,
+                       num_warps: gl.constexpr):
+        """[256] byte addresses for ``_prefetch_step`` and whether each thread asks: thread t takes weight row
         ``tile * 64 + t % 64``; part t // 64 is, for the up launch, the first / second 64 bytes of a step's 128 in
-        w1 (parts 0, 1) and w3 (2, 3), else a 32-byte quarter of w2's."""
+        w1 (parts 0, 1) and w3 (2, 3), else a 32-byte quarter of w2's. LINE: only the parts at a step's first byte
+        ask (the row's 128-byte line)."""
         LP: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
         t = gl.arange(0, 256, layout=LP)
         rn = tile * 64 + t % 64
@@ -100,16 +104,24 @@ if _GLUON:
         off = e64 * N * row_bytes + rn.to(gl.int64) * row_bytes
         if UP:
             ptr = gl.where(part < 2, wa_ptr + off, wb_ptr + off) + (part % 2) * 64
+            lead = part % 2 == 0
         else:
             ptr = wa_ptr + off + part * 32
-        return ptr, rn < N
+            lead = part == 0
+        ok = rn < N
+        if LINE:
+            ok = ok & lead
+        return ptr, ok
 
     @gluon.jit
-    def _prefetch_step(pf_ptr, pf_ok, j, n_s, UP: gl.constexpr):
+    def _prefetch_step(pf_ptr, pf_ok, j, n_s, UP: gl.constexpr, LINE: gl.constexpr):
         """Ask L2 for step ``j``'s weight bytes (128 a row and matrix, at byte 128 j of the row; nothing past
-        ``n_s``): one ``cp.async.bulk.prefetch.L2`` a thread, no result."""
+        ``n_s``): one request a thread that asks, no result (LINE: ``prefetch.global.L2`` of the line, else
+        ``cp.async.bulk.prefetch.L2`` of its part)."""
         live = (pf_ok & (j < n_s)).to(gl.int32)
-        if UP:
+        if LINE:
+            asm: gl.constexpr = _PF_LINE
+        elif UP:
             asm: gl.constexpr = _PF64
         else:
             asm: gl.constexpr = _PF32
@@ -146,7 +158,7 @@ if _GLUON:
                           row_bytes, stride_x, limit, NT, TOPK: gl.constexpr, UP: gl.constexpr,
                           BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SAFE: gl.constexpr,
                           SKIP_PAD: gl.constexpr, KT_PAD: gl.constexpr, num_warps: gl.constexpr,
-                          PDL: gl.constexpr = 0, PREFETCH: gl.constexpr = 0):
+                          PDL: gl.constexpr = 0, PREFETCH: gl.constexpr = 0, PF_LINE: gl.constexpr = 1):
         """One (expert block, 64-row tile) of ``gluon_moe_swap._swap_kernel`` (AREG 2, no split; the same
         arguments, layouts and outputs; the scale stacks as int32 words) on two warpgroups, each taking every other
         128-column K tile. ``KT_PAD``: a power of 2 >= the steps, cdiv(K / 128, 2). ``PREFETCH`` (> STAGES - 1):
@@ -214,9 +226,9 @@ if _GLUON:
                         jp, UP)
         if PREFETCH:
             gl.static_assert(PREFETCH > STAGES - 1)
-            pf_ptr, pf_ok = _prefetch_rows(wa_ptr, wb_ptr, e64, tile, N, row_bytes, UP, num_warps)
+            pf_ptr, pf_ok = _prefetch_rows(wa_ptr, wb_ptr, e64, tile, N, row_bytes, UP, PF_LINE, num_warps)
             for jp in gl.static_range(STAGES - 1, PREFETCH):
-                _prefetch_step(pf_ptr, pf_ok, jp, n_s, UP)
+                _prefetch_step(pf_ptr, pf_ok, jp, n_s, UP, PF_LINE)
         ss_a = _stage_pair_scales(sa_ptr, e64, N, KG // 4, tile, n_s, KT_PAD, num_warps)
         ss_b = _stage_pair_scales(sb_ptr, e64, N, KG // 4, tile, n_s, KT_PAD, num_warps) if UP else ss_a
         _cta_barrier()  # every warp's words are stored before any warp reads them
@@ -233,7 +245,7 @@ if _GLUON:
             _issue_pair(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, gcol3, xoff, vx, xk, KG, K, j,
                         j % STAGES, UP)
             if PREFETCH:
-                _prefetch_step(pf_ptr, pf_ok, i + PREFETCH, n_s, UP)
+                _prefetch_step(pf_ptr, pf_ok, i + PREFETCH, n_s, UP, PF_LINE)
             nca = _pair_scales(ss_a, gl.minimum(i + 1, KT_PAD - 1), rg3, LS)  # the last step's read is unused
             if UP:
                 ncb = _pair_scales(ss_b, gl.minimum(i + 1, KT_PAD - 1), rg3, LS)
@@ -291,4 +303,5 @@ def launch(up: bool, grid: int, x, pair, bexp, w, s, wb, sb, wt, out, p: int, ne
                                float(limit), nt,
                                TOPK=topk, UP=int(up), BLOCK_M=PAIR_BLOCK_M, STAGES=stages, SAFE=int(safe),
                                SKIP_PAD=int(skip_pad), KT_PAD=triton.next_power_of_2(triton.cdiv(k // 128, 2)),
-                               num_warps=8, maxnreg=PAIR_MAXNREG, PREFETCH=prefetch, **pdl_launch())
+                               num_warps=8, maxnreg=PAIR_MAXNREG, PREFETCH=prefetch,
+                               PF_LINE=int(_l2.LINE), **pdl_launch())

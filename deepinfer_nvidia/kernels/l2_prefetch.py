@@ -9,14 +9,27 @@ kernel under programmatic dependent launch can ask for its first weights before 
 previous kernel runs (weights are never written by a kernel).
 
 ``prefetch_asm(n)`` is the inline-PTX body for ``inline_asm_elementwise`` with operands (``=r`` dummy result,
-``l`` address, ``r`` predicate): a thread whose predicate is 0 issues nothing.
+``l`` address, ``r`` predicate): a thread whose predicate is 0 issues nothing. ``n = 0`` is the load/store
+unit's ``prefetch.global.L2`` of the 128-byte line holding the address instead (no TMA request).
+
+Measured (H100, thirty-fourth pass, ``prefetch_check``): bulk requests of 64 bytes a thread made one V4.1 layer's
+GEMVs at one row 88.6 -> 105.4 us and the swap experts at one token 65.8 -> 99.5 us (bit-equal outputs), so the
+kernels take the line form (``LINE``) when their knob is on.
 """
 from __future__ import annotations
 
+import os
+
+# The kernels' form when their prefetch knob is on: lines (default) or 64/32-byte bulk requests
+# (``DEEPINFER_NV_L2_PREFETCH_BULK=1``, for A/B runs).
+LINE = os.environ.get("DEEPINFER_NV_L2_PREFETCH_BULK", "0") != "1"
+
 
 def prefetch_asm(nbytes: int) -> str:
-    """PTX: if $2 != 0, prefetch ``nbytes`` bytes at address $1 into L2; $0 = 0."""
-    if nbytes <= 0 or nbytes % 16:
+    """PTX: if $2 != 0, prefetch ``nbytes`` bytes at address $1 into L2 (0: the line holding $1); $0 = 0."""
+    if nbytes == 0:
+        return "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }"
+    if nbytes < 0 or nbytes % 16:
         raise ValueError(f"bulk L2 prefetch sizes are positive multiples of 16 bytes, got {nbytes}")
     return ("{ .reg .pred p; setp.ne.b32 p, $2, 0; "
             f"@p cp.async.bulk.prefetch.L2.global [$1], {nbytes}; mov.b32 $0, 0; }}")

@@ -20,7 +20,7 @@ if has prefetch; then
   timeout 260 python3 -m deepinfer_nvidia.tests.prefetch_check --gemv "${CHECK_GEMV:-4,8}" --swap "${CHECK_SWAP:-4,8}" \
     --rows 1 --tokens 1,8 2>&1 | quiet | tee "$OUT/prefetch_check.txt"
   stamp rows
-  for rep in 1 2; do
+  for rep in $(seq "${REPS:-2}"); do
     v41_row "off" 1 DEEPINFER_NV_GEMV_L2_PREFETCH=0 DEEPINFER_NV_SWAP_L2_PREFETCH=0
     v41_row "gemv $G" 1 DEEPINFER_NV_GEMV_L2_PREFETCH=$G DEEPINFER_NV_SWAP_L2_PREFETCH=0
     v41_row "swap $S" 1 DEEPINFER_NV_GEMV_L2_PREFETCH=0 DEEPINFER_NV_SWAP_L2_PREFETCH=$S
