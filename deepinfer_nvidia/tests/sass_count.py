@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import collections
 import importlib
+import inspect
 import os
 import re
 import subprocess
@@ -89,9 +90,16 @@ def count(fn, signature: dict[str, str], constexprs: dict[str, int], warps: int 
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    sig = dict(signature)
-    for k in constexprs:
-        sig[k] = "constexpr"
+    # the kernel's parameter order (``attrs`` index parameters by position), with the constexpr parameters not
+    # given taking their defaults (a kernel may grow a defaulted knob without every caller naming it)
+    params = inspect.signature(getattr(fn, "fn", fn)).parameters
+    constexprs = dict(constexprs)
+    for name, p in params.items():
+        if name not in signature and name not in constexprs and p.default is not inspect.Parameter.empty:
+            constexprs[name] = p.default
+    order = [n for n in params if n in signature or n in constexprs]
+    order += [n for n in (*signature, *constexprs) if n not in order]
+    sig = {n: signature.get(n, "constexpr") if n not in constexprs else "constexpr" for n in order}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(sig) if sig[n].startswith("*") or n in div16}
     source = ASTSource
     if type(fn).__module__.startswith("triton.experimental.gluon"):
