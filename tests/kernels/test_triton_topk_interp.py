@@ -1,8 +1,8 @@
 """``index.topk``'s Triton kernel (``deepinfer_nvidia/kernels/triton_topk.py``) against the reference in Triton's CPU
 interpreter: the op's own cases, exact ties (rounded scores, +0.0 / -0.0), rows with fewer valid scores than k,
 all-invalid rows, k = 1 and k >= N, bf16-rounded V4.1-sized rows (N 1000, k 512), the streamed path (rows
-longer than one register block), counting digits of 4, 2 and 1 bits, the 8-bit histogram select, and the bisection
-with and without its early exit (rows of distinct scores, where a pass counts exactly k; rows with at most k valid scores). The kept
+longer than one register block), counting digits of 4, 2 and 1 bits, and the bisection with and without its
+early exit (rows of distinct scores, where a pass counts exactly k; rows with at most k valid scores). The kept
 set must equal the reference's, in ascending position order, ``-1`` only after the kept positions."""
 from __future__ import annotations
 
@@ -50,14 +50,9 @@ for block, bits, early, cases in ((8192, 1, True, ALL), (8192, 4, True, SOME), (
     for x, k in cases:
         check(x, k)
         n += 1
-# the histogram select (register-held rows; the streamed launch keeps its bisection)
-tt.MAX_BLOCK, tt.RADIX_BITS, tt.EARLY_EXIT, tt.HIST = 8192, 1, True, True
-for x, k in ALL:
-    check(x, k)
-    n += 1
 print("INTERPRETED", n)
 """
 
 
 def test_topk_kernel_in_the_interpreter(run_interpreted):
-    run_interpreted(_INTERPRETED, "INTERPRETED 46")
+    run_interpreted(_INTERPRETED, "INTERPRETED 36")
