@@ -23,6 +23,8 @@ also raises the reference's errors for malformed operands. ``force_kernel=True``
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -37,9 +39,14 @@ _MAX_HASH_K = 64
 _INTS = (torch.int64, torch.int32, torch.int16)
 
 
+# Warps of a ``route_topk`` program (``DEEPINFER_NV_ROUTE_WARPS``; 0: ``_warps``' rule from E). Taken from E or this
+# knob only, never from T, so a token's program is the same in any batch (the op is registered batch-invariant).
+ROUTE_WARPS = int(os.environ.get("DEEPINFER_NV_ROUTE_WARPS", "0"))
+
+
 def _warps(block: int) -> int:
     # H200, E = 384 (block 512), T = 8192: 1 / 2 / 4 / 8 warps ran 66 / 56 / 56 / 80 us (fp64 softplus bound)
-    return max(1, min(4, block // 128))
+    return ROUTE_WARPS or max(1, min(4, block // 128))
 
 
 @triton.jit
@@ -128,8 +135,9 @@ def supports_route(logits: torch.Tensor, bias: torch.Tensor, top_k: int, scaling
 
 
 def route_topk(logits: torch.Tensor, bias: torch.Tensor, top_k: int, scaling: float, *,
-               force_kernel: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """``moe.route_topk``: logits [T, E], bias [E] -> (weights [T, k] fp32, ids [T, k] int64)."""
+               force_kernel: bool = False, warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``moe.route_topk``: logits [T, E], bias [E] -> (weights [T, k] fp32, ids [T, k] int64). ``warps``
+    overrides the program's warp count (benchmarks)."""
     why = _route_uncovered(logits, bias, top_k, scaling, force_kernel)
     if why:
         return hand_off("moe.route_topk", why, ref_topk, logits, bias, top_k, scaling)
@@ -141,7 +149,7 @@ def route_topk(logits: torch.Tensor, bias: torch.Tensor, top_k: int, scaling: fl
     x = logits if logits.stride(1) == 1 else logits.contiguous()
     block = next_pow2(e)
     _topk_kernel[(t,)](x, bias.contiguous(), w, ids, e, x.stride(0), float(scaling), K=top_k, BLOCK_E=block,
-                       BLOCK_K=next_pow2(top_k), num_warps=_warps(block), **pdl_launch())
+                       BLOCK_K=next_pow2(top_k), num_warps=warps or _warps(block), **pdl_launch())
     return w, ids
 
 

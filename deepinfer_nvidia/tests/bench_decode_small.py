@@ -1,6 +1,6 @@
 """Launch shapes of two batch-1 kernels that carry little data but take ~10-16 us a call (not a pytest file).
 
-    python3 -m deepinfer_nvidia.tests.bench_decode_small [--out DIR] [--only attn,mix,scores,engram,topk] \\
+    python3 -m deepinfer_nvidia.tests.bench_decode_small [--out DIR] [--only attn,mix,scores,engram,topk,route] \\
         [--tokens 1,2,8]
 
 In the 8-layer V4.1 batch-1 step (docs/perf/pass22a/v41/profile.txt) ``attention.sparse_sink`` takes 15.6 us a call
@@ -12,7 +12,8 @@ for ~0.7 MB of KV rows (0.16 us at the copy bandwidth) and ``mhc.mix`` 10.6 us (
 - ``mhc.mix`` (residual [T, 4, 4096] bf16, fn [24, 16384] fp32): K splits, pipeline stages, gate warps;
 - ``index.scores`` (64 heads of 128 over 1024 candidates): candidates a chunk and chunks a program;
 - ``engram.gate`` (4 streams of 4096): one program a stream or one a token;
-- ``index.topk`` (k 512 of 1024 and 8192 scores): warps a program.
+- ``index.topk`` (k 512 of 1024 and 8192 scores): warps a program;
+- ``moe.route_topk`` (384 experts, k 6): warps a program.
 
 Each time is one CUDA-graph replay of ``RING`` back-to-back calls divided by ``RING`` (``graph_timing.graph_us``;
 programmatic dependent launch as the step uses it), so the per-graph launch cost is spread as in a graphed step.
@@ -152,6 +153,24 @@ def bench_topk(tokens, rows) -> None:
                 print(f"topk T={t} N={n} warps {str(w or 'default'):8s} {us:7.2f} us  equal {same}", flush=True)
 
 
+def bench_route(tokens, rows) -> None:
+    """``moe.route_topk`` (V4.1: 384 experts, k 6, fp32 logits), by warps a program (the default: 4 at E 384);
+    weights and ids must be bit-equal to the default launch's."""
+    from deepinfer_nvidia.kernels import triton_route as tr
+
+    g = torch.Generator(device="cuda").manual_seed(6)
+    bias = torch.randn(384, device="cuda", generator=g) * 0.1
+    for t in tokens:
+        x = torch.randn(t, 384, device="cuda", generator=g) * 2
+        base = tr.route_topk(x, bias, 6, 2.5)
+        for w in (None, 1, 2, 4, 8):
+            out = tr.route_topk(x, bias, 6, 2.5, warps=w)
+            same = all(bool(torch.equal(a, b)) for a, b in zip(out, base))
+            us = graph_us(lambda: tr.route_topk(x, bias, 6, 2.5, warps=w), calls=RING)
+            rows.append(dict(kind="route", t=t, variant={"warps": w} if w else {}, us=us, err=float(not same)))
+            print(f"route T={t} warps {str(w or 'default'):8s} {us:7.2f} us  equal {same}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -171,10 +190,12 @@ def main() -> None:
         bench_engram(tokens, rows)
     if "topk" in only:
         bench_topk(tokens, rows)
+    if "route" in only:
+        bench_route(tokens, rows)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "decode_small.json"), "w") as f:
         json.dump(rows, f, indent=1)
-    for kind in ("attn", "mix", "scores", "engram", "topk"):  # the fastest variant per shape against the default
+    for kind in ("attn", "mix", "scores", "engram", "topk", "route"):  # the fastest variant per shape against the default
         for key in sorted({(r["t"], r.get("na"), r.get("nb")) for r in rows if r["kind"] == kind}):
             sel = [r for r in rows if r["kind"] == kind and (r["t"], r.get("na"), r.get("nb")) == key]
             best = min(sel, key=lambda r: r["us"])

