@@ -45,7 +45,8 @@ ROUTE_WARPS = int(os.environ.get("DEEPINFER_NV_ROUTE_WARPS", "0"))
 
 
 def _warps(block: int) -> int:
-    # H200, E = 384 (block 512), T = 8192: 1 / 2 / 4 / 8 warps ran 66 / 56 / 56 / 80 us (fp64 softplus bound)
+    # H200, E = 384 (block 512), T = 8192: 1 / 2 / 4 / 8 warps ran 66 / 56 / 56 / 80 us (fp64 softplus bound);
+    # H100, T = 1, a call in a graph ring: 7.69 / 5.37 / 4.14 / 3.92 us (docs/performance.md, thirty-fourth pass)
     return ROUTE_WARPS or max(1, min(4, block // 128))
 
 

@@ -8,7 +8,7 @@
 #          the swap at one token 10-25% (2.0 TB/s with 2 steps of 16 KB in flight a program); the step -40 to -120 us.
 #          Distances: PF_GEMV (default 6), PF_SWAP (default 6).
 #   route  the route top-k's warps a program (``triton_route.ROUTE_WARPS``): ``bench_decode_small --only route,topk`` at
-#          1, 8 and 64 tokens (outputs bit-equal to the default launch), then the V4.1 batch-1 rows with
+#          1 and 64 tokens (outputs bit-equal to the default launch), then the V4.1 batch-1 rows with
 #          DEEPINFER_NV_ROUTE_WARPS=0 (4 warps at E 384), ROUTE_W (default 1), 0, ROUTE_W. Predicted: at one token one
 #          warp drops the 6 rounds' CTA barriers (an int64 arg-max each) and runs the fp64 softplus 16-wide a thread:
 #          ~9 -> ~4 us a call, -20 to -40 us a batch-1 step (8 launches).
@@ -34,7 +34,7 @@ if has prefetch; then
 fi
 if has route; then
   stamp route
-  timeout 150 python3 -m deepinfer_nvidia.tests.bench_decode_small --out "$OUT" --only route,topk --tokens 1,8,64 2>&1 \
+  timeout 150 python3 -m deepinfer_nvidia.tests.bench_decode_small --out "$OUT" --only route,topk --tokens 1,64 2>&1 \
     | quiet | grep -E "route|topk|Error" | tee "$OUT/route_bench.txt"
   W=${ROUTE_W:-1}
   for v in 0 "$W" 0 "$W"; do v41_row "DEEPINFER_NV_ROUTE_WARPS=$v" 1 DEEPINFER_NV_ROUTE_WARPS=$v; done \
