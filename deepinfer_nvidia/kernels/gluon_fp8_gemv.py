@@ -98,8 +98,9 @@ GEMV_EARLY_RELEASE = os.environ.get("DEEPINFER_NV_GEMV_EARLY_RELEASE", "0") == "
 # K tiles ahead of the one being decoded that a program asks L2 for (``l2_prefetch``): tiles STAGES-1 .. PREFETCH-1
 # in the prologue (before the wait under PDL, so they stream while the previous kernel runs), tile i + PREFETCH
 # in iteration i. ``GEMV_L2_BUDGET``: bytes of L2 the launch's prefetched-but-unread tiles may hold at once
-# (programs x (PREFETCH - STAGES + 1) x 8 KB); the distance is cut to fit. 0: off.
-# ``DEEPINFER_NV_GEMV_L2_PREFETCH`` (docs/performance.md, thirty-fourth pass).
+# (programs x (PREFETCH - STAGES + 1) x 8 KB); the distance is cut to fit. 0 (the default): off. Measured slower on
+# an H100 (a V4.1 layer's GEMVs at one row 88.6 -> 95.8 us by lines; docs/performance.md, thirty-fourth pass).
+# ``DEEPINFER_NV_GEMV_L2_PREFETCH``.
 GEMV_L2_PREFETCH = int(os.environ.get("DEEPINFER_NV_GEMV_L2_PREFETCH", "0"))
 GEMV_L2_BUDGET = 24 << 20
 _SM90: dict[int, bool] = {}  # device index -> capability 9.x (asked once per device)

@@ -44,10 +44,10 @@ PAIR_STAGES = int(os.environ.get("DEEPINFER_NV_SWAP_PAIR_STAGES", "3"))
 # Registers a thread: two 8-warp programs an SM need <= 128 (Triton 3.6 allocates 128 for the up kernel unasked,
 # 3.9 130, and under the cap spills 6 outside the K loop, none inside: tests/kernels/test_gluon_swap_pair_sass.py).
 PAIR_MAXNREG = 128
-# Steps (two K tiles) ahead of the one being decoded that a program asks L2 for (``cp.async.bulk.prefetch.L2``):
-# steps STAGES-1 .. PREFETCH-1 right after the wait, then step i + PREFETCH at step i, so the ring's ``cp.async``
-# finds its bytes in L2 instead of waiting on DRAM with only STAGES-1 steps in flight. 0: off.
-# ``DEEPINFER_NV_SWAP_L2_PREFETCH`` (docs/performance.md, thirty-fourth pass).
+# Steps (two K tiles) ahead of the one being decoded that a program asks L2 for (``l2_prefetch``): steps
+# STAGES-1 .. PREFETCH-1 right after the wait, then step i + PREFETCH at step i, so the ring's ``cp.async`` would find
+# its bytes in L2. 0 (the default): off. Measured slower on an H100 at one token (65.5 -> 70.5 us by lines, 65.8 ->
+# 99.5 by bulk requests; docs/performance.md, thirty-fourth pass). ``DEEPINFER_NV_SWAP_L2_PREFETCH``.
 PAIR_L2_PREFETCH = int(os.environ.get("DEEPINFER_NV_SWAP_L2_PREFETCH", "0"))
 _GLUON = _swap.available()
 

@@ -12,9 +12,11 @@ previous kernel runs (weights are never written by a kernel).
 ``l`` address, ``r`` predicate): a thread whose predicate is 0 issues nothing. ``n = 0`` is the load/store
 unit's ``prefetch.global.L2`` of the 128-byte line holding the address instead (no TMA request).
 
-Measured (H100, thirty-fourth pass, ``prefetch_check``): bulk requests of 64 bytes a thread made one V4.1 layer's
-GEMVs at one row 88.6 -> 105.4 us and the swap experts at one token 65.8 -> 99.5 us (bit-equal outputs), so the
-kernels take the line form (``LINE``) when their knob is on.
+Measured (H100, thirty-fourth pass, ``prefetch_check``; outputs bit-equal): bulk requests of 64 bytes a thread made
+one V4.1 layer's GEMVs at one row 88.6 -> 105.4 us and the swap experts at one token 65.8 -> 99.5 us; lines (the
+default form when a knob is on) 88.6 -> 95.8 and 65.5 -> 70.5. Both kernels are limited by their per-tile chain,
+not by bytes in flight, so the knobs (``gluon_fp8_gemv.GEMV_L2_PREFETCH``, ``gluon_swap_pair.PAIR_L2_PREFETCH``)
+are off by default (docs/performance.md, thirty-fourth pass).
 """
 from __future__ import annotations
 
