@@ -450,6 +450,21 @@ def prefetch_distance(want: int, stages: int, programs: int, k_tiles: int, budge
     return dist if dist > stages - 1 else 0
 
 
+def launch_plan(m: int, n: int, k: int, sms: int, stages: int, programs: int | None = None,
+                resident: int | None = None, prefetch: int | None = None) -> tuple[int, int, int, int, int]:
+    """(64-row tiles, BLOCK_M, K columns a split, splits, PREFETCH) of ``gemv_wgmma`` for x [m, k] and q [n, k]
+    (``programs`` / ``resident`` / ``prefetch``: ``WGMMA_GEMV_TUNE``'s and ``GEMV_L2_PREFETCH`` when None)."""
+    tune = WGMMA_GEMV_TUNE
+    tiles = triton.cdiv(n, 64)
+    block_m = 8 if m <= 8 else 16 if m <= 16 else 32
+    if resident is None:
+        resident = RESIDENT_32 if block_m == 32 and tune["resident"] else tune["resident"]
+    k_per = split_k_tiles(tiles, k // 128, sms, programs or tune["programs"], resident) * 128
+    split = triton.cdiv(k, k_per)
+    dist = prefetch_distance(GEMV_L2_PREFETCH if prefetch is None else prefetch, stages, tiles * split, k_per // 128)
+    return tiles, block_m, k_per, split, dist
+
+
 def gemv_wgmma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, bn_blk: int, bk_blk: int, sms: int,
                ng: int | None = None, stages: int | None = None, programs: int | None = None,
                safe: bool | None = None, pdl: bool | None = None, tma: bool | None = None,
@@ -461,14 +476,9 @@ def gemv_wgmma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, b
     from deepinfer_nvidia.kernels.triton_fp8_gemv import _counters
 
     m, (n, k) = x.shape[0], q.shape
-    tune = WGMMA_GEMV_TUNE
     xp = x if x.stride(1) == 1 and x.stride(0) % 2 == 0 else x.contiguous()  # the kernel gathers permute_x's order
-    tiles = triton.cdiv(n, 64)
-    block_m = 8 if m <= 8 else 16 if m <= 16 else 32
-    if resident is None:
-        resident = RESIDENT_32 if block_m == 32 and tune["resident"] else tune["resident"]
-    k_per = split_k_tiles(tiles, k // 128, sms, programs or tune["programs"], resident) * 128
-    split = triton.cdiv(k, k_per)
+    stages = stages or WGMMA_GEMV_TUNE["stages"]
+    tiles, block_m, k_per, split, prefetch = launch_plan(m, n, k, sms, stages, programs, resident, prefetch)
     if safe is None:
         safe = not scales_allow_fast(s)
     pdl = bool(pdl_launch()) if pdl is None else pdl  # the step's shared switch (SM90+, DEEPINFER_NV_PDL)
@@ -477,9 +487,6 @@ def gemv_wgmma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, b
     q8 = q.view(torch.uint8)
     desc = weight_desc(q8) if tma and tma_fits(q8) else None
     swizzle = (GEMV_SWIZZLE if swizzle is None else swizzle) and desc is None
-    stages = stages or tune["stages"]
-    prefetch = prefetch_distance(GEMV_L2_PREFETCH if prefetch is None else prefetch, stages, tiles * split,
-                                 k_per // 128)
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     part = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else y
     cnt = _counters(x.device, tiles) if split > 1 else part

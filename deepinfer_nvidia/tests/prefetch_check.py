@@ -32,14 +32,6 @@ def _ints(s: str) -> list[int]:
     return [int(v) for v in s.split(",") if v]
 
 
-def _launch_distance(gg, sms: int, n: int, k: int, want: int) -> int:
-    """The distance ``gemv_wgmma`` launches with for ``want`` at one to 16 rows (its split and L2 budget)."""
-    tune = gg.WGMMA_GEMV_TUNE
-    per = gg.split_k_tiles(n // 64, k // 128, sms, tune["programs"], tune["resident"])
-    split = -(-(k // 128) // per)
-    return gg.prefetch_distance(want, tune["stages"], n // 64 * split, per)
-
-
 def check_gemv(dists: list[int], rows: list[int]) -> bool:
     from deepinfer_core.kernels.ops.quant import quant_fp8_block
     from deepinfer_nvidia.kernels import gluon_fp8_gemv as gg
@@ -73,7 +65,7 @@ def check_gemv(dists: list[int], rows: list[int]) -> bool:
             for pf in dists:
                 same = bool(torch.equal(gemv(i, q, s, pf), base))
                 ok &= same
-                eff = _launch_distance(gg, sms, n, k, pf)
+                eff = gg.launch_plan(m, n, k, sms, gg.WGMMA_GEMV_TUNE["stages"], prefetch=pf)[4]
                 print(f"gemv {name:16s} [{n}x{k * groups}] M={m} prefetch {pf} (launch {eff}): bit-equal {same}",
                       flush=True)
 

@@ -44,6 +44,15 @@ def test_prefetch_distance(want, stages, programs, k_tiles, expect):
         assert programs * (got - stages + 1) * 8192 <= gg.GEMV_L2_BUDGET
 
 
+def test_launch_plan_carries_the_distance():
+    """``launch_plan``: V4.1's wq_b + indexer wq_b at one row on 132 SMs is 576 tiles, one split of 10 K tiles; the
+    distance asked for is kept (576 x 4 x 8 KB fits the budget) and 0 asks for none."""
+    assert gg.launch_plan(1, 36864, 1280, 132, 3, prefetch=6) == (576, 8, 1280, 1, 6)
+    assert gg.launch_plan(1, 36864, 1280, 132, 3, prefetch=0)[4] == 0
+    tiles, _, k_per, split, dist = gg.launch_plan(1, 5120, 8192, 132, 3, prefetch=8)
+    assert split * k_per >= 8192 and dist == gg.prefetch_distance(8, 3, tiles * split, k_per // 128)
+
+
 if missing_tools(gg) or not gp._GLUON:
     pytestmark = pytest.mark.skip(reason=missing_tools(gg) or "no Gluon")
 
