@@ -35,7 +35,7 @@ class GroupedOutput:
     """The grouped output projection ``wo_a``: o [T, G*Kg] (head group g in columns g*Kg ..) -> [T, G*Ng].
 
     FP8 weights whose block rows align with the groups go through ``gemm.fp8_block_grouped`` in their
-    checkpoint layout: one kernel for all groups instead of G GEMMs and a concatenation (on the H200 each
+    checkpoint layout: one kernel for all groups instead of G GEMMs and a concatenation (on the measured GPU each
     of those is a launch of its own inside a decode graph). Otherwise one Linear per group, concatenated."""
 
     def __init__(self, wo_a: Linear, groups: int, kernels: dict, device):

@@ -26,7 +26,7 @@ from deepinfer_models.layers.static_index import write_rows
 # A kv source's KV half (its SWA row, the compressor, the index keys) as a ``stream.side`` branch beside the query
 # half's norm and ``wq_b`` GEMV, joined before the first cache read (the indexer, the attention). On by default
 # (``DEEPINFER_BRANCH_KV_WRITE=0`` runs it in order): predicted -20 to -30 us a V4.1 batch-1 step (thirty-third pass);
-# measured on an H100 -10 to -20 us pipelined (2.49 -> 2.47, 2.48 -> 2.47 ms), with tiny V4 / V4.1 greedy logits
+# measured -10 to -20 us pipelined (2.49 -> 2.47, 2.48 -> 2.47 ms), with tiny V4 / V4.1 greedy logits
 # bit-equal on and off (docs/performance.md, thirty-fourth pass). ``tests/models/test_side_branch_order.py`` runs
 # it with the branch deferred to its join.
 BRANCH_KV_WRITE = os.environ.get("DEEPINFER_BRANCH_KV_WRITE", "1") == "1"

@@ -15,7 +15,7 @@ from deepinfer_core.kernels.ops.quant import dequant_fp8_block, dequant_mxfp4
 
 # Projections that read one input run as one product over their weights stacked by rows (``LinearGroup``): wq_a
 # with wkv, wq_b with the indexer's wq_b (V4's CSA layers, V4.1's index layers), V4.1's ratio-2 compressors' wkv
-# with wgate, and the shared expert's w1 with w3. On by default since the thirty-third pass: on the H200 it took
+# with wgate, and the shared expert's w1 with w3. On by default since the thirty-third pass: on the measured device it took
 # 70-100 us off a V4.1 batch-1 step (2.48 / 2.56 -> 2.41 / 2.46 ms in two alternations), kept batch 64 even or
 # faster and the V4 batch-32 step even (docs/performance.md). ``DEEPINFER_MERGE_PROJECTIONS=0`` runs them apart
 # (read at import, looked up when a layer is built).

@@ -33,7 +33,7 @@ def sparse_attention_sink(q: torch.Tensor, kv_a: torch.Tensor, idx_a: torch.Tens
     # In fp64 whatever the input dtype: the number of gathered slots N depends on the
     # batch, and BLAS reduction orders depend on N (seen on MKL and on cuBLAS); in fp64
     # those differences vanish when the result is rounded back (fp32 accumulation was
-    # not enough for bf16 inputs on the H200).
+    # not enough for bf16 inputs on the GPU).
     k = torch.cat(keys, dim=1).double()  # [T, N, D]
     ok = torch.cat(valid, dim=1)  # [T, N]
     logits = torch.einsum("thd,tnd->thn", q.double(), k) * scale
