@@ -67,16 +67,20 @@ def mxfp8_quant_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.reshape(m, k), code.to(torch.uint8)
 
 
+def _ue8m0(code: torch.Tensor) -> torch.Tensor:
+    """UE8M0 bytes -> float64 2^(code - 127), code 0 as 0.0 (the kernel's ``_pow2``)."""
+    c = code.view(torch.uint8).double()
+    return torch.where(c == 0, 0.0, torch.exp2(c - 127))
+
+
 def w8a8_reference(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, bn_blk: int, bk_blk: int) -> torch.Tensor:
     """The pure-torch model of ``gemv_w8a8``: y [M, N] fp32 = dequant(mxfp8(x)) @ dequant(q [N, K] e4m3, s)^T, s the
     UE8M0 bytes [ceil(N / bn_blk), ceil(K / bk_blk)], in float64 (the kernel's own sum differs by fp32 rounding)."""
     xq, code = mxfp8_quant_reference(x)
-    xd = xq.double() * torch.ldexp(torch.ones_like(code, dtype=torch.float64), code.double() - 127).repeat_interleave(
-        32, dim=1)
+    xd = xq.double() * _ue8m0(code).repeat_interleave(32, dim=1)
     n, k = q.shape
-    sw = torch.ldexp(torch.ones_like(s, dtype=torch.float64), s.view(torch.uint8).double() - 127)
-    wd = q.view(torch.float8_e4m3fn).double() * sw.repeat_interleave(bn_blk, 0)[:n].repeat_interleave(bk_blk, 1)[:, :k]
-    return (xd @ wd.t()).float()
+    sw = _ue8m0(s).repeat_interleave(bn_blk, 0)[:n].repeat_interleave(bk_blk, 1)[:, :k]
+    return (xd @ (q.view(torch.float8_e4m3fn).double() * sw).t()).float()
 
 
 def available() -> bool:
@@ -86,8 +90,9 @@ def available() -> bool:
 if _GLUON:
     @gluon.jit
     def _pow2(code):
-        """UE8M0 code (int32, 0..254) -> fp32 2^(code - 127) (code 0: the subnormal 2^-127)."""
-        return gl.where(code == 0, 0x00400000, code << 23).to(gl.float32, bitcast=True)
+        """UE8M0 code (int32, 0..254) -> fp32 2^(code - 127), with code 0 taken as 0.0 (2^-127 is subnormal in fp32;
+        no finite bf16 block or checkpoint weight block gets it but an all-zero one, whose products are zero)."""
+        return (code << 23).to(gl.float32, bitcast=True)
 
     @gluon.jit
     def _quantise(xf):
@@ -95,7 +100,7 @@ if _GLUON:
         bits = gl.max(gl.abs(xf), axis=2).to(gl.int32, bitcast=True)
         c = ((bits >> 23) & 0xFF) - 135 + ((bits & 0x7FFFFF) > 0x600000).to(gl.int32)
         code = gl.minimum(gl.maximum(c + 127, 0), 254)
-        inv = _pow2(254 - code)  # 2^(127 - code): exact, and never past fp32's range
+        inv = _pow2(254 - code)  # 2^(127 - code): exact (finite bf16 gives code <= 247)
         return (xf * gl.expand_dims(inv, 2)).to(gl.float8e4nv), code
 
     @gluon.jit
