@@ -49,7 +49,11 @@ if _GLUON:
 
 # Off by default: the bf16-activation GEMV is the reference's numerics (see the module docstring).
 ENABLED = os.environ.get("DEEPINFER_NV_MXFP8_ACT", "0") == "1"
-STAGES = 4  # weight ring depth: 8 KB a stage (4 blocks of [64, 32]); the activation tiles live in registers
+STAGES = 4  # weight ring depth: 8 KB a stage (4 blocks of [64, 32])
+# Quantise x tile i + 1 inside the K loop (two shared slots) instead of all of a program's tiles before it
+# (``DEEPINFER_NV_W8A8_XLOOP=1``): the up-front form waits on one x load per tile in turn, as every tile's store is
+# followed by a barrier; the in-loop form pays ~80 more instructions and 2 more barriers a tile.
+XLOOP = os.environ.get("DEEPINFER_NV_W8A8_XLOOP", "0") == "1"
 
 
 def mxfp8_quant_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,21 +100,28 @@ if _GLUON:
 
     @gluon.jit
     def _quantise(xf):
-        """x [BLOCK_M, 4, 32] fp32 -> (e4m3 [BLOCK_M, 4, 32], UE8M0 codes [BLOCK_M, 4] int32), per 32 columns."""
-        bits = gl.max(gl.abs(xf), axis=2).to(gl.int32, bitcast=True)
+        """x blocks [R, 32] fp32 (one 32-column block of one row each) -> (e4m3 [R, 32], UE8M0 codes [R] int32)."""
+        bits = gl.max(gl.abs(xf), axis=1).to(gl.int32, bitcast=True)
         c = ((bits >> 23) & 0xFF) - 135 + ((bits & 0x7FFFFF) > 0x600000).to(gl.int32)
         code = gl.minimum(gl.maximum(c + 127, 0), 254)
         inv = _pow2(254 - code)  # 2^(127 - code): exact (finite bf16 gives code <= 247)
-        return (xf * gl.expand_dims(inv, 2)).to(gl.float8e4nv), code
+        return (xf * gl.expand_dims(inv, 1)).to(gl.float8e4nv), code
 
     @gluon.jit
-    def _words(codes_s, KT: gl.constexpr, BLOCK_M: gl.constexpr):
-        """The UE8M0 code bytes [KT, BLOCK_M, 4] viewed as int32 words [KT, BLOCK_M] (row m of tile t: its 4 blocks'
-        codes, block b in byte b; ``_reinterpret`` in Triton 3.6)."""
+    def _code_rows(codes_s, KT: gl.constexpr, BLOCK_M: gl.constexpr):
+        """The code bytes [KT, 4 * BLOCK_M] (tile t, block b, row m at t, b * BLOCK_M + m) viewed as [4 * KT, BLOCK_M]:
+        row 4t + b holds block b's codes of tile t (``_reinterpret`` in Triton 3.6)."""
         if _REINTERPRET_PUBLIC:
-            return codes_s.reinterpret(gl.int32, [KT, BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+            return codes_s.reinterpret(gl.int8, [4 * KT, BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         else:
-            return codes_s._reinterpret(gl.int32, [KT, BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+            return codes_s._reinterpret(gl.int8, [4 * KT, BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+
+    @gluon.jit
+    def _factor(sc, codes_row, SHIFT: gl.constexpr, ACC: gl.constexpr):
+        """[64, BLOCK_M] fp32 weight scale * activation scale of one 32-column block: ``sc`` [64] int32 (the block's
+        UE8M0 byte at SHIFT), ``codes_row`` the block's [BLOCK_M] activation codes in shared memory."""
+        sx = _pow2(codes_row.load(gl.SliceLayout(0, ACC)).to(gl.int32) & 0xFF)
+        return gl.expand_dims(_pow2((sc >> SHIFT) & 0xFF), 1) * gl.expand_dims(sx, 0)
 
     @gluon.jit
     def _issue_w(ring_w, w_ptrs, wmask, j, stage, n_k):
@@ -132,7 +143,8 @@ if _GLUON:
     @gluon.jit
     def _w8a8_gemv_kernel(x_ptr, q_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, stride_x, s_cols, NG, k_per_split,
                           BN_BLK: gl.constexpr, BK_BLK: gl.constexpr, SPLIT: gl.constexpr, BLOCK_M: gl.constexpr,
-                          STAGES: gl.constexpr, KT: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr):
+                          STAGES: gl.constexpr, KT: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr,
+                          XLOOP: gl.constexpr = 0):
         """Program (row tile of 64 weight rows, K split of at most KT tiles of 128 columns):
         ``y[m, n] = sum_k mxfp8(x)[m, k] * q[n, k] * s``. x [M, K] bf16; q [N, K] e4m3; s UE8M0 bytes
         [ceil(N / BN_BLK), s_cols] (s_cols % 4 == 0 when BK_BLK is 32); y [M, N] bf16; part [SPLIT, M, N] fp32 and cnt
@@ -140,15 +152,17 @@ if _GLUON:
         The program first quantises its whole x range into shared memory (KT tiles of [4 * BLOCK_M, 32] e4m3: block b
         of a tile is rows BLOCK_M b.., one ``wgmma`` B operand each), then streams its weights through a ``cp.async``
         ring of [256, 32] e4m3 slots (block b: rows 64b..64b+63, one A operand each). PDL: the first weight tiles
-        are requested before the wait; x and every store after it."""
+        are requested before the wait; x and every store after it. XLOOP: instead of all KT tiles up front, x tile
+        i + 1 is quantised into one of two slots while tile i's ``wgmma`` run (x tile i + 2 loaded meanwhile)."""
         gl.static_assert(num_warps == 4)
-        TK: gl.constexpr = 32 // BLOCK_M  # threads along a 32-column block of one x row
-        LX: gl.constexpr = gl.BlockedLayout([1, 1, 32 // TK], [BLOCK_M, 1, TK], [1, num_warps, 1], [2, 1, 0])
+        # x blocks [4 * BLOCK_M, 32] of a K tile (row b * BLOCK_M + m: columns 32b..32b+31 of x row m), BLOCK_M
+        # elements a thread: the block's amax is a shuffle among 32 / BLOCK_M lanes
+        LX: gl.constexpr = gl.BlockedLayout([1, BLOCK_M], [BLOCK_M, 32 // BLOCK_M], [num_warps, 1], [1, 0])
         LW: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [num_warps, 1], [1, 0])
         ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, BLOCK_M, 32])
         S32: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=8, rank=2)
-        CODES: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        CODES: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
         pid_n = gl.program_id(0)
         pid_k = gl.program_id(1)
         n0 = pid_n * 64
@@ -161,8 +175,9 @@ if _GLUON:
                   + gl.expand_dims(cw, 0))
         wmask = gl.expand_dims(n0 + rw % 64 < N, 1)
         ring_w = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, 256, 32], S32)
-        xq_s = gl.allocate_shared_memory(gl.float8e4nv, [KT, 4 * BLOCK_M, 32], S32)
-        codes_s = gl.allocate_shared_memory(gl.int8, [KT, BLOCK_M, 4], CODES)
+        NX: gl.constexpr = 2 if XLOOP else KT  # x tiles held in shared memory
+        xq_s = gl.allocate_shared_memory(gl.float8e4nv, [NX, 4 * BLOCK_M, 32], S32)
+        codes_s = gl.allocate_shared_memory(gl.int8, [NX, 4 * BLOCK_M], CODES)
         for jp in gl.static_range(STAGES - 1):  # weights: never written by a kernel, so before any wait
             _issue_w(ring_w, w_ptrs, wmask, jp, jp, n_k)
         # weight scales of the accumulator's rows
@@ -172,21 +187,24 @@ if _GLUON:
         sc = _scale_word(s_ptr, s_row, smask, k_lo, BK_BLK)
         if PDL:
             _grid_dependency(True)
-        # x [BLOCK_M, 4, 32] a tile (grouped weights: this row tile's group of x columns), all KT tiles quantised
-        xm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, gl.SliceLayout(2, LX)))
-        xb = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, LX)))
-        xc = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, LX)))
-        x_ptrs = (x_ptr + gl.expand_dims(gl.expand_dims(xm.to(gl.int64) * stride_x, 1), 2)
-                  + (n0 // NG).to(gl.int64) * K + k_lo + gl.expand_dims(gl.expand_dims(xb * 32, 0), 2)
-                  + gl.expand_dims(gl.expand_dims(xc, 0), 1))
-        xmask = gl.expand_dims(gl.expand_dims(xm < M, 1), 2)
-        for t in gl.static_range(KT):
-            xv = gl.load(x_ptrs + t * 128, mask=xmask & (t < n_k), other=0.0).to(gl.float32)
-            xq, code = _quantise(xv)
-            # [BLOCK_M, 4, 32] -> [4 * BLOCK_M, 32]: block b's rows at BLOCK_M b
-            xq_s.index(t).store(gl.reshape(gl.permute(xq, (1, 0, 2)), [4 * BLOCK_M, 32]))
-            codes_s.index(t).store(code.to(gl.int8))
-        codes_w = _words(codes_s, KT, BLOCK_M)
+        # x blocks of a tile (grouped weights: this row tile's group of x columns), all KT tiles quantised
+        xr = gl.arange(0, 4 * BLOCK_M, layout=gl.SliceLayout(1, LX))
+        xc = gl.arange(0, 32, layout=gl.SliceLayout(0, LX))
+        x_ptrs = (x_ptr + gl.expand_dims((xr % BLOCK_M).to(gl.int64) * stride_x + (xr // BLOCK_M) * 32, 1)
+                  + (n0 // NG).to(gl.int64) * K + k_lo + gl.expand_dims(xc, 0))
+        xmask = gl.expand_dims(xr % BLOCK_M < M, 1)
+        if XLOOP:
+            xq, code = _quantise(gl.load(x_ptrs, mask=xmask, other=0.0).to(gl.float32))
+            xq_s.index(0).store(xq)
+            codes_s.index(0).store(code.to(gl.int8))
+            xv = gl.load(x_ptrs + 128, mask=xmask & (1 < n_k), other=0.0)
+        else:
+            for t in gl.static_range(KT):
+                xv = gl.load(x_ptrs + t * 128, mask=xmask & (t < n_k), other=0.0).to(gl.float32)
+                xq, code = _quantise(xv)
+                xq_s.index(t).store(xq)
+                codes_s.index(t).store(code.to(gl.int8))
+        codes_r = _code_rows(codes_s, NX, BLOCK_M)
         total = gl.zeros([64, BLOCK_M], gl.float32, layout=ACC)
         zero = warpgroup_mma_init(gl.zeros([64, BLOCK_M], gl.float32, layout=ACC))
         for i in range(n_k):
@@ -196,7 +214,8 @@ if _GLUON:
             _cta_barrier()  # every thread's copies (and the x tiles) visible; tile i - 1's wgmma done everywhere
             _issue_w(ring_w, w_ptrs, wmask, i + STAGES - 1, (i + STAGES - 1) % STAGES, n_k)
             wt = ring_w.index(i % STAGES)
-            xt = xq_s.index(i)
+            xi = i % 2 if XLOOP else i  # tile i's x slot
+            xt = xq_s.index(xi)
             p0 = warpgroup_mma(wt.slice(0, 64), xt.slice(0, BLOCK_M).permute((1, 0)), zero, use_acc=False,
                                is_async=True)
             p1 = warpgroup_mma(wt.slice(64, 64), xt.slice(BLOCK_M, BLOCK_M).permute((1, 0)), zero, use_acc=False,
@@ -205,12 +224,16 @@ if _GLUON:
                                use_acc=False, is_async=True)
             p3 = warpgroup_mma(wt.slice(192, 64), xt.slice(3 * BLOCK_M, BLOCK_M).permute((1, 0)), zero,
                                use_acc=False, is_async=True)
-            cx = codes_w.index(i).load(gl.SliceLayout(0, ACC))
+            if XLOOP:  # tile i + 1 into the other slot (its last reader, tile i - 1's wgmma, is done everywhere)
+                xq, code = _quantise(xv.to(gl.float32))
+                xq_s.index(1 - xi).store(xq)
+                codes_s.index(1 - xi).store(code.to(gl.int8))
+                xv = gl.load(x_ptrs + (i + 2) * 128, mask=xmask & (i + 2 < n_k), other=0.0)
             p0, p1, p2, p3 = warpgroup_mma_wait(num_outstanding=0, deps=(p0, p1, p2, p3))
-            total += p0 * (gl.expand_dims(_pow2(sc & 0xFF), 1) * gl.expand_dims(_pow2(cx & 0xFF), 0))
-            total += p1 * (gl.expand_dims(_pow2((sc >> 8) & 0xFF), 1) * gl.expand_dims(_pow2((cx >> 8) & 0xFF), 0))
-            total += p2 * (gl.expand_dims(_pow2((sc >> 16) & 0xFF), 1) * gl.expand_dims(_pow2((cx >> 16) & 0xFF), 0))
-            total += p3 * (gl.expand_dims(_pow2((sc >> 24) & 0xFF), 1) * gl.expand_dims(_pow2((cx >> 24) & 0xFF), 0))
+            total += p0 * _factor(sc, codes_r.index(4 * xi), 0, ACC)
+            total += p1 * _factor(sc, codes_r.index(4 * xi + 1), 8, ACC)
+            total += p2 * _factor(sc, codes_r.index(4 * xi + 2), 16, ACC)
+            total += p3 * _factor(sc, codes_r.index(4 * xi + 3), 24, ACC)
             sc = nsc
         async_copy.wait_group(0)
         if PDL:
@@ -257,9 +280,11 @@ def launch_plan(m: int, n: int, k: int, sms: int, programs: int | None = None) -
 
 
 def gemv_w8a8(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, bn_blk: int, bk_blk: int, sms: int,
-              ng: int | None = None, programs: int | None = None, pdl: bool | None = None) -> torch.Tensor:
+              ng: int | None = None, programs: int | None = None, pdl: bool | None = None,
+              xloop: bool | None = None, stages: int | None = None) -> torch.Tensor:
     """y [M, N] bf16 = mxfp8(x [M, K]) @ dequant(q [N, K] e4m3, s)^T for M <= 16 (``takes`` must hold); s the UE8M0
-    bytes [ceil(N / bn_blk), s_cols] (``s_cols % 4 == 0`` when bk_blk is 32: K % 128 == 0 gives it)."""
+    bytes [ceil(N / bn_blk), s_cols] (``s_cols % 4 == 0`` when bk_blk is 32: K % 128 == 0 gives it). Keywords: tuning
+    knobs (defaults ``XLOOP``, ``STAGES``)."""
     from deepinfer_nvidia.kernels.triton_fp8_gemv import _counters
 
     m, (n, k) = x.shape[0], q.shape
@@ -271,6 +296,7 @@ def gemv_w8a8(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, bn
     cnt = _counters(x.device, tiles) if split > 1 else part
     _w8a8_gemv_kernel[(tiles, split)](xc, q.view(torch.float8_e4m3fn), s.view(torch.uint8), y, part, cnt, m, n, k,
                                       xc.stride(0), s_cols, ng or n, k_per, BN_BLK=bn_blk, BK_BLK=bk_blk, SPLIT=split,
-                                      BLOCK_M=block_m, STAGES=STAGES, KT=k_per // 128, PDL=int(pdl), num_warps=4,
+                                      BLOCK_M=block_m, STAGES=stages or STAGES, KT=k_per // 128, PDL=int(pdl), num_warps=4,
+                                      XLOOP=int(XLOOP if xloop is None else xloop),
                                       **({"launch_pdl": True} if pdl else {}))
     return y

@@ -26,6 +26,13 @@ def _operands(t, n, k, block, seed, wide=False):
     return x.bfloat16(), q, s
 
 
+def _close(out, ref):
+    """Within 1% (and 0.5% of the largest output): the tensor core sums each 32-column block's FP8 products with
+    fewer bits than fp32 (~2^-14 of the block's largest product), so an output that cancels to near zero may be
+    off by that much of the others' scale."""
+    close(out, ref.bfloat16(), 5e-3 * ref.abs().max().item() + 1e-3, 1e-2)
+
+
 def _run(x, q, s, block, **kw):
     from deepinfer_nvidia.kernels import gluon_w8a8_gemv as gw
 
@@ -38,7 +45,8 @@ def _run(x, q, s, block, **kw):
 @pytest.mark.parametrize("n,k", [(1792, 5120), (36864, 1280), (512, 5120), (5120, 8192), (64, 128), (4608, 5120),
                                  (5120, 2304)])
 @pytest.mark.parametrize("block", [(32, 32), (128, 128)])
-@pytest.mark.parametrize("knobs", [{}, {"programs": 64}, {"programs": 1, "pdl": True}])
+@pytest.mark.parametrize("knobs", [{}, {"programs": 64, "xloop": True}, {"programs": 1, "pdl": True},
+                                   {"xloop": True, "stages": 3, "pdl": True}])
 def test_w8a8_gemv(t, n, k, block, knobs):
     from deepinfer_nvidia.kernels.gluon_w8a8_gemv import w8a8_reference
 
@@ -48,7 +56,7 @@ def test_w8a8_gemv(t, n, k, block, knobs):
     ref = w8a8_reference(x, q, s, *block)
     poison()
     out = _run(x, q, s, block, **knobs)
-    close(out, ref.bfloat16(), 1e-2, 1e-2)
+    _close(out, ref)
     assert torch.equal(out, _run(x, q, s, block, **knobs))  # deterministic
 
 
@@ -60,9 +68,10 @@ def test_w8a8_gemv_wide_activations(t, block):
     x, q, s = _operands(t, 1280, 5120, block, 11 + t, wide=True)
     ref = w8a8_reference(x, q, s, *block)
     poison()
-    out = _run(x, q, s, block)
-    close(out, ref.bfloat16(), 1e-2, 1e-2)
-    assert not out[t // 2].any()  # the zero row
+    for xloop in (False, True):
+        out = _run(x, q, s, block, xloop=xloop)
+        _close(out, ref)
+        assert not out[t // 2].any()  # the zero row
 
 
 @pytest.mark.parametrize("t", [1, 8])
@@ -80,7 +89,7 @@ def test_w8a8_gemv_grouped_through_registry_and_graph_replay(t, monkeypatch):
                                     32, 32) for i in range(groups)], dim=1)
     xc, qc, sc = x.cuda(), q.cuda(), s.cuda()
     out = tg.gemm_fp8_block_grouped(xc, qc, sc, (32, 32), groups)
-    close(out, ref.bfloat16(), 1e-2, 1e-2)
+    _close(out, ref)
     # a split-K shape in a CUDA graph: the arrival counters must be back at zero after each replay
     xb = torch.randn(t, 5120, generator=g).bfloat16().cuda()
     qb, sb = (v.cuda() for v in quant_fp8_block(torch.randn(1792, 5120, generator=g) / 72, (32, 32), "ue8m0"))
@@ -95,4 +104,4 @@ def test_w8a8_gemv_grouped_through_registry_and_graph_replay(t, monkeypatch):
         xb.copy_(torch.randn(t, 5120, generator=g).bfloat16())
         graph.replay()
         torch.cuda.synchronize()
-        close(yb, w8a8_reference(xb.cpu(), qb.cpu(), sb.cpu(), 32, 32).bfloat16(), 1e-2, 1e-2)
+        _close(yb, w8a8_reference(xb.cpu(), qb.cpu(), sb.cpu(), 32, 32))
