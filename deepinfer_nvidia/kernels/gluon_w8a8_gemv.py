@@ -2,10 +2,11 @@
 on e4m3 weights and e4m3 activations, both read by the tensor core straight from shared memory.
 
 Why (docs/performance.md, thirty-fifth pass). The bf16 swap-AB GEMV (``gluon_fp8_gemv``) decodes every weight
-byte into its ``wgmma`` A fragment: ~293 SASS instructions a warp per 8 KB tile, and the thirty-fourth pass showed
-that chain, not bytes in flight, is its limit. Here no thread touches a weight byte: the ``cp.async`` ring lands
-each [64 rows, 32] e4m3 block in the layout the tensor core reads, and one ``m64nNk32`` FP8 ``wgmma`` per block
-multiplies it by the activations.
+byte into its ``wgmma`` A fragment: ~293 SASS instructions a warp per 8 KB tile. Here no thread touches a weight
+byte: the ``cp.async`` ring lands each [64 rows, 32] e4m3 block in the layout the tensor core reads, and one
+``m64nNk32`` FP8 ``wgmma`` per block multiplies it by the activations (~150 instructions a warp a tile at 8 rows).
+Measured slower all the same (H100: one V4.1 layer's GEMVs at one row 88.8 -> 95.3-98.5 us, the batch-1 step
+2.47 -> 2.52 ms): at one row both kernels are bound by their launches' ramps and drains, not their instructions.
 
 Numerics (the quant spec's, not the bf16 reference's): V4.1's FP8 linears are MXFP8 on both sides in vLLM's
 quant spec (``weight=kMxfp8Static, activation=kMxfp8Dynamic``; MODEL_SPEC 3.11) and vLLM runs them so on SM100;

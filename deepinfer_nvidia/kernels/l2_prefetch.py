@@ -14,8 +14,9 @@ unit's ``prefetch.global.L2`` of the 128-byte line holding the address instead (
 
 Measured (H100, thirty-fourth pass, ``prefetch_check``; outputs bit-equal): bulk requests of 64 bytes a thread made
 one V4.1 layer's GEMVs at one row 88.6 -> 105.4 us and the swap experts at one token 65.8 -> 99.5 us; lines (the
-default form when a knob is on) 88.6 -> 95.8 and 65.5 -> 70.5. Both kernels are limited by their per-tile chain,
-not by bytes in flight, so the knobs (``gluon_fp8_gemv.GEMV_L2_PREFETCH``, ``gluon_swap_pair.PAIR_L2_PREFETCH``)
+default form when a knob is on) 88.6 -> 95.8 and 65.5 -> 70.5. Not bytes in flight: at one row the GEMVs are
+bound by their launches (a kernel that only adds up the same bytes with the same grid is 13% faster;
+docs/performance.md, thirty-fifth pass), so the knobs (``gluon_fp8_gemv.GEMV_L2_PREFETCH``, ``gluon_swap_pair.PAIR_L2_PREFETCH``)
 are off by default (docs/performance.md, thirty-fourth pass).
 """
 from __future__ import annotations
