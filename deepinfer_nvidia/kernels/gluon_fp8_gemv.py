@@ -377,14 +377,21 @@ if _GLUON:
         if PDL == 1:
             _grid_dependency(False)  # the next kernel's prologue may overlap this epilogue
         rn = n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, ACC))
+        store_split(acc, rn, pid_n, pid_k, y_ptr, part_ptr, cnt_ptr, M, N, BLOCK_M, SPLIT, ACC)
+
+    @gluon.jit
+    def store_split(acc, rn, pid_n, pid_k, y_ptr, part_ptr, cnt_ptr, M, N, BLOCK_M: gl.constexpr, SPLIT: gl.constexpr,
+                    ACC: gl.constexpr):
+        """The swap-AB GEMVs' epilogue: ``acc`` [64, BLOCK_M] fp32 (weight rows ``rn``, activation rows 0..) into
+        y [M, N] bf16, or with SPLIT > 1 into part [SPLIT, M, N] fp32, after which the last program of the row tile
+        ``pid_n`` to arrive (``cnt_ptr``) sums all partials in split order and resets the counter (the next launch,
+        or graph replay, starts at zero). Shared with ``gluon_w8a8_gemv``."""
         rm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ACC))
         offs = gl.expand_dims(rm.to(gl.int64) * N, 0) + gl.expand_dims(rn, 1)
         omask = gl.expand_dims(rm < M, 0) & gl.expand_dims(rn < N, 1)
         if SPLIT == 1:
             gl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=omask)
         else:
-            # partial, then the last program of this row tile to arrive sums all partials in split order and
-            # resets the counter (the next launch, or graph replay, starts at zero)
             gl.store(part_ptr + pid_k.to(gl.int64) * M * N + offs, acc, mask=omask)
             _cta_barrier()
             if gl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel") == SPLIT - 1:

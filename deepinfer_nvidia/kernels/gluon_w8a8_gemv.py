@@ -239,22 +239,7 @@ if _GLUON:
         async_copy.wait_group(0)
         if PDL:
             _grid_dependency(False)  # the next kernel's prologue may overlap this epilogue
-        rm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ACC))
-        offs = gl.expand_dims(rm.to(gl.int64) * N, 0) + gl.expand_dims(rn, 1)
-        omask = gl.expand_dims(rm < M, 0) & gl.expand_dims(rn < N, 1)
-        if SPLIT == 1:
-            gl.store(y_ptr + offs, total.to(y_ptr.dtype.element_ty), mask=omask)
-        else:
-            # partial, then the last program of this row tile to arrive sums all partials in split order and
-            # resets the counter (the next launch, or graph replay, starts at zero)
-            gl.store(part_ptr + pid_k.to(gl.int64) * M * N + offs, total, mask=omask)
-            _cta_barrier()
-            if gl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel") == SPLIT - 1:
-                acc = gl.zeros([64, BLOCK_M], gl.float32, layout=ACC)
-                for sk in range(SPLIT):
-                    acc += gl.load(part_ptr + sk * M * N + offs, mask=omask, other=0.0, cache_modifier=".cg")
-                gl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=omask)
-                gl.atomic_xchg(cnt_ptr + pid_n, 0)
+        _gemv.store_split(total, rn, pid_n, pid_k, y_ptr, part_ptr, cnt_ptr, M, N, BLOCK_M, SPLIT, ACC)
 
 
 def takes(x: torch.Tensor, q: torch.Tensor, bn_blk: int, bk_blk: int, e8: bool, ng: int | None = None) -> bool:
