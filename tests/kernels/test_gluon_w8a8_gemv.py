@@ -114,3 +114,21 @@ def test_loop_is_four_fp8_wgmma_and_no_decode(block_m, blk, split, kt, pdl):
     assert any(o.startswith("F2FP.SATFINITE.E4M3") for o in every), "no saturating e4m3 conversion"
     if block_m == 8:
         assert len(r["loop"]) < 200, len(r["loop"])
+
+
+def test_programmatic_dependent_launch_orders_the_prologue():
+    """With PDL the kernel requests its first weight tiles (16-byte copies) and their scales (never written by a
+    kernel) before ``griddepcontrol.wait`` (ACQBULK), and loads x (the 16-byte LDG) and stores only after it; it lets
+    the next kernel launch (PREEXIT) after its K loop. Without PDL neither instruction is emitted."""
+    if missing_tools(gw):
+        pytest.skip(missing_tools(gw))
+    consts = {"BN_BLK": 32, "BK_BLK": 32, "SPLIT": 4, "BLOCK_M": 8, "STAGES": gw.STAGES, "KT": 5, "num_warps": 4}
+    div16 = frozenset({"N", "K", "stride_x", "k_per_split", "NG"})
+    every = opcodes(count(gw._w8a8_gemv_kernel, SIG, {**consts, "PDL": 1}, warps=4, div16=div16)["sass"])
+    wait = every.index("ACQBULK")
+    assert any(o.startswith("LDGSTS") for o in every[:wait]), "no weight copy before the wait"
+    assert not any(o.startswith(("LDG.E.128", "STG", "RED", "ATOM")) for o in every[:wait]), every[:wait]
+    assert any(o.startswith("LDG.E.128") for o in every[wait:]), "x not loaded after the wait"
+    assert "PREEXIT" in every[wait:]
+    plain = opcodes(count(gw._w8a8_gemv_kernel, SIG, {**consts, "PDL": 0}, warps=4, div16=div16)["sass"])
+    assert "ACQBULK" not in plain and "PREEXIT" not in plain
