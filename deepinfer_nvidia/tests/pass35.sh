@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Thirty-fifth pass's device stages: OUT=dir bash pass35.sh STAGES (comma-separated; at most ~9 minutes a call).
 #   base   the H200 reading of the defaults since the thirty-fourth pass (side stream and kv branch on): the V4.1 rows
-#          at batch 1 and 64 twice, the compiled batch-1 step, and a batch-1 profile (graphed, PDL on).
+#          at batch 1 and 64 twice, the compiled batch-1 step, and a batch-1 profile (graphed, PDL on). BASE_QUICK=1:
+#          the rows only (BASE_REPS times, default 2).
 #   w8a8   the MXFP8-activation FP8 wgmma GEMV (``gluon_w8a8_gemv``, DEEPINFER_NV_MXFP8_ACT=1): its conformance file,
 #          ``w8a8_check`` (errors against its model and against the bf16 reference, determinism, one V4.1 layer's
 #          GEMVs timed against the bf16 kernel), then the V4.1 batch-1 rows: bf16, MXFP8 with x quantised up front and
@@ -15,8 +16,10 @@ OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # stamp, has, quiet, v41_row; exports; HERE
 if has base; then
   stamp base
-  for rep in 1 2; do v41_row "defaults" "${BASE_DECODES:-1,64}"; done | tee -a "$OUT/base_rows.txt"
-  v41_row "compiled" 1 DEEPINFER_NV_COMPILE=1 | tee -a "$OUT/base_rows.txt"
+  for rep in $(seq "${BASE_REPS:-2}"); do v41_row "defaults" "${BASE_DECODES:-1,64}"; done | tee -a "$OUT/base_rows.txt"
+  [ "${BASE_QUICK:-0}" = 1 ] || v41_row "compiled" 1 DEEPINFER_NV_COMPILE=1 | tee -a "$OUT/base_rows.txt"
+fi
+if has base && [ "${BASE_QUICK:-0}" != 1 ]; then
   stamp prof
   timeout 150 python3 benchmarks/sweep.py --arch v41 --out "$OUT/prof" --providers triton --decode 1 --prefill "" \
     --skip-hf --graphs --profile-decode 1 2>&1 | quiet | grep -E "launches|pipelined|Error" | head -8

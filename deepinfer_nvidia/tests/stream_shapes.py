@@ -9,7 +9,8 @@ on an H100 whatever their instruction count (thirty-fourth and thirty-fifth pass
 whether the access shape itself is the limit. A Gluon kernel with the GEMVs' ring (16-byte ``cp.async``,
 ``STAGES`` slots, one commit group a tile) reads each program's [R, C]-byte tiles along K and sums them (so every
 byte is used), for R x C = 8 KB and 16 KB, over one V4.1 layer's GEMV shapes with the bf16 GEMV's program count, in
-one CUDA graph over L2-defeating copies. Prints TB/s per shape and the copy bandwidth (``torch`` copy) beside it.
+one CUDA graph over L2-defeating copies. Prints TB/s per shape and the copy bandwidth (``torch`` copy) beside it;
+then the same six launches with half and twice the programs, and the layer's bytes read by one launch.
 """
 from __future__ import annotations
 
@@ -104,6 +105,30 @@ def main() -> None:
         us = graph_us(run, warmup=5, rep=40) / copies
         print(f"tile [{r:2d} rows, {c:4d} B] stages {stages} warps {warps}: layer {us:6.1f} us, {mb / us:4.2f} TB/s "
               f"(programs {sum(t * s for t, s, _ in plans)})", flush=True)
+    # the launches' share: the same six launches with half and twice the programs, then the layer's bytes as one
+    # launch (one [rows, 8192]-byte matrix) at the same total program count and at a quarter of it
+    for scale in (0.5, 2.0):
+        plans = [_plan(n, k, 64, 128, max(1, int(p * scale))) for (n, k), p in zip(SHAPES, programs)]
+
+        def scaled():
+            for copy in ring:
+                for w, (n, k), (tiles, split, per) in zip(copy, SHAPES, plans):
+                    _stream_kernel[(tiles, split)](w, out, n, k, per, R=64, C=128, STAGES=3, num_warps=4)
+
+        us = graph_us(scaled, warmup=5, rep=40) / copies
+        print(f"six launches, x{scale} programs ({sum(t * s for t, s, _ in plans)}): layer {us:6.1f} us, "
+              f"{mb / us:4.2f} TB/s", flush=True)
+    flat = [torch.cat([w.view(-1) for w in copy])[: int(mb * 1e6) // 8192 * 8192].view(-1, 8192) for copy in ring]
+    rows = flat[0].shape[0]
+    for total in (sum(programs), sum(programs) // 4, sms * 4):
+        tiles, split, per = _plan(rows, 8192, 64, 128, total)
+
+        def one():
+            for f in flat:
+                _stream_kernel[(tiles, split)](f, out, rows, 8192, per, R=64, C=128, STAGES=3, num_warps=4)
+
+        us = graph_us(one, warmup=5, rep=40) / copies
+        print(f"one launch, {tiles * split} programs: layer {us:6.1f} us, {mb / us:4.2f} TB/s", flush=True)
 
 
 if __name__ == "__main__":
