@@ -28,12 +28,23 @@ LAYER = [("wq_a+wkv", 1792, 5120, 1), ("wq_b+idx", 36864, 1280, 1), ("wo_a (8 gr
          ("wo_b", 5120, 8192, 1), ("shared w13", 4608, 5120, 1), ("shared w2", 5120, 2304, 1)]
 
 
+def layer_weights(g: torch.Generator) -> list[tuple]:
+    """One V4.1 layer's FP8 GEMV weights on the CPU: (name, N, K, groups, q [N, K] e4m3, s UE8M0 [N/32, K/32]),
+    random rows of norm ~1 quantised with [32, 32] blocks."""
+    from deepinfer_core.kernels.ops.quant import quant_fp8_block
+
+    out = []
+    for name, n, k, groups in LAYER:
+        q, s = quant_fp8_block(torch.randn(n, k, generator=g) / k ** 0.5, (32, 32), "ue8m0")
+        out.append((name, n, k, groups, q, s))
+    return out
+
+
 def _ints(s: str) -> list[int]:
     return [int(v) for v in s.split(",") if v]
 
 
 def check_gemv(dists: list[int], rows: list[int]) -> bool:
-    from deepinfer_core.kernels.ops.quant import quant_fp8_block
     from deepinfer_nvidia.kernels import gluon_fp8_gemv as gg
     from deepinfer_nvidia.kernels import triton_gemm as tg
     from deepinfer_nvidia.kernels.triton_norm import rms as nv_rms
@@ -41,10 +52,8 @@ def check_gemv(dists: list[int], rows: list[int]) -> bool:
     dev = torch.device("cuda")
     sms = tg._sm_count(dev)
     g = torch.Generator().manual_seed(0)
-    weights = []
-    for name, n, k, groups in LAYER:
-        q, s = quant_fp8_block(torch.randn(n, k, generator=g) / k ** 0.5, (32, 32), "ue8m0")
-        weights.append((name, n, k, groups, q.cuda(), s.view(torch.uint8).contiguous().cuda()))
+    weights = [(name, n, k, groups, q.cuda(), s.view(torch.uint8).contiguous().cuda())
+               for name, n, k, groups, q, s in layer_weights(g)]
     layer_mb = sum(q.numel() + s.numel() for *_, q, s in weights) / 1e6
     copies = max(2, -(-300 // int(layer_mb)))  # > 300 MB of weights a replay: nothing stays in L2 (50 MB)
     ring = [[(q.clone(), s.clone()) for *_, q, s in weights] for _ in range(copies)]

@@ -18,12 +18,11 @@ import sys
 import torch
 
 from deepinfer_nvidia.tests.graph_timing import graph_us
-from deepinfer_nvidia.tests.prefetch_check import LAYER, _ints
+from deepinfer_nvidia.tests.prefetch_check import _ints, layer_weights
 
 
 def main() -> None:
     from deepinfer_core.kernels.ops.gemm import fp8_block
-    from deepinfer_core.kernels.ops.quant import quant_fp8_block
     from deepinfer_nvidia.kernels import gluon_fp8_gemv as gg, gluon_w8a8_gemv as gw, triton_gemm as tg
 
     ap = argparse.ArgumentParser()
@@ -33,10 +32,7 @@ def main() -> None:
     dev = torch.device("cuda")
     sms = tg._sm_count(dev)
     g = torch.Generator().manual_seed(0)
-    weights = []
-    for name, n, k, groups in LAYER:
-        q, s = quant_fp8_block(torch.randn(n, k, generator=g) / k ** 0.5, (32, 32), "ue8m0")
-        weights.append((name, n, k, groups, q, s))
+    weights = layer_weights(g)
     layer_mb = sum(q.numel() + s.numel() for *_, q, s in weights) / 1e6
     copies = max(2, -(-300 // int(layer_mb)))  # > 300 MB of weights a replay: nothing stays in L2
     ring = [[(q.cuda(), s.view(torch.uint8).contiguous().cuda()) for *_, q, s in weights] for _ in range(copies)]
