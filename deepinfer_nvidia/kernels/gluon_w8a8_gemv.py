@@ -275,12 +275,15 @@ def gemv_w8a8(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, bn
 
     m, (n, k) = x.shape[0], q.shape
     xc = x if x.stride(1) == 1 else x.contiguous()
+    s8 = s.view(torch.uint8)
+    if bk_blk == 32 and s8.data_ptr() % 4:  # the kernel reads a tile's 4 scale bytes as one int32 word
+        s8 = s8.clone()
     tiles, block_m, k_per, split = launch_plan(m, n, k, sms, programs)
     pdl = bool(pdl_launch()) if pdl is None else pdl
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     part = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else y
     cnt = _counters(x.device, tiles) if split > 1 else part
-    _w8a8_gemv_kernel[(tiles, split)](xc, q.view(torch.float8_e4m3fn), s.view(torch.uint8), y, part, cnt, m, n, k,
+    _w8a8_gemv_kernel[(tiles, split)](xc, q.view(torch.float8_e4m3fn), s8, y, part, cnt, m, n, k,
                                       xc.stride(0), s_cols, ng or n, k_per, BN_BLK=bn_blk, BK_BLK=bk_blk, SPLIT=split,
                                       BLOCK_M=block_m, STAGES=stages or STAGES, KT=k_per // 128, PDL=int(pdl), num_warps=4,
                                       XLOOP=int(XLOOP if xloop is None else xloop),
