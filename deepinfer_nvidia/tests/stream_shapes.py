@@ -10,7 +10,8 @@ whether the access shape itself is the limit. A Gluon kernel with the GEMVs' rin
 ``STAGES`` slots, one commit group a tile) reads each program's [R, C]-byte tiles along K and sums them (so every
 byte is used), for R x C = 8 KB and 16 KB, over one V4.1 layer's GEMV shapes with the bf16 GEMV's program count, in
 one CUDA graph over L2-defeating copies. Prints TB/s per shape and the copy bandwidth (``torch`` copy) beside it;
-then the same six launches with half and twice the programs, and the layer's bytes read by one launch.
+then the same six launches under programmatic dependent launch (as the GEMVs run), with half and twice the
+programs, and the layer's bytes read by one launch.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch
 import triton
 
 from deepinfer_nvidia.kernels import gluon_moe_swap as _swap
+from deepinfer_nvidia.kernels.triton_pdl import gluon_grid_dependency
 from deepinfer_nvidia.tests.graph_timing import graph_us
 
 from triton.experimental import gluon
@@ -34,8 +36,10 @@ SHAPES = [(1792, 5120), (36864, 1280), (8192, 4096), (5120, 8192), (4608, 5120),
 
 @gluon.jit
 def _stream_kernel(q_ptr, out_ptr, N, K, k_per_split, R: gl.constexpr, C: gl.constexpr, STAGES: gl.constexpr,
-                   num_warps: gl.constexpr):
-    """Program (row tile of R rows, K split): sum of its [R, k_per_split] bytes, streamed in [R, C] tiles."""
+                   num_warps: gl.constexpr, PDL: gl.constexpr = 0):
+    """Program (row tile of R rows, K split): sum of its [R, k_per_split] bytes, streamed in [R, C] tiles. PDL (launched
+    with programmatic dependent launch): the first tiles are requested before waiting for the previous kernel, as the
+    GEMVs do, and the next kernel is released after the loop."""
     TPR: gl.constexpr = C // 16  # threads a row (16 bytes each)
     L: gl.constexpr = gl.BlockedLayout([1, 16], [32 // TPR if TPR < 32 else 1, TPR if TPR < 32 else 32],
                                        [num_warps, 1], [1, 0])
@@ -52,6 +56,8 @@ def _stream_kernel(q_ptr, out_ptr, N, K, k_per_split, R: gl.constexpr, C: gl.con
     for jp in gl.static_range(STAGES - 1):
         _cp_async(ring.index(jp), ptrs + jp * C, mask=mask & (jp < n_k))
         async_copy.commit_group()
+    if PDL:
+        gluon_grid_dependency(True)
     # consume as int32 words (one add a 4 bytes): the shared view of the ring as [STAGES, R, C / 4] int32
     LW: gl.constexpr = gl.BlockedLayout([1, 4], [32 // TPR if TPR < 32 else 1, TPR if TPR < 32 else 32],
                                         [num_warps, 1], [1, 0])
@@ -68,6 +74,8 @@ def _stream_kernel(q_ptr, out_ptr, N, K, k_per_split, R: gl.constexpr, C: gl.con
         async_copy.commit_group()
         acc += words.index(i % STAGES).load(LW)
     async_copy.wait_group(0)
+    if PDL:
+        gluon_grid_dependency(False)
     gl.atomic_add(out_ptr + pid_n, gl.sum(gl.sum(acc, axis=1), axis=0))
 
 
@@ -107,6 +115,16 @@ def main() -> None:
               f"(programs {sum(t * s for t, s, _ in plans)})", flush=True)
     # the launches' share: the same six launches with half and twice the programs, then the layer's bytes as one
     # launch (one [rows, 8192]-byte matrix) at the same total program count and at a quarter of it
+    plans = [_plan(n, k, 64, 128, p) for (n, k), p in zip(SHAPES, programs)]
+
+    def with_pdl():
+        for copy in ring:
+            for w, (n, k), (tiles, split, per) in zip(copy, SHAPES, plans):
+                _stream_kernel[(tiles, split)](w, out, n, k, per, R=64, C=128, STAGES=3, num_warps=4, PDL=1,
+                                               launch_pdl=True)
+
+    us = graph_us(with_pdl, warmup=5, rep=40) / copies
+    print(f"six launches under PDL (first tiles before the wait): layer {us:6.1f} us, {mb / us:4.2f} TB/s", flush=True)
     for scale in (0.5, 2.0):
         plans = [_plan(n, k, 64, 128, max(1, int(p * scale))) for (n, k), p in zip(SHAPES, programs)]
 
