@@ -26,12 +26,11 @@ import torch
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from deepinfer_core.kernels.ops.moe import clamped_swiglu
-from deepinfer_core.kernels.ops.quant import fp8_scale_to_float, ue8m0_to_float
+from deepinfer_core.kernels.ops.quant import fp8_scale_to_float, quant_rows_pow2, ue8m0_to_float
 from deepinfer_nvidia.kernels._common import on_cuda
 from deepinfer_nvidia.kernels.vendors import arch_of, importable
 
 GROUP = 128  # activation quantisation group (columns) and the weight block DeepGEMM's FP8 GEMM takes
-E4M3_MAX = 448.0
 # Pairs (tokens x top-k) a routed expert must average, as a fraction of DeepGEMM's row alignment, before the
 # grouped FP4 GEMM is taken: every expert's rows are padded to that alignment (128), so at decode sizes most
 # of the tensor-core work would be padding; below this the Triton kernels run.
@@ -46,14 +45,12 @@ def _sm100(t: torch.Tensor) -> bool:
 
 def quantize_rows(x: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] (K a multiple of ``group``) -> (e4m3 [M, K], fp32 scales [M, K/group]) with power-of-two scales:
-    ``scale = 2^ceil(log2(amax / 448))`` per row and group (1 for an all-zero group), ``q = e4m3(x / scale)``."""
+    ``scale = 2^ceil(log2(amax / 448))`` per row and group (``quant.quant_rows_pow2``; 1 for an all-zero group),
+    ``q = e4m3(x / scale)``."""
     m, k = x.shape
-    xg = x.float().view(m, k // group, group)
-    amax = xg.abs().amax(dim=-1).clamp(min=torch.finfo(torch.float32).tiny)
-    scale = torch.exp2(torch.ceil(torch.log2(amax / E4M3_MAX)))
-    scale = torch.where(xg.abs().amax(dim=-1) > 0, scale, torch.ones_like(scale))
-    q = (xg / scale[..., None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).view(m, k)
-    return q, scale
+    q, code = quant_rows_pow2(x, group)
+    zero = q.view(m, k // group, group).float().abs().amax(dim=-1) == 0
+    return q, torch.where(zero, 1.0, ue8m0_to_float(code))
 
 
 def dequantize_rows(q: torch.Tensor, scale: torch.Tensor, group: int = GROUP) -> torch.Tensor:

@@ -28,6 +28,7 @@ import os
 import torch
 import triton
 
+from deepinfer_core.kernels.ops.quant import quant_rows_pow2
 from deepinfer_nvidia.kernels import gluon_fp8_gemv as _gemv, gluon_moe_swap as _swap
 from deepinfer_nvidia.kernels.triton_pdl import gluon_grid_dependency, pdl_launch
 
@@ -58,18 +59,9 @@ XLOOP = os.environ.get("DEEPINFER_NV_W8A8_XLOOP", "0") == "1"
 
 
 def mxfp8_quant_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] (K a multiple of 32; any float dtype) -> (e4m3 [M, K], UE8M0 codes uint8 [M, K / 32]): per row and
-    32 columns ``code = clamp(ceil(log2(amax / 448)) + 127, 0, 254)``, values ``RNE(x / 2^(code - 127))``.
-    ceil(log2(amax / 448)) is exact: with amax = m * 2^e (1 <= m < 2) it is e - 8, plus 1 when m > 1.75."""
-    m, k = x.shape
-    xf = x.float().reshape(m, k // 32, 32)
-    bits = xf.abs().amax(-1).view(torch.int32)
-    e = ((bits >> 23) & 0xFF) - 127
-    c = e - 8 + ((bits & 0x7FFFFF) > 0x600000).to(torch.int32)
-    code = torch.clamp(c + 127, 0, 254)
-    scale = torch.ldexp(torch.ones_like(xf[..., 0]), (code - 127).float())
-    q = (xf / scale.unsqueeze(-1)).to(torch.float8_e4m3fn)
-    return q.reshape(m, k), code.to(torch.uint8)
+    """x [M, K] -> (e4m3 [M, K], UE8M0 codes uint8 [M, K / 32]): the kernel's activation quantisation, core's
+    ``quant_rows_pow2`` at 32 columns (the code computed exactly from amax's bits, as the kernel does)."""
+    return quant_rows_pow2(x, 32)
 
 
 def _ue8m0(code: torch.Tensor) -> torch.Tensor:

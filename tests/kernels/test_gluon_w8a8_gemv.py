@@ -1,8 +1,7 @@
 """The MXFP8-activation FP8 GEMV (``deepinfer_nvidia.kernels.gluon_w8a8_gemv``, opt-in), checked without a GPU:
 
-- ``mxfp8_quant_reference``: the UE8M0 code is vLLM's ``clamp(ceil(log2(amax / 448)) + 127, 0, 254)`` (here from
-  amax's bits, exact at the powers of two and at 448 * 2^c), every value fits e4m3, the round trip is within half an
-  e4m3 step of each block's scale, zero blocks give code 0 and zeros;
+- the activation quantisation is core's ``quant_rows_pow2`` at 32 columns (its code formula and round trip are
+  tested in ``tests/kernels/test_quant_gemm.py``);
 - ``w8a8_reference`` against a direct float64 computation, and its distance from the bf16 reference;
 - ``launch_plan``: splits cover K, no program holds more than ``KT_MAX`` tiles of x;
 - the machine code (sm_90a, Triton's own ptxas): the K loop is 4 FP8 ``wgmma`` (``QGMMA.64xNx32.F32.E4M3.E4M3``) and
@@ -12,48 +11,10 @@
 """
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 gw = pytest.importorskip("deepinfer_nvidia.kernels.gluon_w8a8_gemv")
-
-
-def _vllm_codes(amax: torch.Tensor) -> torch.Tensor:
-    """The code formula of the quant spec, in float64 (MODEL_SPEC 3.11)."""
-    out = []
-    for a in amax.double().tolist():
-        c = math.ceil(math.log2(a / 448.0)) if a > 0 else -1000
-        out.append(min(max(c + 127, 0), 254))
-    return torch.tensor(out, dtype=torch.uint8)
-
-
-def test_codes_match_the_spec_formula():
-    g = torch.Generator().manual_seed(0)
-    amax = torch.cat([torch.rand(2000, generator=g) * torch.exp2(torch.randint(-60, 60, (2000,), generator=g).float()),
-                      448.0 * torch.exp2(torch.arange(-20, 20).float()),  # amax / 448 a power of two
-                      torch.exp2(torch.arange(-20, 20).float()),
-                      torch.tensor([0.0, 1e-45, 3e38])])
-    x = torch.zeros(amax.numel(), 32)
-    x[:, 5] = -amax  # the block's amax, negative
-    x[:, 9] = amax * 0.3
-    q, code = gw.mxfp8_quant_reference(x)
-    assert torch.equal(code[:, 0], _vllm_codes(amax))
-    assert q.float().abs().max() <= 448
-
-
-def test_round_trip_within_half_a_step():
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(16, 512, generator=g) * torch.exp2(torch.linspace(-30, 30, 512))
-    x[3, 64:96] = 0
-    q, code = gw.mxfp8_quant_reference(x.bfloat16())
-    scale = torch.ldexp(torch.ones(16, 16), code.float() - 127).repeat_interleave(32, 1)
-    back = q.float() * scale
-    xb = x.bfloat16().float()
-    # e4m3 keeps 3 mantissa bits: half a step is 2^-4 of the value (normals), 2^-10 of the scale (subnormals)
-    assert ((back - xb).abs() <= torch.maximum(xb.abs() * 2 ** -4, scale * 2 ** -10)).all()
-    assert code[3, 2] == 0 and not back[3, 64:96].any()
 
 
 def test_reference_is_the_dequantised_product():

@@ -15,6 +15,7 @@ from deepinfer_core.kernels.ops.quant import (
     float_to_ue8m0,
     quant_fp8_block,
     quant_mxfp4,
+    quant_rows_pow2,
     ue8m0_to_float,
 )
 from deepinfer_core.kernels.registry import KernelRegistry
@@ -294,3 +295,42 @@ def test_dense_wide_is_dense_of_x_cast_to_the_weights_dtype():
         gemm.dense_wide(torch.randn(3, 500), w)
     with pytest.raises(TypeError, match="gemm.dense_wide"):
         gemm.dense_wide(torch.randn(3, 512), torch.ones(4, 512, dtype=torch.int32))
+
+
+# -- FP8 activation rows with power-of-two scales (MXFP8 at 32 columns) ---------------------------------
+def _vllm_codes(amax: torch.Tensor) -> torch.Tensor:
+    """The code formula of the quant spec, in float64 (MODEL_SPEC 3.11)."""
+    out = []
+    for a in amax.double().tolist():
+        c = math.ceil(math.log2(a / 448.0)) if a > 0 else -1000
+        out.append(min(max(c + 127, 0), 254))
+    return torch.tensor(out, dtype=torch.uint8)
+
+
+@pytest.mark.parametrize("group", [32, 128])
+def test_rows_pow2_codes_match_the_spec_formula(group):
+    g = torch.Generator().manual_seed(0)
+    amax = torch.cat([torch.rand(2000, generator=g) * torch.exp2(torch.randint(-60, 60, (2000,), generator=g).float()),
+                      448.0 * torch.exp2(torch.arange(-20, 20).float()),  # amax / 448 a power of two
+                      torch.exp2(torch.arange(-20, 20).float()),
+                      torch.tensor([0.0, 1e-45, 3e38])])
+    x = torch.zeros(amax.numel(), group)
+    x[:, 5] = -amax  # the block's amax, negative
+    x[:, 9] = amax * 0.3
+    q, code = quant_rows_pow2(x, group)
+    assert torch.equal(code[:, 0], _vllm_codes(amax))
+    assert q.float().abs().max() <= 448
+
+
+@pytest.mark.parametrize("group", [32, 128])
+def test_rows_pow2_round_trip_within_half_a_step(group):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(16, 512, generator=g) * torch.exp2(torch.linspace(-30, 30, 512))
+    x[3, 2 * group:3 * group] = 0
+    q, code = quant_rows_pow2(x.bfloat16(), group)
+    scale = torch.ldexp(torch.ones(16, 512 // group), code.float() - 127).repeat_interleave(group, 1)
+    back = q.float() * scale
+    xb = x.bfloat16().float()
+    # e4m3 keeps 3 mantissa bits: half a step is 2^-4 of the value (normals), 2^-10 of the scale (subnormals)
+    assert ((back - xb).abs() <= torch.maximum(xb.abs() * 2 ** -4, scale * 2 ** -10)).all()
+    assert code[3, 2] == 0 and not back[3, 2 * group:3 * group].any()

@@ -86,6 +86,23 @@ def _ceil_pow2_exponent(x: torch.Tensor) -> torch.Tensor:
     return torch.where(mantissa == 0.5, e - 1, e)
 
 
+# -- FP8 activation rows (power-of-two scales) -----------------------------------------
+def quant_rows_pow2(x: torch.Tensor, group: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] (K a multiple of ``group``; any float dtype) -> (e4m3 [M, K], UE8M0 codes uint8 [M, K / group]): per
+    row and group ``code = clamp(ceil(log2(amax / 448)) + 127, 0, 254)`` (MXFP8 at group 32, the quant spec's dynamic
+    activations), values ``RNE(x / 2^(code - 127))``, so ``|x| / scale <= 448`` and nothing saturates. The ceiling is
+    exact, from amax's bits rather than a rounded division: with amax = m * 2^e (1 <= m < 2) it is e - 8, plus 1 when
+    m > 1.75 (448 = 1.75 * 2^8). An all-zero group gets code 0 and zeros."""
+    m, k = x.shape
+    xf = x.float().reshape(m, k // group, group)
+    bits = xf.abs().amax(-1).view(torch.int32)
+    c = ((bits >> 23) & 0xFF) - 135 + ((bits & 0x7FFFFF) > 0x600000).to(torch.int32)
+    code = torch.clamp(c + 127, 0, 254)
+    scale = torch.ldexp(torch.ones_like(xf[..., 0]), (code - 127).float())
+    q = (xf / scale.unsqueeze(-1)).to(torch.float8_e4m3fn)
+    return q.reshape(m, k), code.to(torch.uint8)
+
+
 # -- FP8 block -------------------------------------------------------------------
 def _check_block(block) -> tuple[int, int]:
     if not (isinstance(block, (tuple, list)) and len(block) == 2
