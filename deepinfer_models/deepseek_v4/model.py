@@ -146,7 +146,7 @@ class DeepseekV4ForCausalLM(DeepseekCausalLMBase):
         for i, layer in enumerate(self.layers):
             residual, h, _pre, post, comb = k["mhc.expand_pre_norm"](
                 residual, layer["attn"](h, ctx), post, comb, *layer["hc"]["ffn"], layer["ffn_norm"], *hc_args)
-            y = layer["ffn"](h, input_ids)
+            y = layer["ffn"].parts(h, input_ids)  # (routed, shared): mhc.expand sums them
             if i + 1 < len(self.layers):
                 nxt = self.layers[i + 1]
                 residual, h, _pre, post, comb = k["mhc.expand_pre_norm"](

@@ -2,11 +2,19 @@
 layers), routed experts with clamped SwiGLU, plus the shared expert."""
 from __future__ import annotations
 
+import os
+
 import torch
 
 from deepinfer_models.deepseek_v4.config import DeepseekV4Config
 from deepinfer_models.layers import linear as _linear
 from deepinfer_models.layers.linear import LinearGroup
+
+
+# ``MoEV4.parts`` hands the routed and shared outputs to ``mhc.expand`` unsummed, which adds them in fp32 in its own
+# launch: one small kernel (and its dependency) fewer a layer. ``DEEPINFER_MOE_SUM_IN_EXPAND=0``: the sum as its own
+# op, rounded to the activation dtype (the A/B baseline of docs/performance.md, thirty-sixth pass).
+SUM_IN_EXPAND = os.environ.get("DEEPINFER_MOE_SUM_IN_EXPAND", "1") == "1"
 
 
 def is_routed_expert(name: str) -> bool:
@@ -43,7 +51,18 @@ class MoEV4:
         self.s13 = LinearGroup([s1, s3], _linear.MERGE_PROJECTIONS if merge_projections is None else merge_projections)
 
     def __call__(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-        """x [T, D] (normed FFN input), input_ids [T] (hash routing) -> [T, D]."""
+        """x [T, D] (normed FFN input), input_ids [T] (hash routing) -> [T, D]: the routed and shared experts' sum."""
+        routed, shared = self._routed_shared(x, input_ids)
+        return routed + shared
+
+    def parts(self, x: torch.Tensor, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor:
+        """x [T, D], input_ids [T] -> ``(routed, shared)``, each [T, D] in x.dtype, unsummed: ``mhc.expand`` takes
+        them as the sublayer output's parts and adds them in fp32 in its own launch, so the sum launches nothing
+        (one small kernel and its dependency a layer at batch 1). With ``SUM_IN_EXPAND`` off: their sum [T, D]."""
+        routed, shared = self._routed_shared(x, input_ids)
+        return (routed, shared) if SUM_IN_EXPAND else routed + shared
+
+    def _routed_shared(self, x: torch.Tensor, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.cfg
         # the shared expert reads only x: a branch beside the routed path (a second stream where the platform
         # has one; in order elsewhere), joined before the sum
@@ -59,7 +78,7 @@ class MoEV4:
             routed = self.k["moe.experts_fp8"](x, weights, ids, *self.experts, self.block, cfg.swiglu_limit)
         else:
             routed = self.k["moe.experts_mxfp4"](x, weights, ids, *self.experts, cfg.swiglu_limit)
-        return routed + shared.join()
+        return routed, shared.join()
 
     def _shared(self, x: torch.Tensor) -> torch.Tensor:
         """The shared expert: x [T, D] -> [T, D] (gate and up as one product where merged)."""

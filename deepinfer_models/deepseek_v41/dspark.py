@@ -287,7 +287,7 @@ class DSparkDrafter:
         stack = [HCLayer(
             hc_attn=layer["hc"]["attn"], hc_ffn=layer["hc"]["ffn"], attn_norm=layer["attn_norm"],
             ffn_norm=layer["ffn_norm"], attn=lambda h, a=layer["attn"]: a(h, bctx, None, share),
-            ffn=lambda h, f=layer["ffn"]: f(h, ids),
+            ffn=lambda h, f=layer["ffn"]: f.parts(h, ids),
         ) for layer in self.layers]
         x = self.embed[ids]
         residual = x.unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()

@@ -23,7 +23,7 @@ class HCLayer:
 
     ``hc_attn`` / ``hc_ffn``: ``(fn, base, scale)``; ``attn_norm`` / ``ffn_norm``: the sublayers' input RMSNorm
     weights [D] (the driver applies them, fused with the mix); ``attn`` / ``ffn``: normed input [T, D] -> sublayer
-    output [T, D]; ``inject``: optional ``R [T, n, D] -> R`` (Engram) run before the attention mix.
+    output [T, D], or a tuple of [T, D] parts that ``mhc.expand`` sums (the MoE's routed and shared outputs); ``inject``: optional ``R [T, n, D] -> R`` (Engram) run before the attention mix.
     """
 
     hc_attn: tuple
@@ -31,7 +31,7 @@ class HCLayer:
     attn_norm: torch.Tensor
     ffn_norm: torch.Tensor
     attn: Callable[[torch.Tensor], torch.Tensor]
-    ffn: Callable[[torch.Tensor], torch.Tensor]
+    ffn: Callable[[torch.Tensor], torch.Tensor | tuple]
     inject: Callable[[torch.Tensor], torch.Tensor] | None = None
 
 

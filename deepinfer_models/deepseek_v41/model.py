@@ -154,7 +154,7 @@ class DeepseekV41ForCausalLM(DeepseekCausalLMBase):
             ids = kept_ids if plan is not None and i >= c else input_ids
             stack.append(HCLayer(
                 hc_attn=layer["hc"]["attn"], hc_ffn=layer["hc"]["ffn"], attn_norm=layer["attn_norm"],
-                ffn_norm=layer["ffn_norm"], attn=attn_fn, ffn=lambda h, f=ffn, ids=ids: f(h, ids), inject=inject,
+                ffn_norm=layer["ffn_norm"], attn=attn_fn, ffn=lambda h, f=ffn, ids=ids: f.parts(h, ids), inject=inject,
             ))
 
         def keep(h: torch.Tensor) -> torch.Tensor:

@@ -340,9 +340,10 @@ def _collapse_kernel(r_ptr, pre_ptr, out_ptr, n, D, NP: tl.constexpr, BLOCK_D: t
 
 
 @triton.jit
-def _expand_kernel(r_ptr, y_ptr, post_ptr, comb_ptr, out_ptr, n, D, NP: tl.constexpr, BLOCK_D: tl.constexpr,
-                   PDL: tl.constexpr = 0):
-    """out[t, j, d] = post[t, j] * y[t, d] + sum_i comb[t, i, j] * R[t, i, d] (fp32)."""
+def _expand_kernel(r_ptr, y_ptr, y2_ptr, post_ptr, comb_ptr, out_ptr, n, D, NP: tl.constexpr, BLOCK_D: tl.constexpr,
+                   TWO_PARTS: tl.constexpr = False, PDL: tl.constexpr = 0):
+    """out[t, j, d] = post[t, j] * y[t, d] + sum_i comb[t, i, j] * R[t, i, d] (fp32). ``TWO_PARTS``: y is
+    y[t, d] + y2[t, d], added in fp32 (the MoE's routed and shared outputs)."""
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     rd = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -352,6 +353,8 @@ def _expand_kernel(r_ptr, y_ptr, post_ptr, comb_ptr, out_ptr, n, D, NP: tl.const
     r = tl.load(r_ptr + t * n * D + i[:, None] * D + rd[None, :], mask=im[:, None] & dm[None, :],
                 other=0.0).to(tl.float32)
     y = tl.load(y_ptr + t * D + rd, mask=dm, other=0.0).to(tl.float32)
+    if TWO_PARTS:
+        y += tl.load(y2_ptr + t * D + rd, mask=dm, other=0.0).to(tl.float32)
     post = tl.load(post_ptr + t * n + i, mask=im, other=0.0).to(tl.float32)
     c = tl.load(comb_ptr + t * n * n + i[:, None] * n + i[None, :], mask=im[:, None] & im[None, :],
                 other=0.0).to(tl.float32)  # [i, j]
@@ -389,26 +392,40 @@ def collapse(residual: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _parts(y) -> tuple:
+    """``mhc.expand``'s y as a tuple of parts (one tensor: one part)."""
+    return (y,) if isinstance(y, torch.Tensor) else tuple(y)
+
+
 def supports_expand(residual, y, post, comb) -> bool:
-    return (on_cuda(residual, y, post, comb) and _small_floats(residual, y, post, comb) and residual.dim() == 3
-            and residual.shape[1] <= 16)
+    """CUDA floats, residual [T, n <= 16, D]; y one tensor or two parts (more parts: the reference)."""
+    parts = _parts(y)
+    return (1 <= len(parts) <= 2 and all(isinstance(p, torch.Tensor) for p in parts)
+            and on_cuda(residual, *parts, post, comb) and _small_floats(residual, *parts, post, comb)
+            and residual.dim() == 3 and residual.shape[1] <= 16)
 
 
-def expand(residual: torch.Tensor, y: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
-    """``mhc.expand``: residual [T, n, D], y [T, D], post [T, n], comb [T, n, n] -> [T, n, D] in residual.dtype."""
+def expand(residual: torch.Tensor, y, post: torch.Tensor, comb: torch.Tensor, force_kernel: bool = False
+           ) -> torch.Tensor:
+    """``mhc.expand``: residual [T, n, D], y [T, D] (or a tuple of two [T, D] parts, summed in fp32 in the kernel),
+    post [T, n], comb [T, n, n] -> [T, n, D] in residual.dtype. ``force_kernel``: CPU tensors in Triton's
+    interpreter (tests only)."""
     from deepinfer_core.kernels.ops.mhc import mhc_expand
 
-    if not supports_expand(residual, y, post, comb):
-        return hand_off("mhc.expand", f"operands {residual.dtype}/{y.dtype} on {residual.device} not covered",
-                        mhc_expand, residual, y, post, comb)
+    if not (supports_expand(residual, y, post, comb) or force_kernel and 1 <= len(_parts(y)) <= 2):
+        return hand_off("mhc.expand", f"operands {residual.dtype}/{[getattr(p, 'dtype', p) for p in _parts(y)]} on "
+                        f"{residual.device} not covered", mhc_expand, residual, y, post, comb)
+    parts = _parts(y)
     t, n, d = residual.shape
-    if tuple(y.shape) != (t, d) or tuple(post.shape) != (t, n) or tuple(comb.shape) != (t, n, n):
+    if any(tuple(p.shape) != (t, d) for p in parts) or tuple(post.shape) != (t, n) or tuple(comb.shape) != (t, n, n):
         raise ValueError(f"mhc.expand: for residual {tuple(residual.shape)} expected y [{t}, {d}], post [{t}, {n}], "
-                         f"comb [{t}, {n}, {n}]; got {tuple(y.shape)}, {tuple(post.shape)}, {tuple(comb.shape)}")
+                         f"comb [{t}, {n}, {n}]; got {[tuple(p.shape) for p in parts]}, {tuple(post.shape)}, "
+                         f"{tuple(comb.shape)}")
     out = torch.empty(t, n, d, dtype=residual.dtype, device=residual.device)
     if t and d:
         bd = min(512, next_pow2(d))
-        _expand_kernel[(t, triton.cdiv(d, bd))](residual.contiguous(), y.contiguous(), post.contiguous(),
+        y1 = parts[0].contiguous()
+        _expand_kernel[(t, triton.cdiv(d, bd))](residual.contiguous(), y1, parts[-1].contiguous(), post.contiguous(),
                                                 comb.contiguous(), out, n, d, NP=max(2, next_pow2(n)), BLOCK_D=bd,
-                                                num_warps=4, **pdl_launch())
+                                                TWO_PARTS=len(parts) == 2, num_warps=4, **pdl_launch())
     return out

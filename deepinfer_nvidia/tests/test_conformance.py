@@ -256,6 +256,10 @@ def test_mhc_collapse_expand_model_width(reg, t, dtype):
     poison()
     close(reg.impl("mhc.expand", "triton")(r.cuda(), y.cuda(), post.cuda(), comb.cuda()),
           mhc_expand(r, y, post, comb), tol, tol)
+    y2 = torch.randn(t, d, generator=g).to(dtype)  # the MoE's shared output beside the routed one
+    poison()
+    close(reg.impl("mhc.expand", "triton")(r.cuda(), (y.cuda(), y2.cuda()), post.cuda(), comb.cuda()),
+          mhc_expand(r, (y, y2), post, comb), tol, tol)
 
 
 @pytest.mark.parametrize("t,n,prefill", [(1, 2048, False), (64, 1024, False), (300, 96, False), (1030, 300, True),

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from deepinfer_core.kernels.ops import attention, compress, indexer, mhc, moe, norm, rope
@@ -137,6 +138,19 @@ def test_mhc_mix_collapse_expand_textbook():
     for j in range(n):
         exp = post[0, j].double() * y[0] + sum(comb[0, i, j].double() * R[0, i] for i in range(n))
         torch.testing.assert_close(R2[0, j], exp)
+    # the sublayer output as parts (the MoE's routed and shared outputs): their sum, taken in the accumulation dtype
+    y2 = torch.randn(T, Dm, generator=g, dtype=D)
+    torch.testing.assert_close(mhc.mhc_expand(R, (y, y2), post, comb), mhc.mhc_expand(R, y + y2, post, comb))
+
+
+def test_mhc_expand_bad_parts():
+    R, post, comb = torch.randn(2, 4, 8), torch.rand(2, 4), torch.rand(2, 4, 4)
+    with pytest.raises(TypeError, match="non-empty tuple"):
+        mhc.mhc_expand(R, (), post, comb)
+    with pytest.raises(TypeError, match="non-empty tuple"):
+        mhc.mhc_expand(R, (torch.randn(2, 8), 1.0), post, comb)
+    with pytest.raises(ValueError, match="share one shape"):
+        mhc.mhc_expand(R, (torch.randn(2, 8), torch.randn(2, 4)), post, comb)
 
 
 def test_router_and_experts_textbook():

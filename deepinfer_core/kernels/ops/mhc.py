@@ -47,12 +47,32 @@ def mhc_collapse(residual: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     return (acc(pre).unsqueeze(-1) * acc(residual)).sum(dim=1).to(residual.dtype)
 
 
-def mhc_expand(residual: torch.Tensor, y: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+def sublayer_output(y: torch.Tensor | tuple | list) -> torch.Tensor:
+    """A sublayer's output ``y`` for ``mhc.expand`` in fp32: ``y [T, D]``, or the sum of its parts, each [T, D], added
+    in fp32 in the order given (the MoE hands over its routed and shared experts' outputs unsummed, so the sum costs
+    no launch of its own and is never rounded to the activation dtype)."""
+    if isinstance(y, torch.Tensor):
+        return acc(y)
+    if not isinstance(y, (tuple, list)) or not y or not all(isinstance(p, torch.Tensor) for p in y):
+        raise TypeError("mhc.expand: y must be a [T, D] tensor or a non-empty tuple of them, got "
+                        f"{type(y).__name__}" + (f" of {[type(p).__name__ for p in y]}" if isinstance(y, (tuple, list))
+                                                 else ""))
+    if any(p.shape != y[0].shape for p in y):
+        raise ValueError(f"mhc.expand: y's parts must share one shape, got {[tuple(p.shape) for p in y]}")
+    out = acc(y[0])
+    for p in y[1:]:
+        out = out + acc(p)
+    return out
+
+
+def mhc_expand(residual: torch.Tensor, y: torch.Tensor | tuple, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     """``R'[:, j] = post[:, j] * y + sum_i comb[:, i, j] * R[:, i]`` in fp32, stored in residual.dtype.
 
-    residual [T, n, D]; y [T, D]; post [T, n]; comb [T, n, n].
+    residual [T, n, D]; y [T, D] or a tuple of [T, D] parts summed in fp32 (``sublayer_output``); post [T, n];
+    comb [T, n, n].
     """
-    out = acc(post).unsqueeze(-1) * acc(y).unsqueeze(1) + torch.einsum("tij,tid->tjd", acc(comb), acc(residual))
+    out = acc(post).unsqueeze(-1) * sublayer_output(y).unsqueeze(1) + torch.einsum("tij,tid->tjd", acc(comb),
+                                                                                  acc(residual))
     return out.to(residual.dtype)
 
 
@@ -96,13 +116,13 @@ def compose_expand_pre_norm(k: dict):
     """``mhc.expand_pre_norm`` from its parts ``k`` (``EXPAND_PRE_NORM_PARTS``)."""
     expand, pre_norm = k["mhc.expand"], compose_pre_norm(k)
 
-    def expand_pre_norm(residual: torch.Tensor, y: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+    def expand_pre_norm(residual: torch.Tensor, y: torch.Tensor | tuple, post: torch.Tensor, comb: torch.Tensor,
                         fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_w: torch.Tensor,
                         norm_eps: float, hc_eps: float, sinkhorn_iters: int,
                         collapse_pre: torch.Tensor | None = None) -> tuple:
-        """A sublayer boundary: the previous sublayer's output ``y [T, D]`` into the streams with its ``post
-        [T, n]`` and ``comb [T, n, n]`` (``mhc.expand``), then ``mhc.pre_norm`` of the new streams with the next
-        sublayer's ``fn, base, scale, norm_w``. Returns ``(residual', h, pre, post', comb')``."""
+        """A sublayer boundary: the previous sublayer's output ``y [T, D]`` (or a tuple of its parts) into the
+        streams with its ``post [T, n]`` and ``comb [T, n, n]`` (``mhc.expand``), then ``mhc.pre_norm`` of the new
+        streams with the next sublayer's ``fn, base, scale, norm_w``. Returns ``(residual', h, pre, post', comb')``."""
         new = expand(residual, y, post, comb)
         return (new, *pre_norm(new, fn, base, scale, norm_w, norm_eps, hc_eps, sinkhorn_iters, collapse_pre))
 
@@ -136,9 +156,11 @@ def _gen_collapse(dtype, device, seed):
 
 
 def _gen_expand(dtype, device, seed):
+    """y as one tensor, and as two parts (the MoE's routed and shared outputs)."""
     g = torch.Generator().manual_seed(seed)
-    for t, n, d in [(1, 4, 8), (6, 4, 64)]:
-        yield (torch.randn(t, n, d, generator=g).to(dtype).to(device), torch.randn(t, d, generator=g).to(dtype).to(device),
+    for t, n, d, parts in [(1, 4, 8, 1), (6, 4, 64, 1), (1, 4, 8, 2), (5, 4, 96, 2)]:
+        ys = tuple(torch.randn(t, d, generator=g).to(dtype).to(device) for _ in range(parts))
+        yield (torch.randn(t, n, d, generator=g).to(dtype).to(device), ys[0] if parts == 1 else ys,
                torch.rand(t, n, generator=g).to(device), torch.rand(t, n, n, generator=g).to(device)), {}
 
 
@@ -164,6 +186,8 @@ def _gen_expand_pre_norm(dtype, device, seed):
     for (r, fn, base, scale, w, *rest), _ in _gen_pre_norm(dtype, device, seed):
         t, n, d = r.shape
         y = torch.randn(t, d, generator=g).to(dtype).to(device)
+        if t % 2:  # odd rows: y as two parts (the MoE's routed and shared outputs)
+            y = (y, torch.randn(t, d, generator=g).to(dtype).to(device))
         post = 2 * torch.rand(t, n, generator=g).to(device)
         comb = torch.rand(t, n, n, generator=g).to(device)
         yield (r, y, post, comb / comb.sum(-1, keepdim=True), fn, base, scale, w, *rest), {}
