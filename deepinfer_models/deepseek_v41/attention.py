@@ -96,7 +96,7 @@ class AttentionV41(SharedKVAttention):
             cmp_cache = ctx.caches[self.cmp_name]
             visible = ctx.meta(self.cmp_name).read_idx  # [T, N] entry slots in position order
             sel = share.topk[self.topk_from]  # positions, -1 padded
-            cmp_idx = k["index.entry_slots"](visible, sel)
+            cmp_idx = share.entry_slots(visible, sel, k["index.entry_slots"])  # once per (kv, index) source pair
         # rope(q), the attention, the inverse rope of the output: one fused op
         o = k["attention.sparse_sink_rope"](q, swa, swa_meta.read_idx, cmp_cache, cmp_idx, self.sinks, self.d ** -0.5,
                                             pos, self.inv_freq)

@@ -57,7 +57,22 @@ class StepRows:
 
 @dataclass
 class IndexShare:
-    """Top-k positions by index-source layer id ([T, k] int64, -1 padded) and the candidate blocks."""
+    """Top-k positions by index-source layer id ([T, k] int64, -1 padded) and the candidate blocks, plus the cache
+    slots already looked up for them this step (``entry_slots``)."""
 
     topk: dict[int, torch.Tensor] = field(default_factory=dict)
     candidates: torch.Tensor | None = None
+    _slots: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+
+    def entry_slots(self, visible: torch.Tensor, sel: torch.Tensor, lookup) -> torch.Tensor:
+        """``lookup(visible, sel)`` (``index.entry_slots``: [T, k] int64 slots), once per step for each pair of these
+        very tensors. Every compressed layer with the same kv source and index source reads the same entries: on the
+        40-layer Flash topology 38 compressed layers share 8 (kv source, index source) pairs, so 30 of the 38
+        lookups a step are repeats. Matched by identity, not value: a new ``read_idx`` or top-k (the decoder-side
+        replay's cut, a new step) is a new lookup."""
+        for v, s, slots in self._slots:
+            if v is visible and s is sel:
+                return slots
+        slots = lookup(visible, sel)
+        self._slots.append((visible, sel, slots))
+        return slots
