@@ -4,8 +4,8 @@ The reference runs a branch at once, so on the CPU a misplaced join changes noth
 *deferred* instead: it runs only when joined. That is the extreme order a second stream may take. If anything reads
 a branch's result or what it writes (a cache row) before the join, the logits change. Two requests are run through
 prefill chunks and decode steps, and the logits must equal the in-order run's bit for bit. Every branch must also
-be joined within its step. Branches: the MoE layers' shared expert (V4, V4.1), and with ``DEEPINFER_BRANCH_KV_WRITE``
-V4.1's kv sources' KV half (SWA row, compressor, index keys).
+be joined within its step. Branches: the MoE layers' shared expert (V4, V4.1), with ``DEEPINFER_BRANCH_KV_WRITE``
+V4.1's kv sources' KV half (SWA row, compressor, index keys), and with ``DEEPINFER_MHC_MIX_BRANCH`` V4.1's mHC mixes.
 """
 from __future__ import annotations
 
@@ -63,13 +63,16 @@ def _model(arch, tmp_path):
     return load_deepseek_v4(tmp_path, dtype=torch.float32)
 
 
-@pytest.mark.parametrize("arch,kv_branch", [("v41", False), ("v41", True), ("v4", False)])
-def test_deferred_branches_give_the_in_order_logits(arch, kv_branch, monkeypatch, tmp_path):
+@pytest.mark.parametrize("arch,kv_branch,mix_branch", [("v41", False, False), ("v41", True, False), ("v41", True, True),
+                                                       ("v4", False, False)])
+def test_deferred_branches_give_the_in_order_logits(arch, kv_branch, mix_branch, monkeypatch, tmp_path):
     """``kv_branch``: V4.1's kv sources also write their KV as a branch (``DEEPINFER_BRANCH_KV_WRITE=1``), joined
-    before the indexer and the attention read the caches."""
-    from deepinfer_models.deepseek_v41 import attention
+    before the indexer and the attention read the caches. ``mix_branch``: each V4.1 sublayer's mHC mix is a branch
+    too (``DEEPINFER_MHC_MIX_BRANCH=1``), joined at the next boundary."""
+    from deepinfer_models.deepseek_v41 import attention, hyper
 
     monkeypatch.setattr(attention, "BRANCH_KV_WRITE", kv_branch)
+    monkeypatch.setattr(hyper, "MIX_BRANCH", mix_branch)
     model = _model(arch, tmp_path)
     requests = [prompt(40, seed=11), prompt(27, seed=12)]
     schedule = _schedule([len(r) for r in requests], prefill_chunk=9)
@@ -83,7 +86,8 @@ def test_deferred_branches_give_the_in_order_logits(arch, kv_branch, monkeypatch
         model.k["stream.side"] = in_order
     assert log, "the model declared no branch"
     assert all(b.done for b in log), f"{sum(not b.done for b in log)} of {len(log)} branches never joined"
-    if kv_branch:  # a step: the shared expert of every layer, the KV half of every kv source
+    if kv_branch:  # a step: the shared expert of every layer, the KV half of every kv source, two mixes a layer
         sources = sum(layer["attn"].compressor is not None for layer in model.layers)
-        assert sources >= 1 and len(log) == len(schedule) * (len(model.layers) + sources)
+        mixes = 2 * len(model.layers) if mix_branch else 0
+        assert sources >= 1 and len(log) == len(schedule) * (len(model.layers) + sources + mixes)
     assert torch.equal(got, want)
