@@ -30,6 +30,10 @@ from deepinfer_models.layers.static_index import write_rows
 # bit-equal on and off (docs/performance.md, thirty-fourth pass). ``tests/models/test_side_branch_order.py`` runs
 # it with the branch deferred to its join.
 BRANCH_KV_WRITE = os.environ.get("DEEPINFER_BRANCH_KV_WRITE", "1") == "1"
+# An index source's head weights ``weights_proj(x)`` (they read only x) as a ``stream.side`` branch forked at the
+# attention's start, joined by the indexer: one dense GEMV a layer off the chain from wq_b to the scores.
+# ``DEEPINFER_BRANCH_INDEX_WEIGHTS=0``: in order, inside the indexer (docs/performance.md, thirty-sixth pass).
+BRANCH_INDEX_WEIGHTS = os.environ.get("DEEPINFER_BRANCH_INDEX_WEIGHTS", "1") == "1"
 
 
 class AttentionV41(SharedKVAttention):
@@ -56,11 +60,14 @@ class AttentionV41(SharedKVAttention):
 
     def __call__(self, x: torch.Tensor, ctx: StepContext, rows: StepRows | None, share: IndexShare) -> torch.Tensor:
         """x [T, D] (normed attention input) -> [T, D]. ``rows`` is only read by a kv source's compressor."""
+        head_w = None
+        if self.indexer is not None and BRANCH_INDEX_WEIGHTS:
+            head_w = self.k["stream.side"](self.indexer.weights_proj, x)
         q_a, kv_a = self.qkv_a(x)  # one product where merged
         if self.compressor is not None and BRANCH_KV_WRITE:
-            return self.attend(x, ctx, share, q_a, self.k["stream.side"](self.write_kv, x, ctx, rows, kv_a))
+            return self.attend(x, ctx, share, q_a, self.k["stream.side"](self.write_kv, x, ctx, rows, kv_a), head_w)
         self.write_kv(x, ctx, rows, kv_a)
-        return self.attend(x, ctx, share, q_a)
+        return self.attend(x, ctx, share, q_a, None, head_w)
 
     def write_kv(self, x: torch.Tensor, ctx: StepContext, rows: StepRows | None,
                  kv_a: torch.Tensor | None = None) -> None:
@@ -75,10 +82,10 @@ class AttentionV41(SharedKVAttention):
             self.compressor(x, ctx, rows)
 
     def attend(self, x: torch.Tensor, ctx: StepContext, share: IndexShare,
-               q_a: torch.Tensor | None = None, kv_written=None) -> torch.Tensor:
+               q_a: torch.Tensor | None = None, kv_written=None, head_w=None) -> torch.Tensor:
         """The query half: x [T, D] -> [T, D], reading the caches ``write_kv`` filled. ``q_a``: ``wq_a(x)`` when
         the caller has it. ``kv_written``: the ``stream.side`` branch running ``write_kv``, joined before the first
-        cache read."""
+        cache read. ``head_w``: the branch computing the indexer's ``weights_proj(x)``, joined by the indexer."""
         k = self.k
         t, pos = x.shape[0], ctx.positions
         qr = k["norm.rms"](self.wq_a(x) if q_a is None else q_a, self.q_norm, self.eps)
@@ -90,7 +97,8 @@ class AttentionV41(SharedKVAttention):
             kv_written.join()
         swa, swa_meta = ctx.caches[self.swa_name], ctx.meta(self.swa_name)
         if self.indexer is not None:
-            share.topk[self.layer] = self.indexer(x, qr, ctx, share, q_index[0])
+            share.topk[self.layer] = self.indexer(x, qr, ctx, share, q_index[0],
+                                                  head_w.join() if head_w is not None else None)
         cmp_cache, cmp_idx = None, None
         if self.ratio:
             cmp_cache = ctx.caches[self.cmp_name]

@@ -75,9 +75,17 @@ class EngramLayer:
         self.q_weight = w[f"{p}.q_weight"].float()
         self.k_weight = w[f"{p}.k_weight"].float()
 
-    def __call__(self, residual: torch.Tensor, hash_ids: torch.Tensor) -> torch.Tensor:
-        """residual [T, n, D], hash_ids [T, L, C] -> residual with the gated value added to each stream."""
+    def lookup(self, hash_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """hash_ids [T, L, C] -> kv [T, (n+1)*D] in ``dtype``: the layer's table rows projected by ``wkv``. It reads
+        only the step's token ids, never the residual, so a model may run it as a ``stream.side`` branch from the
+        step's start and join it where the layer injects (``DeepseekV41ForCausalLM``)."""
         ids = hash_ids[:, self.col].to(self.table.device)
-        rows = self.k["engram.gather"](self.table, self.scale, ids, residual.dtype).to(residual.device)
-        kv = self.wkv(rows.reshape(rows.shape[0], -1))  # [T, (n+1)*D]
+        rows = self.k["engram.gather"](self.table, self.scale, ids, dtype).to(hash_ids.device)
+        return self.wkv(rows.reshape(rows.shape[0], -1))
+
+    def __call__(self, residual: torch.Tensor, hash_ids: torch.Tensor, kv: torch.Tensor | None = None) -> torch.Tensor:
+        """residual [T, n, D], hash_ids [T, L, C] -> residual with the gated value added to each stream. ``kv``:
+        ``lookup(hash_ids, residual.dtype)`` when the caller has it."""
+        if kv is None:
+            kv = self.lookup(hash_ids, residual.dtype)
         return self.k["engram.gate"](residual, kv, self.q_weight, self.k_weight, self.eps, GATE_CLAMP)

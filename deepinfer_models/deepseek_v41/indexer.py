@@ -37,14 +37,16 @@ class IndexerV41:
         self.weight_scale = self.head_dim ** -0.5 * self.n_heads ** -0.5
 
     def __call__(self, x: torch.Tensor, qr: torch.Tensor, ctx: StepContext, share: IndexShare,
-                 q_b: torch.Tensor | None = None) -> torch.Tensor:
+                 q_b: torch.Tensor | None = None, weights: torch.Tensor | None = None) -> torch.Tensor:
         """x [T, D] attention input, qr [T, q_lora] -> top-k compressed positions [T, k] int64, -1 padded.
-        ``q_b``: ``wq_b(qr)`` [T, Hi * Di] when the caller has it (the attention's merged product)."""
+        ``q_b``: ``wq_b(qr)`` [T, Hi * Di] when the caller has it (the attention's merged product); ``weights``:
+        ``weights_proj(x)`` [T, Hi] when the caller has it (a branch forked where x was ready)."""
         t = x.shape[0]
         pos = ctx.positions
         q = (self.wq_b(qr) if q_b is None else q_b).view(t, self.n_heads, self.head_dim)
         q = self.k["rope.interleaved"](q, pos, self.inv_freq)
-        weights = self.weights_proj(x)  # [T, Hi] in x's dtype; its scale rides in score_scale (no launches here)
+        if weights is None:  # [T, Hi] in x's dtype; its scale rides in score_scale (no launches here)
+            weights = self.weights_proj(x)
         visible = ctx.meta(self.keys_name).read_idx  # [T, N] key slots in position order, -1 = not visible
         scores = self.k["index.scores"](q, weights, ctx.caches[self.keys_name], visible, self.weight_scale)
         cfg = self.cfg

@@ -7,6 +7,8 @@ layer with the biased top-k, so ``MoEV4`` runs unchanged).
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from deepinfer_core.kv.spec import KVCacheSpec
@@ -20,6 +22,11 @@ from deepinfer_models.deepseek_v41.decoder_replay import plan_replay, replay_cut
 from deepinfer_models.deepseek_v41.engram import EngramHasher, EngramLayer
 from deepinfer_models.deepseek_v41.hyper import HCLayer, run_delayed_mhc
 from deepinfer_models.deepseek_v41.step import IndexShare, StepRows
+
+# Each Engram layer's table lookup and ``wkv`` projection (they read only the token ids) as a ``stream.side`` branch
+# from the step's start, joined where the layer injects: on a platform with side streams the lookup leaves the
+# layers' chain. ``DEEPINFER_ENGRAM_BRANCH=0``: in order, at the layer (docs/performance.md, thirty-sixth pass).
+ENGRAM_BRANCH = os.environ.get("DEEPINFER_ENGRAM_BRANCH", "1") == "1"
 
 _OWN_OPS = (
     "norm.rms", "norm.rms_unweighted", "norm.rms_rope", "rope.interleaved", "attention.sparse_sink",
@@ -139,10 +146,14 @@ class DeepseekV41ForCausalLM(DeepseekCausalLMBase):
             self.replay_rows[0] += input_ids.shape[0]
             self.replay_rows[1] += plan.num_kept if plan is not None else input_ids.shape[0]
         kept_ids = input_ids.index_select(0, plan.rows) if plan is not None else None
+        # every Engram layer's table lookup reads only this step's ids: branches from here, joined where they inject
+        lookups = {i: k["stream.side"](layer["engram"].lookup, hash_ids, self.dtype)
+                   for i, layer in enumerate(self.layers) if layer["engram"] is not None and ENGRAM_BRANCH}
         stack = []
         for i, layer in enumerate(self.layers):
             attn, ffn, engram = layer["attn"], layer["ffn"], layer["engram"]
-            inject = (lambda r, e=engram: e(r, hash_ids)) if engram is not None else None
+            inject = (lambda r, e=engram, b=lookups.get(i): e(r, hash_ids, b.join() if b is not None else None)
+                      ) if engram is not None else None
             if taps is not None and i in taps:  # read-only: record the stream, return it unchanged
                 inject = _tapping(inject, taps, i)
             if plan is None or i < c:

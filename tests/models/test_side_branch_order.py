@@ -5,7 +5,9 @@ The reference runs a branch at once, so on the CPU a misplaced join changes noth
 a branch's result or what it writes (a cache row) before the join, the logits change. Two requests are run through
 prefill chunks and decode steps, and the logits must equal the in-order run's bit for bit. Every branch must also
 be joined within its step. Branches: the MoE layers' shared expert (V4, V4.1), with ``DEEPINFER_BRANCH_KV_WRITE``
-V4.1's kv sources' KV half (SWA row, compressor, index keys), and with ``DEEPINFER_MHC_MIX_BRANCH`` V4.1's mHC mixes.
+V4.1's kv sources' KV half (SWA row, compressor, index keys), with ``DEEPINFER_MHC_MIX_BRANCH`` V4.1's mHC mixes,
+with ``DEEPINFER_ENGRAM_BRANCH`` its Engram layers' table lookups (forked at the step's start), and with
+``DEEPINFER_BRANCH_INDEX_WEIGHTS`` its index sources' head weights.
 """
 from __future__ import annotations
 
@@ -70,6 +72,7 @@ def test_deferred_branches_give_the_in_order_logits(arch, kv_branch, mix_branch,
     before the indexer and the attention read the caches. ``mix_branch``: each V4.1 sublayer's mHC mix is a branch
     too (``DEEPINFER_MHC_MIX_BRANCH=1``), joined at the next boundary."""
     from deepinfer_models.deepseek_v41 import attention, hyper
+    from deepinfer_models.deepseek_v41 import model as model_mod
 
     monkeypatch.setattr(attention, "BRANCH_KV_WRITE", kv_branch)
     monkeypatch.setattr(hyper, "MIX_BRANCH", mix_branch)
@@ -89,5 +92,7 @@ def test_deferred_branches_give_the_in_order_logits(arch, kv_branch, mix_branch,
     if kv_branch:  # a step: the shared expert of every layer, the KV half of every kv source, two mixes a layer
         sources = sum(layer["attn"].compressor is not None for layer in model.layers)
         mixes = 2 * len(model.layers) if mix_branch else 0
-        assert sources >= 1 and len(log) == len(schedule) * (len(model.layers) + sources + mixes)
+        lookups = sum(layer["engram"] is not None for layer in model.layers) if model_mod.ENGRAM_BRANCH else 0
+        heads = sum(layer["attn"].indexer is not None for layer in model.layers) if attention.BRANCH_INDEX_WEIGHTS else 0
+        assert sources >= 1 and len(log) == len(schedule) * (len(model.layers) + sources + mixes + lookups + heads)
     assert torch.equal(got, want)
