@@ -93,8 +93,10 @@ class _Boundary:
     In the delayed mHC a sublayer's input is collapsed with the *previous* mix's ``pre``, so the new mix is read
     only one sublayer later: with ``MIX_BRANCH`` it runs as a ``stream.side`` branch (on a platform with a second
     stream, beside the sublayer's own launches; the reference runs it at once), and the sublayer's input needs
-    only the expand, the collapse and the norm. Without it the boundary is the fused ops ``mhc.expand_pre_norm`` /
-    ``mhc.pre_norm`` in order. Both give the same bits: the same kernels on the same operands.
+    only ``mhc.expand`` and ``mhc.collapse_norm`` (the collapse and the norm as one op). Without it the boundary
+    is the fused ops ``mhc.expand_pre_norm`` / ``mhc.pre_norm`` in order. The reference gives the same bits
+    either way; a platform's ``mhc.collapse_norm`` kernel may sum the norm's squares in another order than its
+    ``norm.rms``.
     """
 
     def __init__(self, kernels: dict, norm_eps: float, hc_eps: float, sinkhorn_iters: int):
@@ -125,4 +127,4 @@ class _Boundary:
         if y is not None:
             residual = k["mhc.expand"](residual, y, post, comb)
         mix = self.mix(residual, hc)
-        return residual, k["norm.rms"](k["mhc.collapse"](residual, pre), norm_w, self.eps), mix
+        return residual, k["mhc.collapse_norm"](residual, pre, norm_w, self.eps), mix

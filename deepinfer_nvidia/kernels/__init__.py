@@ -27,7 +27,7 @@ from typing import Any
 _K = "deepinfer_nvidia.kernels"
 IMPLS: tuple[tuple, ...] = (
     # batch-invariant as launched: one program per row (norm), per element (rope), per token and
-    # D tile (mhc.collapse / mhc.expand)
+    # D tile (mhc.collapse / mhc.expand), per token (mhc.collapse_norm)
     ("norm.rms", "triton", f"{_K}.triton_norm:rms", f"{_K}.triton_norm:supports_rms", True),
     ("norm.rms_unweighted", "triton", f"{_K}.triton_norm:rms_unweighted", f"{_K}.triton_norm:supports_rms_unweighted",
      True),
@@ -48,6 +48,8 @@ IMPLS: tuple[tuple, ...] = (
      True),
     ("mhc.collapse", "triton", f"{_K}.triton_mhc:collapse", f"{_K}.triton_mhc:supports_collapse", True),
     ("mhc.expand", "triton", f"{_K}.triton_mhc:expand", f"{_K}.triton_mhc:supports_expand", True),
+    ("mhc.collapse_norm", "triton", f"{_K}.triton_mhc:collapse_norm", f"{_K}.triton_mhc:supports_collapse_norm",
+     True),
     ("mhc.head_pre", "triton", f"{_K}.triton_mhc:head_pre", f"{_K}.triton_mhc:supports_head", True),
     # Engram: one program per table row (gather) or per token (gate, fixed reduction order)
     ("engram.gather", "triton", f"{_K}.triton_engram:gather", f"{_K}.triton_engram:supports_gather", True),

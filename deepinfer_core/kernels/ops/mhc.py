@@ -129,9 +129,28 @@ def compose_expand_pre_norm(k: dict):
     return expand_pre_norm
 
 
+COLLAPSE_NORM_PARTS = ("mhc.collapse", "norm.rms")
+
+
+def compose_collapse_norm(k: dict):
+    """``mhc.collapse_norm`` from its parts ``k`` (``COLLAPSE_NORM_PARTS``)."""
+    collapse, rms = k["mhc.collapse"], k["norm.rms"]
+
+    def collapse_norm(residual: torch.Tensor, pre: torch.Tensor, norm_w: torch.Tensor, norm_eps: float
+                      ) -> torch.Tensor:
+        """A sublayer's input from the streams: residual [T, n, D], pre fp32 [T, n], norm_w [D] fp32 ->
+        ``h = norm.rms(mhc.collapse(residual, pre), norm_w, norm_eps)`` [T, D] in residual.dtype (the collapse
+        rounded to residual.dtype before the norm, as the parts store it). V4.1's delayed mHC takes ``pre`` from
+        the previous sublayer, so this and ``mhc.expand`` are a boundary's whole chain (its mix runs beside)."""
+        return rms(collapse(residual, pre), norm_w, norm_eps)
+
+    return collapse_norm
+
+
 _REFS = {"mhc.mix": mhc_mix, "mhc.collapse": mhc_collapse, "mhc.expand": mhc_expand, "norm.rms": rms_norm}
 mhc_pre_norm = compose_pre_norm(_REFS)
 mhc_expand_pre_norm = compose_expand_pre_norm(_REFS)
+mhc_collapse_norm = compose_collapse_norm(_REFS)
 
 
 def _gen_mix(dtype, device, seed):
@@ -162,6 +181,16 @@ def _gen_expand(dtype, device, seed):
         ys = tuple(torch.randn(t, d, generator=g).to(dtype).to(device) for _ in range(parts))
         yield (torch.randn(t, n, d, generator=g).to(dtype).to(device), ys[0] if parts == 1 else ys,
                torch.rand(t, n, generator=g).to(device), torch.rand(t, n, n, generator=g).to(device)), {}
+
+
+def _gen_collapse_norm(dtype, device, seed):
+    """Widths that are and are not powers of two, n of 4 and 2."""
+    g = torch.Generator().manual_seed(seed + 7)
+    for t, n, d in [(1, 4, 64), (5, 4, 160), (3, 2, 96), (17, 4, 8)]:
+        r = torch.randn(t, n, d, generator=g).to(dtype).to(device)
+        pre = (torch.rand(t, n, generator=g) + 0.1).to(device)
+        w = (1 + 0.1 * torch.randn(d, generator=g)).float().to(device)
+        yield (r, pre, w, 1e-6), {}
 
 
 def _gen_head(dtype, device, seed):
@@ -200,6 +229,8 @@ OPS = [
     OpSpec("mhc.head_pre", mhc_head_pre, _gen_head),
     OpSpec("mhc.pre_norm", mhc_pre_norm, _gen_pre_norm, components=PRE_NORM_PARTS, compose=compose_pre_norm,
            doc="mhc.mix, then norm.rms of mhc.collapse (a sublayer's input)"),
+    OpSpec("mhc.collapse_norm", mhc_collapse_norm, _gen_collapse_norm, components=COLLAPSE_NORM_PARTS,
+           compose=compose_collapse_norm, doc="norm.rms of mhc.collapse (a delayed-mHC sublayer's input)"),
     OpSpec("mhc.expand_pre_norm", mhc_expand_pre_norm, _gen_expand_pre_norm, components=EXPAND_PRE_NORM_PARTS,
            compose=compose_expand_pre_norm, doc="mhc.expand, then mhc.pre_norm (a sublayer boundary)"),
 ]
