@@ -13,7 +13,7 @@
 set -u
 STAGES=${1:-base}
 OUT=${OUT:-.}
-source "$(dirname "$0")/pass_lib.sh"  # stamp, has, quiet, v41_row; exports; HERE
+source "$(dirname "$0")/pass_lib.sh"  # stamp, has, quiet, v41_row, v41_profile; exports; HERE
 if has base; then
   stamp base
   for rep in $(seq "${BASE_REPS:-2}"); do v41_row "defaults" "${BASE_DECODES:-1,64}"; done | tee -a "$OUT/base_rows.txt"
@@ -21,10 +21,7 @@ if has base; then
 fi
 if has base && [ "${BASE_QUICK:-0}" != 1 ]; then
   stamp prof
-  timeout 150 python3 benchmarks/sweep.py --arch v41 --out "$OUT/prof" --providers triton --decode 1 --prefill "" \
-    --skip-hf --graphs --profile-decode 1 2>&1 | quiet | grep -E "launches|pipelined|Error" | head -8
-  cp "$OUT/prof/profile.txt" "$OUT/profile_v41_b1.txt" 2>/dev/null
-  rm -rf "$OUT/prof"
+  v41_profile
 fi
 if has w8a8; then
   stamp w8a8

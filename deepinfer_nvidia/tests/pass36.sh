@@ -25,7 +25,7 @@
 set -u
 STAGES=${1:-conf,rows2,prof}
 OUT=${OUT:-.}
-source "$(dirname "$0")/pass_lib.sh"  # stamp, has, quiet, v41_row; exports; HERE
+source "$(dirname "$0")/pass_lib.sh"  # stamp, has, quiet, v41_row, v41_profile; exports; HERE
 if has stream; then
   stamp stream
   timeout 120 python3 -m deepinfer_nvidia.tests.stream_shapes 2>&1 | quiet | tee "$OUT/stream_shapes.txt"
@@ -62,10 +62,7 @@ if has rows2; then
 fi
 if has prof; then
   stamp prof
-  timeout 150 python3 benchmarks/sweep.py --arch v41 --out "$OUT/prof" --providers triton --decode 1 --prefill "" \
-    --skip-hf --graphs --profile-decode 1 2>&1 | quiet | grep -E "launches|pipelined|Error" | head -8
-  cp "$OUT/prof/profile.txt" "$OUT/profile_v41_b1.txt" 2>/dev/null
-  rm -rf "$OUT/prof"
+  v41_profile
 fi
 if has cn; then
   stamp cn

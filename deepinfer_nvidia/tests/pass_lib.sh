@@ -53,3 +53,9 @@ v41_row() {  # v41_row LABEL DECODES ENV...: one V4.1 sweep process with ENV (VA
     --prefill "" --skip-hf --graphs --profile-decode "" 2>&1 | grep -E "pipelined|Error" | sed -E 's/capture [0-9.]+ s, //'
   rm -rf "$OUT/row"
 }
+v41_profile() {  # v41_profile: a batch-1 profile of the V4.1 slice (graphed, PDL on) into $OUT/profile_v41_b1.txt
+  timeout 150 python3 benchmarks/sweep.py --arch v41 --out "$OUT/prof" --providers triton --decode 1 --prefill "" \
+    --skip-hf --graphs --profile-decode 1 2>&1 | quiet | grep -E "launches|pipelined|Error" | head -8
+  cp "$OUT/prof/profile.txt" "$OUT/profile_v41_b1.txt" 2>/dev/null
+  rm -rf "$OUT/prof"
+}
