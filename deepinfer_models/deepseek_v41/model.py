@@ -146,6 +146,9 @@ class DeepseekV41ForCausalLM(DeepseekCausalLMBase):
             self.replay_rows[0] += input_ids.shape[0]
             self.replay_rows[1] += plan.num_kept if plan is not None else input_ids.shape[0]
         kept_ids = input_ids.index_select(0, plan.rows) if plan is not None else None
+        # the streams first: their two small launches would otherwise queue behind the Engram branches' GEMVs
+        x = self.embed[input_ids]
+        residual = x.unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()  # [T, n, D]
         # every Engram layer's table lookup reads only this step's ids: branches from here, joined where they inject
         lookups = {i: k["stream.side"](layer["engram"].lookup, hash_ids, self.dtype)
                    for i, layer in enumerate(self.layers) if layer["engram"] is not None and ENGRAM_BRANCH}
@@ -178,8 +181,6 @@ class DeepseekV41ForCausalLM(DeepseekCausalLMBase):
                 share.candidates = share.candidates.index_select(0, plan.rows)
             return plan.rows
 
-        x = self.embed[input_ids]
-        residual = x.unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()  # [T, n, D]
         h = run_delayed_mhc(residual, stack, k, eps, cfg.hc_eps, cfg.hc_sinkhorn_iters,
                             cut=(c, keep) if plan is not None else None)
         return k["norm.rms"](h, self.norm_w, eps)
