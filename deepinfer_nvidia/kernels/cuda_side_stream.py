@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -52,7 +53,10 @@ SIDE_MAX_ROWS = int(os.environ.get("DEEPINFER_NV_SIDE_STREAM_ROWS", "64"))
 # Side streams a device (``DEEPINFER_NV_SIDE_STREAMS``; 1: every branch queues on one stream, as before the
 # thirty-sixth pass).
 SIDE_STREAMS = max(1, int(os.environ.get("DEEPINFER_NV_SIDE_STREAMS", "4")))
-_POOLS: dict[int, list[list]] = {}  # device index -> [[stream, its last branch (Forked) or None, fork number]]
+# device index -> [[stream, a weak reference to its last branch (Forked) or None, fork number]]; weak, so that a
+# joined branch's result is not kept alive by the pool (a branch dropped unjoined frees its stream too: what it
+# queued there runs before anything queued after it)
+_POOLS: dict[int, list[list]] = {}
 _FORKS = [0]  # forks so far (orders the streams' last use)
 _STATE = threading.local()  # .lane: 0 for the current stream's launches, i + 1 inside a branch on side stream i
 
@@ -77,7 +81,8 @@ def _side_stream(device: torch.device) -> tuple[list, int]:
     idx = device.index if device.index is not None else torch.cuda.current_device()
     pool = _POOLS.setdefault(idx, [])
     for i, entry in enumerate(pool):
-        if entry[1] is None or entry[1].joined:
+        last = entry[1]() if entry[1] is not None else None
+        if last is None or last.joined:
             return entry, i + 1
     if len(pool) < SIDE_STREAMS:
         pool.append([torch.cuda.Stream(device=idx), None, 0])
@@ -89,7 +94,7 @@ def _side_stream(device: torch.device) -> tuple[list, int]:
 class Forked:
     """A branch running on ``side``: ``join()`` orders the stream that forked it after it and returns its result."""
 
-    __slots__ = ("value", "main", "side", "joined")
+    __slots__ = ("value", "main", "side", "joined", "__weakref__")
 
     def __init__(self, value: Any, main: torch.cuda.Stream, side: torch.cuda.Stream) -> None:
         self.value, self.main, self.side, self.joined = value, main, side, False
@@ -130,8 +135,9 @@ def side(fn: Callable[..., Any], *args: Any, enabled: bool | None = None) -> Joi
     with torch.cuda.stream(stream), _in_branch(lane_id):
         value = fn(*args)
     _FORKS[0] += 1
-    entry[1], entry[2] = Forked(value, main, stream), _FORKS[0]
-    return entry[1]
+    branch = Forked(value, main, stream)
+    entry[1], entry[2] = weakref.ref(branch), _FORKS[0]
+    return branch
 
 
 def supports(fn: Callable[..., Any], *args: Any) -> bool:

@@ -70,3 +70,39 @@ def test_lanes_nest_and_belong_to_their_thread():
             seen.append(css.lane())
         seen.append(css.lane())
     assert seen == [2, 0, 3, 2] and css.lane() == 0
+
+
+def test_stream_pool_takes_free_streams_first(monkeypatch):
+    """``_side_stream``'s choice, with stand-in streams: a branch takes the first stream whose last branch is joined
+    (or gone), a new one while fewer than ``SIDE_STREAMS`` exist, else the stream whose last branch forked
+    earliest; the lane is the stream's place + 1. The pool holds branches weakly."""
+    import gc
+    import weakref
+
+    from deepinfer_nvidia.kernels import cuda_side_stream as css
+
+    monkeypatch.setattr(css, "_POOLS", {})
+    monkeypatch.setattr(css, "SIDE_STREAMS", 2)
+    monkeypatch.setattr(css.torch.cuda, "Stream", lambda device: object())
+    dev = torch.device("cuda", 0)
+    forks = [0]
+
+    def fork():
+        entry, lane = css._side_stream(dev)
+        forks[0] += 1
+        branch = css.Forked(forks[0], None, entry[0])
+        entry[1], entry[2] = weakref.ref(branch), forks[0]
+        return branch, lane, entry[0]
+
+    a, lane_a, sa = fork()
+    b, lane_b, sb = fork()  # a open: a second stream
+    assert (lane_a, lane_b) == (1, 2) and sa is not sb
+    c, lane_c, sc = fork()  # both open and the pool full: the stream whose branch forked first
+    assert lane_c == 1 and sc is sa
+    b.joined = True
+    d, lane_d, _ = fork()  # b joined: its stream is free
+    assert lane_d == 2
+    del c
+    gc.collect()
+    e, lane_e, _ = fork()  # c (stream 1's last branch) dropped: its stream is free again
+    assert lane_e == 1 and len(css._POOLS[0]) == 2
