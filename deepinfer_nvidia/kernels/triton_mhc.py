@@ -34,8 +34,9 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_core.kernels.ops.mhc import mhc_head_pre, mhc_mix
+from deepinfer_core.kernels.ops.mhc import mhc_collapse, mhc_collapse_norm, mhc_expand, mhc_head_pre, mhc_mix
 from deepinfer_nvidia.kernels._common import FLOATS, hand_off, next_pow2, on_cuda
+from deepinfer_nvidia.kernels.triton_norm import rms
 from deepinfer_nvidia.kernels.triton_pdl import pdl_enter, pdl_launch
 
 
@@ -396,8 +397,6 @@ def supports_collapse(residual, pre) -> bool:
 
 def collapse(residual: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     """``mhc.collapse``: residual [T, n, D], pre [T, n] -> [T, D] in residual.dtype (fp32 accumulation)."""
-    from deepinfer_core.kernels.ops.mhc import mhc_collapse
-
     if not supports_collapse(residual, pre):
         return hand_off("mhc.collapse", f"operands {residual.dtype}/{pre.dtype} on {residual.device} not covered",
                         mhc_collapse, residual, pre)
@@ -438,9 +437,6 @@ def collapse_norm(residual: torch.Tensor, pre: torch.Tensor, norm_w: torch.Tenso
     where the row fits one program (``COLLAPSE_NORM_MAX``), else (or with ``COLLAPSE_NORM_KERNEL`` off) the parts:
     ``collapse`` and ``triton_norm.rms``, two dependent launches. ``force_kernel``: CPU tensors in Triton's
     interpreter (tests only)."""
-    from deepinfer_core.kernels.ops.mhc import mhc_collapse_norm
-    from deepinfer_nvidia.kernels.triton_norm import rms
-
     if not (force_kernel or supports_collapse_norm(residual, pre, norm_w, norm_eps)):
         return hand_off("mhc.collapse_norm", f"operands {residual.dtype} {tuple(residual.shape)} on {residual.device} "
                         "not covered", mhc_collapse_norm, residual, pre, norm_w, norm_eps)
@@ -472,8 +468,6 @@ def expand(residual: torch.Tensor, y, post: torch.Tensor, comb: torch.Tensor, fo
     """``mhc.expand``: residual [T, n, D], y [T, D] (or a tuple of two [T, D] parts, summed in fp32 in the kernel),
     post [T, n], comb [T, n, n] -> [T, n, D] in residual.dtype. ``force_kernel``: CPU tensors in Triton's
     interpreter (tests only)."""
-    from deepinfer_core.kernels.ops.mhc import mhc_expand
-
     if not (supports_expand(residual, y, post, comb) or force_kernel and 1 <= len(_parts(y)) <= 2):
         return hand_off("mhc.expand", f"operands {residual.dtype}/{[getattr(p, 'dtype', p) for p in _parts(y)]} on "
                         f"{residual.device} not covered", mhc_expand, residual, y, post, comb)

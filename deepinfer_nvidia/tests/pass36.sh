@@ -41,7 +41,7 @@
 set -u
 STAGES=${1:-conf,rows2,prof}
 OUT=${OUT:-.}
-source "$(dirname "$0")/pass_lib.sh"  # stamp, has, quiet, v41_row, v41_profile; exports; HERE
+source "$(dirname "$0")/pass_lib.sh"  # stamp, has, quiet, v41_row, v41_alt, v41_profile; exports; HERE
 if has stream; then
   stamp stream
   timeout 120 python3 -m deepinfer_nvidia.tests.stream_shapes 2>&1 | quiet | tee "$OUT/stream_shapes.txt"
@@ -88,14 +88,12 @@ if has cn; then
 fi
 if has engram; then
   stamp engram
-  { for v in 0 1 0 1; do v41_row "DEEPINFER_ENGRAM_BRANCH=$v" 1 DEEPINFER_ENGRAM_BRANCH=$v; done; } \
-    | tee -a "$OUT/engram_rows.txt"
+  v41_alt engram_rows DEEPINFER_ENGRAM_BRANCH 0 1
 fi
 if has bg; then
   stamp bg
   FILE_S=150 xdist_files bg_tests "$HERE/test_side_stream.py" -k capped
-  { for v in 0 32 0 32; do v41_row "DEEPINFER_NV_BRANCH_GEMV_TILES=$v" 1 DEEPINFER_NV_BRANCH_GEMV_TILES=$v; done; } \
-    | tee -a "$OUT/bg_rows.txt"
+  v41_alt bg_rows DEEPINFER_NV_BRANCH_GEMV_TILES 0 32
 fi
 if has trace; then
   stamp trace
@@ -108,7 +106,6 @@ if has kvall; then
 fi
 if has hash; then
   stamp hash
-  { for v in 0 1 0 1; do v41_row "DEEPINFER_ENGRAM_HASH_BRANCH=$v" 1 DEEPINFER_ENGRAM_HASH_BRANCH=$v; done; } \
-    | tee -a "$OUT/hash_rows.txt"
+  v41_alt hash_rows DEEPINFER_ENGRAM_HASH_BRANCH 0 1
 fi
 stamp done

@@ -59,3 +59,7 @@ v41_profile() {  # v41_profile: a batch-1 profile of the V4.1 slice (graphed, PD
   cp "$OUT/prof/profile.txt" "$OUT/profile_v41_b1.txt" 2>/dev/null
   rm -rf "$OUT/prof"
 }
+v41_alt() {  # v41_alt TAG KNOB A B: the V4.1 batch-1 row with KNOB=A, =B, =A, =B (one process each), into $OUT/TAG.txt
+  local tag=$1 knob=$2 a=$3 b=$4
+  for v in $a $b $a $b; do v41_row "$knob=$v" 1 "$knob=$v"; done | tee -a "$OUT/$tag.txt"
+}
