@@ -20,7 +20,7 @@ KERNEL_OPS = (
     "norm.rms", "norm.rms_unweighted", "norm.rms_rope", "rope.interleaved", "attention.sparse_sink",
     "attention.sparse_sink_rope", "compress.softmax_pool",
     "index.scores", "index.topk", "index.entry_slots", "mhc.mix", "mhc.collapse", "mhc.expand", "mhc.head_pre", "mhc.pre_norm",
-    "mhc.expand_pre_norm", "moe.route_topk", "moe.clamped_swiglu",
+    "mhc.expand_pre_norm", "moe.route_topk", "moe.router_topk", "moe.clamped_swiglu",
     "moe.route_hash", "moe.experts", "moe.experts_fp8", "moe.experts_mxfp4",
     "moe.experts_slots", "moe.experts_fp8_slots", "moe.experts_mxfp4_slots", "gemm.dense", "gemm.dense_wide",
     "gemm.fp8_block", "gemm.mxfp4",

