@@ -123,9 +123,11 @@ def takes(x: torch.Tensor, w: torch.Tensor) -> bool:
             and w.shape[1] % 4 == 0 and w.stride(1) == 1 and w.shape[0] > 0)
 
 
-def gemv(x: torch.Tensor, w: torch.Tensor, sms: int, widen: bool = False) -> torch.Tensor:
+def gemv(x: torch.Tensor, w: torch.Tensor, sms: int, widen: bool = False, out_dtype: torch.dtype | None = None
+         ) -> torch.Tensor:
     """The kernel's launch for ``takes`` operands (CUDA, or CPU tensors under Triton's interpreter: tests); ``widen``:
-    ``gemm.dense_wide``'s numerics (y in w's dtype, x widened to it)."""
+    ``gemm.dense_wide``'s numerics (y in w's dtype, x widened to it; both widened to fp32 in the kernel, so ``widen``
+    with ``out_dtype=torch.float32`` is the fp32 product of a half-precision w as it is stored)."""
     from deepinfer_nvidia.kernels.triton_fp8_gemv import _counters
 
     m, (n, k) = x.shape[0], w.shape
@@ -133,7 +135,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, sms: int, widen: bool = False) -> tor
     bm, bk, split = plan(m, n, k, sms)
     k_per = triton.cdiv(triton.cdiv(k, bk), split) * bk
     tiles = triton.cdiv(n, BLOCK_N)
-    y = torch.empty(m, n, dtype=w.dtype if widen else x.dtype, device=x.device)
+    y = torch.empty(m, n, dtype=out_dtype or (w.dtype if widen else x.dtype), device=x.device)
     part = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else y
     cnt = _counters(x.device, tiles) if split > 1 else part
     _dense_gemv_kernel[(tiles, split)](x, w, y, part, cnt, m, n, k, x.stride(0), w.stride(0), k_per, SPLIT=split,

@@ -18,7 +18,8 @@ Bits: the logits are ``gemm.dense_wide``'s from this module's parts, the scores,
 (``tests/kernels/test_triton_router_interp.py``). Like its GEMV, the launch depends on the row count (not
 batch-invariant; the batch-invariant mode composes the op from its ``triton_bi`` parts).
 
-Covered (else the parts): CUDA float x [1..4, D], an fp32 router [E <= 4096, D] the GEMV takes, a float bias [E],
+Covered (else the parts): CUDA float x [1..4, D], a float router [E <= 4096, D] the GEMV takes (fp32, or bf16 as
+the checkpoint stores it: widened in the kernel, the same logits bits at half the bytes), a float bias [E],
 1 <= k <= min(32, E).
 """
 from __future__ import annotations
@@ -70,8 +71,9 @@ def _router_topk_kernel(x_ptr, w_ptr, b_ptr, s_ptr, key_ptr, part_ptr, cnt_ptr, 
                         stride_w, k_per_split, scaling, TILES, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TOPK: tl.constexpr, BLOCK_E: tl.constexpr,
                         BLOCK_TK: tl.constexpr, PDL: tl.constexpr = 0):
-    """Program (row tile of BLOCK_N experts, K split): the router logits of x [M, K] against w [N, K] (fp32) for this
-    tile and split; cnt: zeroed int32 [TILES + 1] (per-tile split arrivals, then tile arrivals), reset here."""
+    """Program (row tile of BLOCK_N experts, K split): the router logits of x [M, K] against w [N, K] (fp32, or half
+    precision widened) for this tile and split; cnt: zeroed int32 [TILES + 1] (per-tile split arrivals, then tile
+    arrivals), reset here."""
     pdl_enter(PDL)
     pid_n = tl.program_id(0)
     rm = tl.arange(0, BLOCK_M)
@@ -96,10 +98,10 @@ def _router_topk_kernel(x_ptr, w_ptr, b_ptr, s_ptr, key_ptr, part_ptr, cnt_ptr, 
 
 
 def fused_takes(x, gate_w, bias, top_k, scaling) -> bool:
-    """Operands the one-launch router serves: the GEMV's (``triton_dense_gemv.takes``) with an fp32 router, and the
-    routing's (``triton_route``)."""
+    """Operands the one-launch router serves: the GEMV's (``triton_dense_gemv.takes``: a float router, fp32 or as the
+    checkpoint stores it) and the routing's (``triton_route``)."""
     e = gate_w.shape[0] if gate_w.dim() == 2 else 0
-    return (gate_w.dtype == torch.float32 and dg.takes(x, gate_w) and 0 < e <= _MAX_E and bias.dim() == 1
+    return (dg.takes(x, gate_w) and 0 < e <= _MAX_E and bias.dim() == 1
             and bias.shape[0] == e and bias.dtype in FLOATS and isinstance(top_k, int) and 1 <= top_k <= min(_MAX_K, e)
             and _is_scalar(scaling))
 
@@ -134,8 +136,9 @@ def supports_router(x, gate_w, bias, top_k, scaling) -> bool:
 
 def router_topk(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, top_k: int, scaling: float
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``moe.router_topk``: x [T, D], gate_w [E, D] fp32, bias [E] -> (weights [T, k] fp32, ids [T, k] int64). One
-    launch where ``FUSED_ROUTER`` is on and ``fused_takes``; else the GEMV (``gemm_dense_wide``) and ``route_topk``."""
+    """``moe.router_topk``: x [T, D], gate_w [E, D] (fp32 or the checkpoint's bf16 / fp16, widened in the kernel),
+    bias [E] -> (weights [T, k] fp32, ids [T, k] int64). One launch where ``FUSED_ROUTER`` is on and ``fused_takes``;
+    else the GEMV (fp32 logits) and ``route_topk``."""
     if not supports_router(x, gate_w, bias, top_k, scaling):
         return hand_off("moe.router_topk", f"operands on {x.device} not covered", _REFERENCE, x, gate_w, bias, top_k,
                         scaling)
@@ -144,4 +147,12 @@ def router_topk(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, top_k
         from deepinfer_nvidia.kernels.triton_gemm import _sm_count
 
         return fused_router_topk(x, gate_w, bias, top_k, scaling, _sm_count(x.device))
-    return route_topk(dg.gemm_dense_wide(x, gate_w), bias, top_k, scaling)
+    if gate_w.dtype == torch.float32:
+        logits = dg.gemm_dense_wide(x, gate_w)
+    elif dg.takes(x, gate_w):  # a half-precision router widened in the GEMV (exact): the fp32 router's logits
+        from deepinfer_nvidia.kernels.triton_gemm import _sm_count
+
+        logits = dg.gemv(x, gate_w, _sm_count(x.device), widen=True, out_dtype=torch.float32)
+    else:
+        logits = dg.gemm_dense_wide(x, gate_w.float())
+    return route_topk(logits, bias, top_k, scaling)

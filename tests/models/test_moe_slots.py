@@ -126,3 +126,17 @@ def test_nvidia_slot_providers_hand_cpu_operands_to_the_summed_reference():
             out = fns[key](*args)
             assert out.shape == (args[0].shape[0], 1, args[0].shape[1]), key
             assert torch.equal(out[:, 0], summed(*args)), key
+
+
+def test_router_as_stored_is_bit_equal(monkeypatch):
+    """``DEEPINFER_MOE_ROUTER_NATIVE``: the biased top-k layers keep the checkpoint's bf16 router and
+    ``moe.router_topk`` widens it (exactly): the same routing and logits as the fp32 copy."""
+    ckpt = tiny_ckpt("flash", "fp4")
+    default = load_deepseek_v41(ckpt, dtype=torch.bfloat16)
+    want = _run(default, _REQUESTS, _SCHEDULE)
+    monkeypatch.setattr(moe_mod, "ROUTER_NATIVE", True)
+    native = load_deepseek_v41(ckpt, dtype=torch.bfloat16)
+    layers = [layer["ffn"] for layer in native.layers]
+    assert any(not f.is_hash for f in layers)
+    assert all(f.gate_w.dtype == (torch.float32 if f.is_hash else torch.bfloat16) for f in layers)
+    assert torch.equal(_run(native, _REQUESTS, _SCHEDULE), want)

@@ -38,11 +38,13 @@ def compose_router_topk(k: dict):
 
     def router_topk(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, top_k: int, scaling: float
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The MoE router of a biased top-k layer: x [T, D] (the normed FFN input), gate_w [E, D] fp32, bias [E] fp32
-        -> ``(weights [T, k] fp32, ids [T, k] int64)`` = ``moe.route_topk(gemm.dense_wide(x, gate_w), bias, k,
-        scaling)`` (the logits in fp32, x widened). One op so a platform can route in the launch that makes the
-        logits (one dependent launch fewer a MoE layer at batch 1)."""
-        return route(logits_of(x, gate_w), bias, top_k, scaling)
+        """The MoE router of a biased top-k layer: x [T, D] (the normed FFN input), gate_w [E, D] (fp32, or the
+        checkpoint's bf16 / fp16: widened, exactly), bias [E] fp32 -> ``(weights [T, k] fp32, ids [T, k] int64)`` =
+        ``moe.route_topk(gemm.dense_wide(x, gate_w.float()), bias, k, scaling)``: fp32 logits of x and the router
+        both widened. One op so a platform can route in the launch that makes the logits (one dependent launch
+        fewer a MoE layer at batch 1) and read a half-precision router as it is stored (half the bytes; the
+        composition here widens it first, a copy a call)."""
+        return route(logits_of(x, gate_w if gate_w.dtype == torch.float32 else gate_w.float()), bias, top_k, scaling)
 
     return router_topk
 
@@ -131,12 +133,13 @@ def _gen_experts(dtype, device, seed):
 
 
 def _gen_router_topk(dtype, device, seed):
-    """Router operands at a few widths (E not a power of two; 1 to 5 rows), x in the test dtype."""
+    """Router operands at a few widths (E not a power of two; 1 to 5 rows), x in the test dtype, the router in fp32
+    and (3 rows) in bf16 as a checkpoint stores it."""
     g = torch.Generator().manual_seed(seed + 40)
     for t, e, d, k in [(1, 24, 64, 6), (3, 100, 96, 4), (5, 64, 512, 8)]:
-        yield ((torch.randn(t, d, generator=g)).to(dtype).to(device),
-               (torch.randn(e, d, generator=g) / d ** 0.5).to(device), (torch.randn(e, generator=g) * 0.1).to(device),
-               k, 1.5), {}
+        w = torch.randn(e, d, generator=g) / d ** 0.5
+        yield ((torch.randn(t, d, generator=g)).to(dtype).to(device), (w.bfloat16() if t == 3 else w).to(device),
+               (torch.randn(e, generator=g) * 0.1).to(device), k, 1.5), {}
 
 
 def _gen_route_hash(dtype, device, seed):
