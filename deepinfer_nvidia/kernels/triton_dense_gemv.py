@@ -41,10 +41,15 @@ PROGRAMS = 4  # programs per SM to aim for with the K split
 
 
 @triton.jit
-def _split_products(x_ptr, w_ptr, rm, rn, mmask, nmask, K, stride_x, stride_w, k_per_split, BLOCK_M: tl.constexpr,
+def _split_products(x_ptr, w_ptr, M, N, K, stride_x, stride_w, k_per_split, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr):
-    """This program's K split (``tl.program_id(1)``) of the rows ``rn`` of w times the rows ``rm`` of x: fp32
-    [BLOCK_M, BLOCK_N] (each K tile's products summed in a fixed tree, the tiles in order)."""
+    """This program's tile (``tl.program_id(0)``: w rows ``rn``) and K split (``tl.program_id(1)``) times x's rows:
+    ``(acc, rn, nmask, out, omask)``, acc fp32 [BLOCK_M, BLOCK_N] (each K tile's products summed in a fixed tree, the
+    tiles in order), ``out``/``omask`` the tile's offsets and mask in an [M, N] output."""
+    rm = tl.arange(0, BLOCK_M)
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mmask = rm < M
+    nmask = rn < N
     k_lo = tl.program_id(1) * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -60,7 +65,7 @@ def _split_products(x_ptr, w_ptr, rm, rn, mmask, nmask, K, stride_x, stride_w, k
         else:
             wv = w.to(x_ptr.dtype.element_ty).to(tl.float32)  # the reference casts w to x's dtype first
         acc += tl.sum(x.to(tl.float32)[:, None, :] * wv[None, :, :], axis=2)
-    return acc
+    return acc, rn, nmask, rm[:, None] * N + rn[None, :], mmask[:, None] & nmask[None, :]
 
 
 @triton.jit
@@ -83,14 +88,8 @@ def _dense_gemv_kernel(x_ptr, w_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, stride_x
     (zeroed int32 per row tile, reset here) when SPLIT > 1."""
     pdl_enter(PDL)
     pid_n = tl.program_id(0)
-    rm = tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mmask = rm < M
-    nmask = rn < N
-    acc = _split_products(x_ptr, w_ptr, rm, rn, mmask, nmask, K, stride_x, stride_w, k_per_split, BLOCK_M, BLOCK_N,
-                          BLOCK_K, WIDEN)
-    out = rm[:, None] * N + rn[None, :]
-    omask = mmask[:, None] & nmask[None, :]
+    acc, rn, nmask, out, omask = _split_products(x_ptr, w_ptr, M, N, K, stride_x, stride_w, k_per_split, BLOCK_M,
+                                                 BLOCK_N, BLOCK_K, WIDEN)
     if SPLIT == 1:
         tl.store(y_ptr + out, acc.to(y_ptr.dtype.element_ty), mask=omask)
     else:

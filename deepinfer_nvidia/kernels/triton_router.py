@@ -76,14 +76,8 @@ def _router_topk_kernel(x_ptr, w_ptr, b_ptr, s_ptr, key_ptr, part_ptr, cnt_ptr, 
     arrivals), reset here."""
     pdl_enter(PDL)
     pid_n = tl.program_id(0)
-    rm = tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mmask = rm < M
-    nmask = rn < N
-    acc = dg._split_products(x_ptr, w_ptr, rm, rn, mmask, nmask, K, stride_x, stride_w, k_per_split, BLOCK_M,
-                             BLOCK_N, BLOCK_K, 1)
-    out = rm[:, None] * N + rn[None, :]
-    omask = mmask[:, None] & nmask[None, :]
+    acc, rn, nmask, out, omask = dg._split_products(x_ptr, w_ptr, M, N, K, stride_x, stride_w, k_per_split, BLOCK_M,
+                                                    BLOCK_N, BLOCK_K, 1)
     if SPLIT == 1:
         _tile_scores_then_route(acc, b_ptr, rn, nmask, out, omask, s_ptr, key_ptr, cnt_ptr, wt_ptr, ids_ptr, M, N,
                                 TILES, scaling, TOPK, BLOCK_E, BLOCK_TK)
