@@ -34,6 +34,7 @@ if has slots; then
   v41_alt slots_rows DEEPINFER_MOE_SLOTS_IN_EXPAND 0 1
   { v41_row "slots off" 1,64 DEEPINFER_MOE_SLOTS_IN_EXPAND=0
     v41_row "slots on" 1,64 DEEPINFER_MOE_SLOTS_IN_EXPAND=1; } | tee -a "$OUT/slots_rows.txt"
+  python3 benchmarks/ab_rows.py "$OUT/slots_rows.txt"
 fi
 if has router; then
   stamp router
@@ -53,6 +54,7 @@ if has all; then
   for label in defaults opt-ins defaults opt-ins; do
     if [ "$label" = defaults ]; then v41_row "$label" 1; else v41_row "$label" 1 $on; fi
   done | tee -a "$OUT/all_rows.txt"
+  python3 benchmarks/ab_rows.py "$OUT/all_rows.txt"
 fi
 if has l2; then
   stamp l2

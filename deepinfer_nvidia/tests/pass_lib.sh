@@ -34,6 +34,7 @@ rows_vals() {  # rows_vals KNOB A B: the V4.1 rows at batch 1 and 64 with KNOB=A
       | sed -E 's/capture.*alternated/alternated/'
   done | tee -a "$OUT/rows_vals.txt"
   rm -rf "$OUT"/v41_*  # the JSON and plots of each row: not needed, and they crowd what comes back
+  python3 benchmarks/ab_rows.py "$OUT/rows_vals.txt"
 }
 v4_rows_vals() {  # v4_rows_vals KNOB V...: the V4 batch-32 row (the HF row's shape, 2 layers, 128-token contexts,
   # HF itself skipped) with KNOB at each value in turn (one warm process each)
@@ -62,4 +63,5 @@ v41_profile() {  # v41_profile: a batch-1 profile of the V4.1 slice (graphed, PD
 v41_alt() {  # v41_alt TAG KNOB A B: the V4.1 batch-1 row with KNOB=A, =B, =A, =B (one process each), into $OUT/TAG.txt
   local tag=$1 knob=$2 a=$3 b=$4
   for v in $a $b $a $b; do v41_row "$knob=$v" 1 "$knob=$v"; done | tee -a "$OUT/$tag.txt"
+  python3 benchmarks/ab_rows.py "$OUT/$tag.txt"  # per label: readings, mean, change, separated or not
 }
