@@ -18,6 +18,7 @@ import torch
 from deepinfer_core.kv.spec import CompressedSpec, StateSpec
 from deepinfer_core.runner.context import StepContext
 from deepinfer_models.layers.static_index import closes_any, compact, write_rows
+from deepinfer_models.layers.linear import float_projection
 
 
 class Compressor:
@@ -28,8 +29,8 @@ class Compressor:
                  cache_dtype: torch.dtype):
         self.ratio, self.d_c, self.overlap = ratio, d_c, overlap
         self.c = 2 if overlap else 1
-        self.wkv = weights[f"{prefix}.wkv.weight"].float()  # [c*d_c, D]
-        self.wgate = weights[f"{prefix}.wgate.weight"].float()  # [c*d_c, D]
+        self.wkv = float_projection(weights[f"{prefix}.wkv.weight"])  # [c*d_c, D] (fp32 products: gemm.dense_wide)
+        self.wgate = float_projection(weights[f"{prefix}.wgate.weight"])  # [c*d_c, D]
         self.ape = weights[f"{prefix}.ape"].float()  # [r, c*d_c]
         self.norm_w = weights[f"{prefix}.norm.weight"].float()
         self.inv_freq, self.eps = inv_freq, eps

@@ -22,11 +22,6 @@ SUM_IN_EXPAND = os.environ.get("DEEPINFER_MOE_SUM_IN_EXPAND", "1") == "1"
 # (docs/performance.md, thirty-seventh pass). Where a platform has no slot kernel the slots op is the summed op as
 # one slot, and the bits are those of the default.
 SLOTS_IN_EXPAND = os.environ.get("DEEPINFER_MOE_SLOTS_IN_EXPAND", "0") == "1"
-# ``DEEPINFER_MOE_ROUTER_NATIVE=1``: a biased top-k layer keeps its router in the dtype the checkpoint stores it (bf16
-# in the FP8 / FP4 checkpoints) and ``moe.router_topk`` widens it as it reads it: the same logits bits (the widening
-# is exact) from half the bytes a step. Opt-in until measured on a GPU (docs/performance.md, thirty-seventh pass):
-# where a platform composes ``moe.router_topk`` from its parts, each call widens the router first (a copy).
-ROUTER_NATIVE = os.environ.get("DEEPINFER_MOE_ROUTER_NATIVE", "0") == "1"
 # the routed-experts op of each expert format (``Linear`` refuses any other)
 _EXPERTS_OP = {"dense": "moe.experts", "fp8": "moe.experts_fp8", "mxfp4": "moe.experts_mxfp4"}
 
@@ -44,10 +39,8 @@ class MoEV4:
         p = f"layers.{layer}.ffn"
         self.cfg, self.k = cfg, kernels
         self.is_hash = cfg.is_hash_layer(layer)
-        gate = w[f"{p}.gate.weight"]
-        # the router's logits are fp32: widened here once (hash layers' ``gemm.dense_wide`` takes an fp32 weight), or
-        # as stored, widened by ``moe.router_topk`` in its kernel (``ROUTER_NATIVE``)
-        self.gate_w = gate if ROUTER_NATIVE and not self.is_hash and gate.is_floating_point() else gate.float()
+        # the router's logits are fp32: its weight widened at load, or as stored (``float_projection``)
+        self.gate_w = _linear.float_projection(w[f"{p}.gate.weight"])
         self.tid2eid = w[f"{p}.gate.tid2eid"].long() if self.is_hash else None
         self.bias = None if self.is_hash else w[f"{p}.gate.bias"].float()
         # Experts stay in the checkpoint layout (stacked over experts); the op for that layout

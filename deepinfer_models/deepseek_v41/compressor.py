@@ -26,6 +26,7 @@ from deepinfer_core.runner.context import StepContext
 from deepinfer_models.deepseek_v41.config import DeepseekV41Config
 from deepinfer_models.deepseek_v41.step import StepRows
 from deepinfer_models.layers.static_index import closes_any, compact, take_rows, write_rows
+from deepinfer_models.layers.linear import float_projection
 
 # Positions kept per request for ratio 2. Two would do for plain decoding; 8 (vLLM's
 # ``max(8, next_pow2(num_spec_tokens + 2))``) lets up to 6 rejected speculative positions be
@@ -50,9 +51,10 @@ class CompressorV41:
         self.ratio = cfg.ratio(layer)
         self.d = cfg.head_dim
         self.inv_freq = inv_freq
-        # Projections in fp32 (bf16 weights, fp32 outputs: MODEL_SPEC.md 3.3 step 1).
-        self.wkv = w[f"{p}.compressor.wkv.weight"].float()
-        self.wgate = w[f"{p}.compressor.wgate.weight"].float() if self.ratio == 2 else None
+        # Projections in fp32 (bf16 weights, fp32 outputs: MODEL_SPEC.md 3.3 step 1): the weights widened at load,
+        # or as stored and widened by ``gemm.dense_wide`` (``float_projection``)
+        self.wkv = float_projection(w[f"{p}.compressor.wkv.weight"])
+        self.wgate = float_projection(w[f"{p}.compressor.wgate.weight"]) if self.ratio == 2 else None
         self.w_both = None  # [2d, D]: wkv's rows, then wgate's
         if merge and self.wgate is not None:
             self.w_both = torch.cat([self.wkv, self.wgate])

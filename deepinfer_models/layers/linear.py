@@ -20,6 +20,19 @@ from deepinfer_core.kernels.ops.quant import dequant_fp8_block, dequant_mxfp4
 # faster and the V4 batch-32 step even (docs/performance.md). ``DEEPINFER_MERGE_PROJECTIONS=0`` runs them apart
 # (read at import, looked up when a layer is built).
 MERGE_PROJECTIONS = os.environ.get("DEEPINFER_MERGE_PROJECTIONS", "1") == "1"
+# The fp32 projections of V4 / V4.1 (the MoE router, the compressors' wkv / wgate) are stored in bf16 by the FP8 / FP4
+# checkpoints. By default they are widened to fp32 at load; ``DEEPINFER_NATIVE_FLOAT_PROJECTIONS=1`` keeps them as
+# stored and ``gemm.dense_wide`` (and ``moe.router_topk``) widen them as they read them: the same products bit for
+# bit from half the bytes a step (the roofline counts the stored bytes). Opt-in until measured on a GPU
+# (docs/performance.md, thirty-seventh pass); where a platform's dense_wide has no kernel for a half weight, each
+# call widens a copy first.
+NATIVE_FLOAT_PROJECTIONS = os.environ.get("DEEPINFER_NATIVE_FLOAT_PROJECTIONS", "0") == "1"
+
+
+def float_projection(w: torch.Tensor) -> torch.Tensor:
+    """A weight of an fp32 projection (``gemm.dense_wide``'s w): as stored with ``NATIVE_FLOAT_PROJECTIONS`` (a
+    float), else widened to fp32 once, here."""
+    return w if NATIVE_FLOAT_PROJECTIONS and w.is_floating_point() else w.float()
 
 
 class Linear:

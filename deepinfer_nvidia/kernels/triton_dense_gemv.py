@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_core.kernels.ops.gemm import _check_x, check_dense_wide, dense, dense_wide
+from deepinfer_core.kernels.ops.gemm import _check_x, check_dense_wide, dense, dense_wide, wide_dtype
 from deepinfer_nvidia.kernels._common import FLOATS, hand_off, next_pow2
 from deepinfer_nvidia.kernels.aten_ops import gemm_dense as cublas_dense
 from deepinfer_nvidia.kernels.aten_ops import supports_dense  # the same operands: the kernel's or cuBLAS's
@@ -164,15 +164,18 @@ def supports_dense_wide(x: torch.Tensor, w: torch.Tensor) -> bool:
 
 
 def gemm_dense_wide(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``gemm.dense_wide``: x [T, K] cast to w's dtype @ w [N, K]^T -> [T, N] in w's dtype. ``takes`` operands with
-    x narrower than w: this module's GEMV widening x as it loads it (no cast launch); the others: ``gemm_dense`` of
-    the cast x (the cast, then the GEMV or cuBLAS as for ``gemm.dense``)."""
+    """``gemm.dense_wide``: x [T, K] @ w [N, K]^T with both widened to ``wide_dtype(w)`` (fp32 for an fp32 or a
+    half-precision w) -> [T, N] in it. ``takes`` operands with something to widen into fp32 (x, or a bf16 / fp16 w
+    as the checkpoint stores it): this module's GEMV widening them as it loads them (no cast launch, and a half w
+    read at half the bytes); the others: ``gemm_dense`` of the widened operands (the casts, then the GEMV or
+    cuBLAS as for ``gemm.dense``)."""
     if not supports_dense_wide(x, w):
         return hand_off("gemm.dense_wide", f"operands {x.dtype}/{w.dtype} on {x.device} not covered", dense_wide,
                         x, w)
     check_dense_wide(x, w)
-    if x.dtype.itemsize < w.dtype.itemsize and takes(x, w):
+    wide = wide_dtype(w)
+    if wide == torch.float32 and (x.dtype != wide or w.dtype != wide) and takes(x, w):
         from deepinfer_nvidia.kernels.triton_gemm import _sm_count
 
-        return gemv(x, w, _sm_count(x.device), widen=True)
-    return gemm_dense(x.to(w.dtype), w)
+        return gemv(x, w, _sm_count(x.device), widen=True, out_dtype=wide)
+    return gemm_dense(x.to(wide), w.to(wide))

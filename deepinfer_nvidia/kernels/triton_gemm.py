@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_core.kernels.ops.gemm import _check_x, check_dense_wide, dense, dense_wide, fp8_block, mxfp4
+from deepinfer_core.kernels.ops.gemm import _check_x, check_dense_wide, dense, dense_wide, fp8_block, mxfp4, wide_dtype
 from deepinfer_core.kernels.ops.quant import MXFP4_GROUP, QuantFormatError, fp8_block_scale_shape
 from deepinfer_nvidia.kernels import branch_gemv, gluon_fp8_gemv, gluon_w8a8_gemv, triton_fp8_fine, triton_fp8_gemv
 from deepinfer_nvidia.kernels.triton_scales import ue8m0
@@ -541,10 +541,11 @@ def _launch_dense(x: torch.Tensor, w: torch.Tensor, tiles) -> torch.Tensor:
 
 
 def gemm_dense_wide_bi(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``gemm.dense_wide``, batch-invariant: ``gemm_dense_bi`` of x cast to w's dtype (the cast is elementwise, so
-    each row's bits still do not depend on the batch)."""
+    """``gemm.dense_wide``, batch-invariant: ``gemm_dense_bi`` of x and w widened to ``wide_dtype(w)`` (the casts
+    are elementwise, so each row's bits still do not depend on the batch; a half-precision w is widened a call)."""
     if not supports_dense_bi(x, w):
         return hand_off("gemm.dense_wide[bi]", f"operands {x.dtype}/{w.dtype} on {x.device} not covered", dense_wide,
                         x, w)
     check_dense_wide(x, w)
-    return gemm_dense_bi(x.to(w.dtype), w)
+    wide = wide_dtype(w)
+    return gemm_dense_bi(x.to(wide), w.to(wide))

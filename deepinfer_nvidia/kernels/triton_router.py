@@ -141,12 +141,4 @@ def router_topk(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, top_k
         from deepinfer_nvidia.kernels.triton_gemm import _sm_count
 
         return fused_router_topk(x, gate_w, bias, top_k, scaling, _sm_count(x.device))
-    if gate_w.dtype == torch.float32:
-        logits = dg.gemm_dense_wide(x, gate_w)
-    elif dg.takes(x, gate_w):  # a half-precision router widened in the GEMV (exact): the fp32 router's logits
-        from deepinfer_nvidia.kernels.triton_gemm import _sm_count
-
-        logits = dg.gemv(x, gate_w, _sm_count(x.device), widen=True, out_dtype=torch.float32)
-    else:
-        logits = dg.gemm_dense_wide(x, gate_w.float())
-    return route_topk(logits, bias, top_k, scaling)
+    return route_topk(dg.gemm_dense_wide(x, gate_w), bias, top_k, scaling)

@@ -12,11 +12,13 @@
 #           launches, graph replays) and harness cases, then the V4.1 batch-1 rows 0 / 1 / 0 / 1. Predicted: the route
 #           top-k's launch boundary (~1.5-2 us under PDL) leaves each MoE layer's chain, and its fp64 softplus (~4 us
 #           in one program) is spread over the GEMV's 24 tile finishers: -12 to -30 us a batch-1 step. Then the
-#           router read as the checkpoint stores it (``DEEPINFER_MOE_ROUTER_NATIVE``: bf16, widened in the GEMV, the
-#           same bits) 0 / 1 / 0 / 1 with the two launches: 3.9 MB a layer fewer on the chain, -5 to -15 us.
+#           fp32 projections read as the checkpoint stores them (``DEEPINFER_NATIVE_FLOAT_PROJECTIONS``: the routers
+#           and the compressors' wkv / wgate in bf16, widened in the GEMV, the same bits) 0 / 1 / 0 / 1 with the
+#           router's two launches: 3.9 MB a MoE layer fewer on the chain, and half the compressors' bytes on the kv
+#           branches, -5 to -20 us.
 #   queued  pass36.sh's prepared and not yet run stages: trace, kvall, hash, bg (~8 minutes on their own).
 #   all     every opt-in together against the defaults, V4.1 batch-1 rows A / B / A / B: the slots, the fused router
-#           reading the stored bf16 router, every layer's KV half as a branch, the Engram hashing in its branch, the
+#           and the float projections as stored, every layer's KV half as a branch, the Engram hashing in its branch, the
 #           capped branch GEMV. Predicted: the sum of the ones that measured faster on their own.
 #   l2      the L2 prefetch distances measured slower on an H100 (thirty-fourth pass), asked again on the H200, whose
 #           copy bandwidth is 1.8x the H100's with the same SMs: the V4.1 batch-1 rows with the swap and the GEMV
@@ -41,7 +43,7 @@ if has router; then
   FILE_S=200 xdist_files router_tests "$HERE/test_conformance_route_compress.py" "$HERE/test_conformance.py" \
     -k "router"
   v41_alt router_rows DEEPINFER_NV_FUSED_ROUTER 0 1
-  v41_alt router_rows DEEPINFER_MOE_ROUTER_NATIVE 0 1
+  v41_alt router_rows DEEPINFER_NATIVE_FLOAT_PROJECTIONS 0 1
 fi
 if has queued; then
   stamp queued
@@ -50,7 +52,8 @@ fi
 if has all; then
   stamp all
   on="DEEPINFER_MOE_SLOTS_IN_EXPAND=1 DEEPINFER_BRANCH_KV_WRITE_ALL=1 DEEPINFER_ENGRAM_HASH_BRANCH=1"
-  on="$on DEEPINFER_NV_BRANCH_GEMV_TILES=32 DEEPINFER_NV_FUSED_ROUTER=1 DEEPINFER_MOE_ROUTER_NATIVE=1"
+  on="$on DEEPINFER_NV_BRANCH_GEMV_TILES=32 DEEPINFER_NV_FUSED_ROUTER=1"
+  on="$on DEEPINFER_NATIVE_FLOAT_PROJECTIONS=1"
   for label in defaults opt-ins defaults opt-ins; do
     if [ "$label" = defaults ]; then v41_row "$label" 1; else v41_row "$label" 1 $on; fi
   done | tee -a "$OUT/all_rows.txt"

@@ -279,18 +279,22 @@ def test_gemm_ops_register_and_run_their_inputs():
             for args, kwargs in cases:
                 y = spec.reference(*args, **kwargs)
                 x = args[0]
-                want = args[1].dtype if spec.name == "gemm.dense_wide" else dtype  # dense_wide: w's dtype
+                want = gemm.wide_dtype(args[1]) if spec.name == "gemm.dense_wide" else dtype  # dense_wide: fp32
                 assert y.dtype == want and y.shape[0] == x.shape[0] and torch.isfinite(y).all()
 
 
 def test_dense_wide_is_dense_of_x_cast_to_the_weights_dtype():
     """``gemm.dense_wide(x, w)`` is ``gemm.dense(x.to(w.dtype), w)`` bit for bit (bf16 and fp64 activations on fp32
-    router-like weights), in w's dtype; bad operands raise naming the op."""
+    router-like weights), in w's dtype; a bf16 weight (as a checkpoint stores it) is widened to fp32 with x, the
+    same product as its fp32 copy's; bad operands raise naming the op."""
     g = torch.Generator().manual_seed(7)
-    w = torch.randn(384, 512, generator=g) / 20
+    w = (torch.randn(384, 512, generator=g) / 20).bfloat16().float()
     for x in (torch.randn(3, 512, generator=g).bfloat16(), torch.randn(2, 512, generator=g, dtype=torch.float64)):
         y = gemm.dense_wide(x, w)
         assert y.dtype == torch.float32 and torch.equal(y, gemm.dense(x.float(), w))
+        half = gemm.dense_wide(x, w.bfloat16())
+        assert half.dtype == torch.float32 and torch.equal(half, y)
+    assert gemm.wide_dtype(w.double()) == torch.float64 and gemm.wide_dtype(w.half()) == torch.float32
     with pytest.raises(ValueError, match="gemm.dense_wide"):
         gemm.dense_wide(torch.randn(3, 500), w)
     with pytest.raises(TypeError, match="gemm.dense_wide"):

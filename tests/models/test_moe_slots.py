@@ -16,6 +16,7 @@ from deepinfer_core.kernels.ops.moe import SLOT_OPS, clamped_swiglu, sum_slots
 from deepinfer_core.kernels.ops.quant import dequant_fp8_block, dequant_mxfp4
 from deepinfer_core.kernels.spec import acc
 from deepinfer_models.deepseek_v4 import moe as moe_mod
+from deepinfer_models.layers import linear as linear_mod
 from deepinfer_models.deepseek_v41.loading import load_deepseek_v41
 from tests.models.test_entry_slot_share import _run
 from tests.models.v41_helpers import prompt, tiny_ckpt
@@ -128,15 +129,16 @@ def test_nvidia_slot_providers_hand_cpu_operands_to_the_summed_reference():
             assert torch.equal(out[:, 0], summed(*args)), key
 
 
-def test_router_as_stored_is_bit_equal(monkeypatch):
-    """``DEEPINFER_MOE_ROUTER_NATIVE``: the biased top-k layers keep the checkpoint's bf16 router and
-    ``moe.router_topk`` widens it (exactly): the same routing and logits as the fp32 copy."""
+def test_float_projections_as_stored_are_bit_equal(monkeypatch):
+    """``DEEPINFER_NATIVE_FLOAT_PROJECTIONS``: the routers and the compressors' wkv / wgate keep the checkpoint's
+    bf16 and ``gemm.dense_wide`` / ``moe.router_topk`` widen them (exactly): the same logits as the fp32 copies."""
     ckpt = tiny_ckpt("flash", "fp4")
     default = load_deepseek_v41(ckpt, dtype=torch.bfloat16)
     want = _run(default, _REQUESTS, _SCHEDULE)
-    monkeypatch.setattr(moe_mod, "ROUTER_NATIVE", True)
+    monkeypatch.setattr(linear_mod, "NATIVE_FLOAT_PROJECTIONS", True)
     native = load_deepseek_v41(ckpt, dtype=torch.bfloat16)
-    layers = [layer["ffn"] for layer in native.layers]
-    assert any(not f.is_hash for f in layers)
-    assert all(f.gate_w.dtype == (torch.float32 if f.is_hash else torch.bfloat16) for f in layers)
+    assert all(layer["ffn"].gate_w.dtype == torch.bfloat16 for layer in native.layers)
+    compressors = [layer["attn"].compressor for layer in native.layers if layer["attn"].compressor is not None]
+    assert compressors and all(c.wkv.dtype == torch.bfloat16 for c in compressors)
+    assert any(c.wgate is not None for c in compressors)
     assert torch.equal(_run(native, _REQUESTS, _SCHEDULE), want)

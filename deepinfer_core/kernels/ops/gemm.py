@@ -37,12 +37,20 @@ def dense(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return linear_rows(x, w)
 
 
+def wide_dtype(w: torch.Tensor) -> torch.dtype:
+    """``gemm.dense_wide``'s product dtype for a weight ``w``: w's own when it is fp32 / fp64, fp32 for a
+    half-precision w (bf16 / fp16, as a checkpoint stores it: widened, exactly)."""
+    return w.dtype if w.dtype.itemsize >= 4 else torch.float32
+
+
 def dense_wide(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``x [T, K]`` cast to ``w``'s dtype, ``@ w [N, K]^T -> [T, N]`` in w's dtype: the fp32 projections of a
-    half-precision activation (the MoE router, the compressors' ``wkv`` / ``wgate``: a widening, exact),
-    ``gemm.dense(x.float(), w)`` without the cast as a kernel of its own."""
+    """``x [T, K] @ w [N, K]^T -> [T, N]`` with both widened to ``wide_dtype(w)`` (fp32 unless w is fp64) and the
+    product in it: the fp32 projections of a half-precision activation (the MoE router, the compressors' ``wkv`` /
+    ``wgate``: a widening, exact), ``gemm.dense(x.float(), w.float())`` without the casts as kernels of their own.
+    w may be fp32, or bf16 / fp16 as the checkpoint stores it (the same product, half the bytes to read)."""
     check_dense_wide(x, w)
-    return dense(x.to(w.dtype), w)
+    wide = wide_dtype(w)
+    return dense(x.to(wide), w.to(wide))
 
 
 def check_dense_wide(x: torch.Tensor, w: torch.Tensor) -> None:
@@ -115,8 +123,11 @@ def _gen_dense(dtype, device, seed):
 
 
 def _gen_dense_wide(dtype, device, seed):
-    for (x, w), kw in _gen_dense(dtype, device, seed):
+    """fp32 weights, and the first case's weight also in bf16 (as a checkpoint stores a router)."""
+    for i, ((x, w), kw) in enumerate(_gen_dense(dtype, device, seed)):
         yield (x, w.float()), kw
+        if i == 0:
+            yield (x, w.bfloat16()), kw
 
 
 def _gen_fp8_block(dtype, device, seed):
@@ -151,7 +162,8 @@ _QUANT_TOL = {torch.bfloat16: (3e-2, 3e-2), torch.float16: (3e-3, 3e-3)}
 
 OPS = [
     OpSpec("gemm.dense", dense, _gen_dense, doc="y = x @ w^T"),
-    OpSpec("gemm.dense_wide", dense_wide, _gen_dense_wide, doc="y = x.to(w.dtype) @ w^T in w's dtype"),
+    OpSpec("gemm.dense_wide", dense_wide, _gen_dense_wide,
+           doc="y = x @ w^T with both widened to fp32 (fp64 for an fp64 w), in that dtype"),
     OpSpec("gemm.fp8_block", fp8_block, _gen_fp8_block, tolerances=_QUANT_TOL,
            doc="y = x @ dequant_fp8_block(q, scale, block)^T"),
     OpSpec("gemm.fp8_block_grouped", fp8_block_grouped, _gen_fp8_block_grouped, tolerances=_QUANT_TOL,

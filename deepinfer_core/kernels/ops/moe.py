@@ -39,12 +39,11 @@ def compose_router_topk(k: dict):
     def router_topk(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, top_k: int, scaling: float
                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The MoE router of a biased top-k layer: x [T, D] (the normed FFN input), gate_w [E, D] (fp32, or the
-        checkpoint's bf16 / fp16: widened, exactly), bias [E] fp32 -> ``(weights [T, k] fp32, ids [T, k] int64)`` =
-        ``moe.route_topk(gemm.dense_wide(x, gate_w.float()), bias, k, scaling)``: fp32 logits of x and the router
-        both widened. One op so a platform can route in the launch that makes the logits (one dependent launch
-        fewer a MoE layer at batch 1) and read a half-precision router as it is stored (half the bytes; the
-        composition here widens it first, a copy a call)."""
-        return route(logits_of(x, gate_w if gate_w.dtype == torch.float32 else gate_w.float()), bias, top_k, scaling)
+        checkpoint's bf16 / fp16: ``gemm.dense_wide`` widens both), bias [E] fp32 -> ``(weights [T, k] fp32, ids
+        [T, k] int64)`` = ``moe.route_topk(gemm.dense_wide(x, gate_w), bias, k, scaling)``: fp32 logits. One op so
+        a platform can route in the launch that makes the logits (one dependent launch fewer a MoE layer at
+        batch 1)."""
+        return route(logits_of(x, gate_w), bias, top_k, scaling)
 
     return router_topk
 
