@@ -95,7 +95,8 @@ def test_aten_splitk(rows, splits):
 def test_dense_wide(rows, xd):
     """``gemm.dense_wide`` (the router and the compressors' fp32 projections of a bf16 x): 1-4 rows through the GEMV
     widening x in the kernel, 5 and 64 through the cast and cuBLAS; fp32 out within fp32 sums of the exact products
-    (the weight is not rounded), the same bits as ``gemm_dense`` of the widened x on the GEMV path."""
+    (the weight is not rounded), the same bits as ``gemm_dense`` of the widened x on the GEMV path; a bf16 weight
+    gives its fp32 copy's bits."""
     from deepinfer_nvidia.kernels import triton_dense_gemv as dg
 
     g = torch.Generator().manual_seed(40 + rows)
@@ -109,3 +110,8 @@ def test_dense_wide(rows, xd):
         assert (y.double() - exact).abs().max() <= 1e-5 * max(1.0, exact.abs().max().item()), (rows, n, k)
         if rows <= 4:
             assert torch.equal(y, dg.gemm_dense(x.float(), w)), (rows, n, k)  # the same sums in the same order
+        # the weight as a checkpoint stores it (bf16): widened in the kernel, the products of its fp32 copy, bit for bit
+        wh = w.bfloat16()
+        _poison()
+        yh = dg.gemm_dense_wide(x, wh)
+        assert yh.dtype == torch.float32 and torch.equal(yh, dg.gemm_dense_wide(x, wh.float())), (rows, n, k)
