@@ -30,6 +30,16 @@ def _case(seed: int, t: int, k: int, route: str, e: int, d: int, f: int):
     return experts_mxfp4(x, w, ids, *ws, 1.0), [a.cuda() for a in [x, w, ids] + ws]
 
 
+def _model_width(seed: int, t: int) -> tuple:
+    """(x [t, 5120] bf16, weights, ids [t, 6], stacks) on the GPU: V4.1's widths (D 5120, F 2304), 16 experts."""
+    e, d, f = 16, 5120, 2304
+    ws = [a.cuda() for a in _mxfp4_stacks(e, d, f, 800)]
+    g = _gen(seed)
+    x = torch.randn(t, d, generator=g).bfloat16().cuda()
+    ids, w = (a.cuda() for a in _routing(t, 6, e, "rand", g))
+    return x, w, ids, ws
+
+
 @pytest.mark.parametrize("d,f", [(640, 384), (512, 256)])  # 5 and 3 K tiles (odd), 4 and 2 (even)
 @pytest.mark.parametrize("t,k,route", [(1, 6, "rand"), (2, 6, "rand"), (3, 8, "skew"), (8, 6, "one"),
                                        (17, 3, "rand")])
@@ -69,11 +79,7 @@ def test_swap_pair_model_width(t):
     """V4.1's widths (D 5120, F 2304: 40 and 18 K tiles), 16 experts: within bf16 rounding of the one-warpgroup
     kernel (the fp32 sums differ only in order)."""
     sw = _swap()
-    e, d, f = 16, 5120, 2304
-    ws = [a.cuda() for a in _mxfp4_stacks(e, d, f, 800)]
-    g = _gen(2700 + t)
-    x = torch.randn(t, d, generator=g).bfloat16().cuda()
-    ids, w = (a.cuda() for a in _routing(t, 6, e, "rand", g))
+    x, w, ids, ws = _model_width(2700 + t, t)
     poison()
     out = sw.swap_mxfp4(x, w, ids, *ws, 1.0, paired=True)
     base = sw.swap_mxfp4(x, w, ids, *ws, 1.0, paired=False)
@@ -115,14 +121,10 @@ def test_swap_slots(t, paired):
     from deepinfer_core.kernels.ops.moe import sum_slots
     from deepinfer_nvidia.kernels.triton_moe import moe_experts_mxfp4_slots
 
-    e, d, f = 16, 5120, 2304
-    ws = [a.cuda() for a in _mxfp4_stacks(e, d, f, 800)]
-    g = _gen(2900 + t)
-    x = torch.randn(t, d, generator=g).bfloat16().cuda()
-    ids, w = (a.cuda() for a in _routing(t, 6, e, "rand", g))
+    x, w, ids, ws = _model_width(2900 + t, t)
     poison()
     slots = sw.swap_mxfp4(x, w, ids, *ws, 1.0, paired=paired, slots=True)
-    assert slots.shape == (t, 6, d) and slots.dtype == torch.float32
+    assert slots.shape == (t, 6, x.shape[1]) and slots.dtype == torch.float32
     summed = sw.swap_mxfp4(x, w, ids, *ws, 1.0, paired=paired)
     torch.testing.assert_close(sum_slots(slots).bfloat16(), summed, rtol=0, atol=0)
     if paired is None:
