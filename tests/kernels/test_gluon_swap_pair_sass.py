@@ -92,3 +92,40 @@ def test_policy_takes_one_token_only(monkeypatch):
     assert not gp.takes(216, 132, 640, 288) and not gp.takes(216, 132, 5120, 2320)
     monkeypatch.setattr(gp, "PAIR_WARPGROUPS", False)
     assert not gp.takes(216, 132, 5120, 2304)
+
+
+def test_down_launch_capped_to_four_programs_an_sm():
+    """``DEEPINFER_NV_SWAP_PAIR_DOWN_MAXNREG=64`` (opt-in): the down launch at V4.1's F (18 K tiles: ``KT_PAD`` 16)
+    fits four 8-warp programs an SM (64 registers a thread, shared memory under a quarter of the SM's 228 KB with its
+    1 KB reservation), so one token's 480 live down programs run in one round on 132 SMs; its K loop keeps every
+    ``wgmma`` and copy and spills at most 2 loads and 2 stores a step."""
+    consts = {"TOPK": 6, "UP": 0, "BLOCK_M": gp.PAIR_BLOCK_M, "STAGES": 3, "SAFE": 0, "PDL": 1, "SKIP_PAD": 1,
+              "KT_PAD": 16, "num_warps": 8}
+    sig = dict(SIG, out_ptr="*fp32")
+    full = count(gp._swap_pair_kernel, sig, consts, warps=8, div16=DIV16, maxnreg=gp.PAIR_MAXNREG)
+    capped = count(gp._swap_pair_kernel, sig, consts, warps=8, div16=DIV16, maxnreg=64)
+    assert capped["registers"] <= 64 and 4 * (capped["shared"] + 1024) <= 228 * 1024, (capped["registers"],
+                                                                                       capped["shared"])
+    for name in ("HGMMA", "LDGSTS", "LDS"):
+        assert _has(capped["ops"], name) == _has(full["ops"], name), (name, capped["ops"], full["ops"])
+    loop = [op.split(".")[0] for op in opcodes(capped["loop"])]
+    assert loop.count("LDL") <= 2 and loop.count("STL") <= 2, loop
+    assert len(capped["loop"]) <= 1.15 * len(full["loop"]), (len(capped["loop"]), len(full["loop"]))
+
+
+def test_launch_caps_only_the_down_launch(monkeypatch):
+    """The knob reaches the down launch's ``maxnreg`` and leaves the up launch at ``PAIR_MAXNREG``."""
+    import torch
+
+    seen = []
+
+    class Grid:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: seen.append((kw["UP"], kw["maxnreg"]))
+
+    monkeypatch.setattr(gp, "_swap_pair_kernel", Grid())
+    monkeypatch.setattr(gp, "PAIR_DOWN_MAXNREG", 64)
+    b = torch.zeros(64, dtype=torch.uint8)
+    for up in (True, False):
+        gp.launch(up, 1, b, b, b, b, b, b, b, b, b, 1, 1, 128, 256, 256, 1.0, 1, 6, False, not up, 3)
+    assert seen == [(1, gp.PAIR_MAXNREG), (0, 64)]
