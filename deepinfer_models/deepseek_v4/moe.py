@@ -47,6 +47,7 @@ class MoEV4:
         # dequantises only the routed experts (a real V4 layer is 12.9 GB in bf16, 3.2 GB in MXFP4).
         lins = {n: [make_linear(f"{p}.experts.{e}.{n}") for e in range(cfg.n_routed_experts)] for n in ("w1", "w3", "w2")}
         self.fmt = lins["w1"][0].fmt
+        self.experts_op = _EXPERTS_OP[self.fmt]
         self.block = lins["w1"][0].block
         # The loaders leave routed experts in host memory (``is_routed_expert``): the stack is built
         # there and only the stacked copy moves to the device, so the device never holds both.
@@ -87,9 +88,9 @@ class MoEV4:
         else:  # the fp32 router's logits and the biased top-k: one op (one launch where the platform fuses them)
             weights, ids = self.k["moe.router_topk"](x, self.gate_w, self.bias, cfg.num_experts_per_tok,
                                                      cfg.routed_scaling_factor)
-        op = _EXPERTS_OP[self.fmt]
+        op = SLOT_OPS[self.experts_op] if slots else self.experts_op
         block = (self.block,) if self.fmt == "fp8" else ()
-        routed = self.k[SLOT_OPS[op] if slots else op](x, weights, ids, *self.experts, *block, cfg.swiglu_limit)
+        routed = self.k[op](x, weights, ids, *self.experts, *block, cfg.swiglu_limit)
         return routed, shared.join()
 
     def _shared(self, x: torch.Tensor) -> torch.Tensor:

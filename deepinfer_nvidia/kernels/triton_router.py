@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_core.kernels.ops.gemm import check_dense_wide, dense_wide as ref_dense_wide
+from deepinfer_core.kernels.ops.gemm import dense_wide as ref_dense_wide
 from deepinfer_core.kernels.ops.moe import ROUTER_TOPK_PARTS, compose_router_topk, route_topk as ref_route
 from deepinfer_nvidia.kernels import triton_dense_gemv as dg
 from deepinfer_nvidia.kernels._common import FLOATS, hand_off, next_pow2, on_cuda
@@ -131,12 +131,12 @@ def supports_router(x, gate_w, bias, top_k, scaling) -> bool:
 def router_topk(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, top_k: int, scaling: float
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``moe.router_topk``: x [T, D], gate_w [E, D] (fp32 or the checkpoint's bf16 / fp16, widened in the kernel),
-    bias [E] -> (weights [T, k] fp32, ids [T, k] int64). One launch where ``FUSED_ROUTER`` is on and ``fused_takes``;
-    else the GEMV (fp32 logits) and ``route_topk``."""
+    bias [E] -> (weights [T, k] fp32, ids [T, k] int64). One launch where ``FUSED_ROUTER`` is on and ``fused_takes``
+    (which holds only for operands ``gemm.dense_wide`` accepts); else the GEMV (fp32 logits, its operand errors) and
+    ``route_topk``."""
     if not supports_router(x, gate_w, bias, top_k, scaling):
         return hand_off("moe.router_topk", f"operands on {x.device} not covered", _REFERENCE, x, gate_w, bias, top_k,
                         scaling)
-    check_dense_wide(x, gate_w)
     if FUSED_ROUTER and fused_takes(x, gate_w, bias, top_k, scaling):
         from deepinfer_nvidia.kernels.triton_gemm import _sm_count
 

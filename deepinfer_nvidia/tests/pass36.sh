@@ -55,26 +55,23 @@ fi
 if has rows; then
   stamp rows
   D=${ROWS_DECODES:-1,64}
-  off="DEEPINFER_MOE_SUM_IN_EXPAND=0 DEEPINFER_MHC_MIX_BRANCH=0"
-  both="DEEPINFER_MOE_SUM_IN_EXPAND=1 DEEPINFER_MHC_MIX_BRANCH=1"
-  { v41_row "off" "$D" $off
-    v41_row "sum in expand" "$D" DEEPINFER_MOE_SUM_IN_EXPAND=1 DEEPINFER_MHC_MIX_BRANCH=0
-    v41_row "sum in expand + mix branch" "$D" $both
-    v41_row "off" "$D" $off
-    v41_row "sum in expand + mix branch" "$D" $both; } | tee -a "$OUT/rows.txt"
+  off="off|DEEPINFER_MOE_SUM_IN_EXPAND=0 DEEPINFER_MHC_MIX_BRANCH=0"
+  both="sum in expand + mix branch|DEEPINFER_MOE_SUM_IN_EXPAND=1 DEEPINFER_MHC_MIX_BRANCH=1"
+  v41_rows rows "$D" "$off" "sum in expand|DEEPINFER_MOE_SUM_IN_EXPAND=1 DEEPINFER_MHC_MIX_BRANCH=0" "$both" "$off" \
+    "$both"
 fi
 if has rows2; then
   stamp rows2
   D=${ROWS_DECODES:-1,64}
-  a36="DEEPINFER_NV_SIDE_STREAMS=1 DEEPINFER_ENGRAM_BRANCH=0 DEEPINFER_BRANCH_INDEX_WEIGHTS=0"
-  all="DEEPINFER_NV_SIDE_STREAMS=4 DEEPINFER_ENGRAM_BRANCH=1 DEEPINFER_BRANCH_INDEX_WEIGHTS=1"
-  { v41_row "pass36a best (1 side stream)" "$D" $a36
-    v41_row "4 side streams" "$D" DEEPINFER_NV_SIDE_STREAMS=4 DEEPINFER_ENGRAM_BRANCH=0 DEEPINFER_BRANCH_INDEX_WEIGHTS=0
-    v41_row "4 side streams + Engram lookups" "$D" DEEPINFER_NV_SIDE_STREAMS=4 DEEPINFER_ENGRAM_BRANCH=1 \
-      DEEPINFER_BRANCH_INDEX_WEIGHTS=0
-    v41_row "4 side streams + Engram lookups + head weights (defaults)" "$D" $all
-    v41_row "pass36a best (1 side stream)" "$D" $a36
-    v41_row "4 side streams + Engram lookups + head weights (defaults)" "$D" $all; } | tee -a "$OUT/rows2.txt"
+  a36="pass36a best (1 side stream)|DEEPINFER_NV_SIDE_STREAMS=1 DEEPINFER_ENGRAM_BRANCH=0"
+  a36="$a36 DEEPINFER_BRANCH_INDEX_WEIGHTS=0"
+  all="4 side streams + Engram lookups + head weights (defaults)|DEEPINFER_NV_SIDE_STREAMS=4 DEEPINFER_ENGRAM_BRANCH=1"
+  all="$all DEEPINFER_BRANCH_INDEX_WEIGHTS=1"
+  v41_rows rows2 "$D" "$a36" \
+    "4 side streams|DEEPINFER_NV_SIDE_STREAMS=4 DEEPINFER_ENGRAM_BRANCH=0 DEEPINFER_BRANCH_INDEX_WEIGHTS=0" \
+    "4 side streams + Engram lookups|DEEPINFER_NV_SIDE_STREAMS=4 DEEPINFER_ENGRAM_BRANCH=1
+      DEEPINFER_BRANCH_INDEX_WEIGHTS=0" \
+    "$all" "$a36" "$all"
 fi
 if has prof; then
   stamp prof

@@ -42,9 +42,7 @@ if has slots; then
   FILE_S=200 xdist_files slots_tests "$HERE/test_conformance_moe_swap_pair.py" "$HERE/test_conformance.py" \
     -k "slots or expand_model_width"
   v41_alt slots_rows DEEPINFER_MOE_SLOTS_IN_EXPAND 0 1
-  { v41_row "slots off" 1,64 DEEPINFER_MOE_SLOTS_IN_EXPAND=0
-    v41_row "slots on" 1,64 DEEPINFER_MOE_SLOTS_IN_EXPAND=1; } | tee -a "$OUT/slots_rows.txt"
-  python3 benchmarks/ab_rows.py "$OUT/slots_rows.txt"
+  v41_rows slots_rows 1,64 "slots off|DEEPINFER_MOE_SLOTS_IN_EXPAND=0" "slots on|DEEPINFER_MOE_SLOTS_IN_EXPAND=1"
 fi
 if has router; then
   stamp router
@@ -73,10 +71,7 @@ if has all; then
   on="DEEPINFER_MOE_SLOTS_IN_EXPAND=1 DEEPINFER_BRANCH_KV_WRITE_ALL=1 DEEPINFER_ENGRAM_HASH_BRANCH=1"
   on="$on DEEPINFER_NV_BRANCH_GEMV_TILES=32 DEEPINFER_NV_FUSED_ROUTER=1"
   on="$on DEEPINFER_NATIVE_FLOAT_PROJECTIONS=1 DEEPINFER_NV_SWAP_PAIR_DOWN_MAXNREG=64"
-  for label in defaults opt-ins defaults opt-ins; do
-    if [ "$label" = defaults ]; then v41_row "$label" 1; else v41_row "$label" 1 $on; fi
-  done | tee -a "$OUT/all_rows.txt"
-  python3 benchmarks/ab_rows.py "$OUT/all_rows.txt"
+  v41_rows all_rows 1 "defaults|" "opt-ins|$on" "defaults|" "opt-ins|$on"
 fi
 if has l2; then
   stamp l2

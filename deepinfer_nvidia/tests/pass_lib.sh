@@ -54,6 +54,11 @@ v41_row() {  # v41_row LABEL DECODES ENV...: one V4.1 sweep process with ENV (VA
     --prefill "" --skip-hf --graphs --profile-decode "" 2>&1 | grep -E "pipelined|Error" | sed -E 's/capture [0-9.]+ s, //'
   rm -rf "$OUT/row"
 }
+v41_rows() {  # v41_rows TAG DECODES "LABEL|ENV..." ...: one v41_row a spec, in order, into $OUT/TAG.txt, summarised
+  local tag=$1 decodes=$2; shift 2
+  for spec in "$@"; do v41_row "${spec%%|*}" "$decodes" ${spec#*|}; done | tee -a "$OUT/$tag.txt"
+  python3 benchmarks/ab_rows.py "$OUT/$tag.txt"
+}
 v41_profile() {  # v41_profile: a batch-1 profile of the V4.1 slice (graphed, PDL on) into $OUT/profile_v41_b1.txt
   timeout 150 python3 benchmarks/sweep.py --arch v41 --out "$OUT/prof" --providers triton --decode 1 --prefill "" \
     --skip-hf --graphs --profile-decode 1 2>&1 | quiet | grep -E "launches|pipelined|Error" | head -8
