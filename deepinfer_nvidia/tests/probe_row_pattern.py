@@ -7,6 +7,7 @@ step (rows ``row_bytes`` apart: 2560 for V4.1's w1 / w3, 1152 for w2). This read
 experts two ways with one plain Triton kernel that only XORs them (no decode, no MMA):
 
 - ``rows``: the kernel's order (64 rows x 128 bytes a step, rows ``row_bytes`` apart);
+- ``rows`` at 256 and 512 bytes of a row a step where they divide the row (fewer, longer runs a row);
 - ``tiles``: the same bytes repacked so each program's step is one contiguous 8 KB block
   (``[E, N / 64, steps, 64, 128]``), the layout a load-time repack would give.
 
@@ -56,12 +57,13 @@ def repack(w: torch.Tensor, br: int = 64, bc: int = 128) -> torch.Tensor:
 
 
 def xor_read(w: torch.Tensor, ids: torch.Tensor, n: int, row_bytes: int, tiles: bool, warps: int = 8,
-             stages: int = 3) -> torch.Tensor:
-    """The XOR of every routed program's bytes: int32 [len(ids) * n / 64]."""
-    nt, steps = n // 64, row_bytes // 128
+             stages: int = 3, width: int = 128) -> torch.Tensor:
+    """The XOR of every routed program's bytes: int32 [len(ids) * n / 64]; ``width``: bytes of a row a step (the
+    rows order; it must divide ``row_bytes``; the tiles layout is repacked at 128)."""
+    nt, steps = n // 64, row_bytes // width
     out = torch.empty(ids.numel() * nt, dtype=torch.int32, device=w.device)
     _xor_rows_kernel[(ids.numel() * nt,)](w.view(torch.int32), ids, out, n, row_bytes, nt, steps, TILES=int(tiles),
-                                          BR=64, BC=128, num_warps=warps, num_stages=stages)
+                                          BR=64, BC=width, num_warps=warps, num_stages=stages)
     return out
 
 
@@ -78,13 +80,18 @@ def main() -> None:
         for experts in (6, 12, 48):
             ids = torch.randperm(E, generator=g, device="cuda")[:experts].to(torch.int32)
             a, b = xor_read(w, ids, n, k // 2, False), xor_read(wt, ids, n, k // 2, True)
+            wide = [v for v in (256, 512) if (k // 2) % v == 0]
+            same_wide = all(torch.equal(a.view(-1), xor_read(w, ids, n, k // 2, False, width=v)) for v in wide)
             mb = experts * n * k / 2 / 1e6
-            line = f"{name} {experts:3d} experts {mb:7.1f} MB, same XOR: {torch.equal(a, b)}"
+            line = f"{name} {experts:3d} experts {mb:7.1f} MB, same XOR: {torch.equal(a, b) and same_wide}"
             for tiles in (False, True):
                 for warps, stages in ((4, 3), (8, 3), (8, 4)):
                     us = graph_us(lambda: xor_read(w if not tiles else wt, ids, n, k // 2, tiles, warps, stages),
                                   warmup=20, rep=100, mode="mean")
                     line += f" | {'tiles' if tiles else 'rows'} w{warps}s{stages} {us:6.1f} us {mb / us:4.2f} TB/s"
+            for v in wide:
+                us = graph_us(lambda: xor_read(w, ids, n, k // 2, False, 8, 3, v), warmup=20, rep=100, mode="mean")
+                line += f" | rows {v} B a step w8s3 {us:6.1f} us {mb / us:4.2f} TB/s"
             print(line, flush=True)
 
 
