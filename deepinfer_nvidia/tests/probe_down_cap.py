@@ -1,6 +1,6 @@
 """Diagnostic (not a pytest file): does the paired swap's down launch change with its register cap at one token?
 
-    python -m deepinfer_nvidia.tests.probe_down_cap [--caps 128,64,128,64] [--tokens 1]
+    python -m deepinfer_nvidia.tests.probe_down_cap [--caps 128,64,128,64] [--tokens 1] [--eager N]
 
 For each cap (``gluon_swap_pair.PAIR_DOWN_MAXNREG``, read at launch) the V4.1-shaped MXFP4 experts call
 (``swap_mxfp4(paired=True)``) is replayed from a CUDA graph under torch.profiler: per-kernel GPU times in launch
@@ -30,6 +30,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--caps", default="128,64,128,64")
     ap.add_argument("--tokens", default="1")
+    ap.add_argument("--eager", type=int, default=0, help="N plain calls a cap, nothing timed (for ncu)")
     args = ap.parse_args()
     import deepinfer_nvidia.kernels.gluon_moe_swap as sw
     import deepinfer_nvidia.kernels.gluon_swap_pair as gp
@@ -44,6 +45,12 @@ def main() -> None:
         ref = None
         for cap in [int(v) for v in args.caps.split(",")]:
             gp.PAIR_DOWN_MAXNREG = cap
+            if args.eager:
+                for _ in range(args.eager):
+                    sw.swap_mxfp4(x, w, ids, *ws, 10.0, paired=True)
+                torch.cuda.synchronize()
+                print(f"T={t} cap {cap}: {args.eager} calls (up, down launches each)", flush=True)
+                continue
             out = sw.swap_mxfp4(x, w, ids, *ws, 10.0, paired=True)
             ref = out if ref is None else ref
             same = torch.equal(out, ref)
