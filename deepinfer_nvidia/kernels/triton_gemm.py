@@ -35,7 +35,7 @@ import triton.language as tl
 
 from deepinfer_core.kernels.ops.gemm import _check_x, check_dense_wide, dense, dense_wide, fp8_block, mxfp4, wide_dtype
 from deepinfer_core.kernels.ops.quant import MXFP4_GROUP, QuantFormatError, fp8_block_scale_shape
-from deepinfer_nvidia.kernels import branch_gemv, gluon_fp8_gemv, gluon_w8a8_gemv, triton_fp8_fine, triton_fp8_gemv
+from deepinfer_nvidia.kernels import gluon_fp8_gemv, gluon_w8a8_gemv, triton_fp8_fine, triton_fp8_gemv
 from deepinfer_nvidia.kernels.triton_scales import ue8m0
 from deepinfer_nvidia.kernels._common import FLOATS, dot_precision, hand_off, on_cuda
 from deepinfer_nvidia.kernels.triton_pdl import pdl_enter, pdl_launch
@@ -307,9 +307,6 @@ def gemm_fp8_block(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, block)
     if gluon_w8a8_gemv.takes(x, q, bn_blk, bk_blk, e8):  # opt-in MXFP8 activations: FP8 wgmma (thirty-fifth pass)
         return gluon_w8a8_gemv.gemv_w8a8(x, q, s, s_cols, bn_blk, bk_blk, _sm_count(x.device))
     if gluon_fp8_gemv.takes(x, q, bn_blk, bk_blk, e8):  # 1-16 rows on SM90: swap-AB wgmma (twelfth pass)
-        if branch_gemv.takes(q):  # a large GEMV in a side branch, capped (opt-in, thirty-sixth pass)
-            return branch_gemv.gemv_in_chunks(x, q, s, s_cols, bn_blk, bk_blk, _sm_count(x.device),
-                                              gluon_fp8_gemv.gemv_wgmma)
         return gluon_fp8_gemv.gemv_wgmma(x, q, s, s_cols, bn_blk, bk_blk, _sm_count(x.device))
     if triton_fp8_gemv.takes(m, bk_blk):  # decode: a CUDA-core GEMV, no 16-row tensor-core tile of padding
         return triton_fp8_gemv.gemm_fp8_gemv(x, q, s, s_cols, bn_blk, bk_blk, e8, _sm_count(x.device))

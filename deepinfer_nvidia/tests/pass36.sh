@@ -30,10 +30,7 @@
 #   hash    (prepared, not yet run) the Engram hashing and both lookups as one branch (``DEEPINFER_ENGRAM_HASH_BRANCH``):
 #           the V4.1 batch-1 rows 0 / 1 / 0 / 1. Predicted: the hasher's ~5 launches leave the step's first stretch,
 #           -5 to -15 us.
-#   bg      (prepared, not yet run) a large GEMV inside a side branch as capped launches (``branch_gemv``,
-#           DEEPINFER_NV_BRANCH_GEMV_TILES: the Engram lookups' 157 MB wkv): its device test, then the V4.1 batch-1
-#           rows with the knob 0 / 32 / 0 / 32. Predicted: the chain's kernels keep their SMs while the lookups
-#           stream, -10 to -40 us.
+#   bg      (removed in the thirty-seventh pass with branch_gemv: measured even on an H100)
 #   trace   (prepared, not yet run) the batch-1 profile with the step's chrome trace (``DEEPINFER_SWEEP_TRACE=1``) and
 #           ``benchmarks/trace_chain.py``'s report of the main stream's gaps by cause, appended to profile_v41_b1.txt.
 #   The next pass runs these through pass37.sh (stage queued), after its own stages.
@@ -86,11 +83,6 @@ fi
 if has engram; then
   stamp engram
   v41_alt engram_rows DEEPINFER_ENGRAM_BRANCH 0 1
-fi
-if has bg; then
-  stamp bg
-  FILE_S=150 xdist_files bg_tests "$HERE/test_side_stream.py" -k capped
-  v41_alt bg_rows DEEPINFER_NV_BRANCH_GEMV_TILES 0 32
 fi
 if has trace; then
   stamp trace
