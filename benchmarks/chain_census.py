@@ -6,7 +6,7 @@ Loads the tiny V4.1 checkpoint (``deepinfer make-tiny`` layout, written to a tem
 kernel table, prefills a short prompt, then records one decode step: every call of a resolved model op, and whether
 it ran inside a ``stream.side`` branch. The reference platform runs a branch in place, so the order is the model's
 program order; on nvidia the branches fork onto side streams and the main stream's ops are the batch-1 chain. The
-linears' GEMMs hold their own kernels and are not counted. Environment knobs (``DEEPINFER_BRANCH_KV_WRITE_ALL=1``
+linears' GEMMs hold their own kernels and are not counted. Environment knobs (``DEEPINFER_MHC_MIX_BRANCH=0``
 and the like) change what it reports, so each opt-in's effect on the chain can be read without a GPU.
 """
 from __future__ import annotations

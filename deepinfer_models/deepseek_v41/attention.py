@@ -30,10 +30,6 @@ from deepinfer_models.layers.static_index import write_rows
 # bit-equal on and off (docs/performance.md, thirty-fourth pass). ``tests/models/test_side_branch_order.py`` runs
 # it with the branch deferred to its join.
 BRANCH_KV_WRITE = os.environ.get("DEEPINFER_BRANCH_KV_WRITE", "1") == "1"
-# Every layer's KV half as that branch, not only the kv sources' (a layer that is not one writes its SWA row: the
-# KV norm + RoPE and the row write, two launches on the chain before its attention). Opt-in, not yet measured
-# (written after the thirty-sixth pass's last device call): ``DEEPINFER_BRANCH_KV_WRITE_ALL=1``.
-BRANCH_KV_WRITE_ALL = os.environ.get("DEEPINFER_BRANCH_KV_WRITE_ALL", "0") == "1"
 # An index source's head weights ``weights_proj(x)`` (they read only x) as a ``stream.side`` branch forked at the
 # attention's start, joined by the indexer: one dense GEMV a layer off the chain from wq_b to the scores.
 # ``DEEPINFER_BRANCH_INDEX_WEIGHTS=0``: in order, inside the indexer (docs/performance.md, thirty-sixth pass).
@@ -68,7 +64,7 @@ class AttentionV41(SharedKVAttention):
         if self.indexer is not None and BRANCH_INDEX_WEIGHTS:
             head_w = self.k["stream.side"](self.indexer.weights_proj, x)
         q_a, kv_a = self.qkv_a(x)  # one product where merged
-        if BRANCH_KV_WRITE and (self.compressor is not None or BRANCH_KV_WRITE_ALL):
+        if BRANCH_KV_WRITE and self.compressor is not None:
             return self.attend(x, ctx, share, q_a, self.k["stream.side"](self.write_kv, x, ctx, rows, kv_a), head_w)
         self.write_kv(x, ctx, rows, kv_a)
         return self.attend(x, ctx, share, q_a, None, head_w)

@@ -27,10 +27,6 @@ from deepinfer_models.deepseek_v41.step import IndexShare, StepRows
 # from the step's start, joined where the layer injects: on a platform with side streams the lookup leaves the
 # layers' chain. ``DEEPINFER_ENGRAM_BRANCH=0``: in order, at the layer (docs/performance.md, thirty-sixth pass).
 ENGRAM_BRANCH = os.environ.get("DEEPINFER_ENGRAM_BRANCH", "1") == "1"
-# With ``ENGRAM_BRANCH``: the step's Engram hashing (the n-gram window, the hash ids, the history write) and every
-# lookup as one branch, so the hasher's launches leave the step's first stretch of the chain too. Opt-in, not yet
-# measured (written after the thirty-sixth pass's last device call): ``DEEPINFER_ENGRAM_HASH_BRANCH=1``.
-ENGRAM_HASH_BRANCH = os.environ.get("DEEPINFER_ENGRAM_HASH_BRANCH", "0") == "1"
 
 _OWN_OPS = (
     "norm.rms", "norm.rms_unweighted", "norm.rms_rope", "rope.interleaved", "attention.sparse_sink",
@@ -138,19 +134,11 @@ class DeepseekV41ForCausalLM(DeepseekCausalLMBase):
             taps[L] = None
         return self._forward(input_ids, ctx, taps), taps
 
-    def _hash_and_look_up(self, input_ids: torch.Tensor, ctx: StepContext, rows: StepRows,
-                          layer_ids: list[int]) -> dict[int, torch.Tensor]:
-        """The step's Engram hash ids (the history write included), then the lookup of each layer in
-        ``layer_ids``: ``{layer: kv [T, (n+1)*D]}`` (``ENGRAM_HASH_BRANCH`` runs this as one branch)."""
-        hash_ids = self.hasher(input_ids, ctx, rows)
-        return {i: self.layers[i]["engram"].lookup(hash_ids, self.dtype) for i in layer_ids}
-
     def _forward(self, input_ids: torch.Tensor, ctx: StepContext, taps: dict | None) -> torch.Tensor:
         k, cfg = self.k, self.cfg
         rows = StepRows.from_context(ctx)
         share = IndexShare()
-        hashing_branched = self.hasher is not None and ENGRAM_BRANCH and ENGRAM_HASH_BRANCH
-        hash_ids = self.hasher(input_ids, ctx, rows) if self.hasher is not None and not hashing_branched else None
+        hash_ids = self.hasher(input_ids, ctx, rows) if self.hasher is not None else None
         eps = cfg.rms_norm_eps
         c = self.replay_cut
         plan = plan_replay(ctx, cfg.sliding_window) if c is not None and taps is None else None
@@ -163,11 +151,7 @@ class DeepseekV41ForCausalLM(DeepseekCausalLMBase):
         residual = x.unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()  # [T, n, D]
         # every Engram layer's table lookup reads only this step's ids: branches from here, joined where they inject
         engram_ids = [i for i, layer in enumerate(self.layers) if layer["engram"] is not None and ENGRAM_BRANCH]
-        if hashing_branched:  # one branch: the hashing, then every lookup
-            both = k["stream.side"](self._hash_and_look_up, input_ids, ctx, rows, engram_ids)
-            lookups = {i: _Picked(both, i) for i in engram_ids}
-        else:
-            lookups = {i: k["stream.side"](self.layers[i]["engram"].lookup, hash_ids, self.dtype) for i in engram_ids}
+        lookups = {i: k["stream.side"](self.layers[i]["engram"].lookup, hash_ids, self.dtype) for i in engram_ids}
         stack = []
         for i, layer in enumerate(self.layers):
             attn, ffn, engram = layer["attn"], layer["ffn"], layer["engram"]
@@ -201,16 +185,6 @@ class DeepseekV41ForCausalLM(DeepseekCausalLMBase):
                             cut=(c, keep) if plan is not None else None)
         return k["norm.rms"](h, self.norm_w, eps)
 
-
-
-class _Picked:
-    """One layer's result of a branch that returns ``{layer: kv}``: ``join()`` joins the branch and picks it."""
-
-    def __init__(self, branch, layer: int):
-        self.branch, self.layer = branch, layer
-
-    def join(self) -> torch.Tensor:
-        return self.branch.join()[self.layer]
 
 
 def _tapping(inject, taps: dict, layer: int):

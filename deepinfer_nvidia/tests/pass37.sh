@@ -23,7 +23,7 @@
 #           busy % of each pipe (ALU, FMA, shared, tensor), to find the per-SM resource that kept the down launch at
 #           21.5 us with twice the warps. Predicted: one pipe (the ALU's LOP3 / SHF of the decode, or the shared
 #           memory pipe of the fragment reads) near its peak at 4 programs an SM; if none is, the per-step barriers.
-#   queued  pass36.sh's prepared stages: trace, kvall, hash (ran on an H100; bg went with branch_gemv).
+#   queued  pass36.sh's trace stage (ran on an H100 with kvall, hash and bg, whose knobs then went: even).
 #   all     every opt-in together against the defaults, V4.1 batch-1 rows A / B / A / B: the capped down launch, the
 #           slots, the fused router and the float projections as stored, every layer's KV half as a branch, the Engram
 #           hashing in its branch, the capped branch GEMV. Predicted: the sum of the ones that measured faster on
@@ -79,11 +79,11 @@ if has ncu; then
 fi
 if has queued; then
   stamp queued
-  bash "$HERE/pass36.sh" trace,kvall,hash
+  bash "$HERE/pass36.sh" trace
 fi
 if has all; then
   stamp all
-  on="DEEPINFER_MOE_SLOTS_IN_EXPAND=1 DEEPINFER_BRANCH_KV_WRITE_ALL=1 DEEPINFER_ENGRAM_HASH_BRANCH=1"
+  on="DEEPINFER_MOE_SLOTS_IN_EXPAND=1"
   on="$on DEEPINFER_NV_FUSED_ROUTER=1"
   on="$on DEEPINFER_NATIVE_FLOAT_PROJECTIONS=1"
   v41_rows all_rows 1 "defaults|" "opt-ins|$on" "defaults|" "opt-ins|$on"

@@ -65,23 +65,17 @@ def _model(arch, tmp_path):
     return load_deepseek_v4(tmp_path, dtype=torch.float32)
 
 
-@pytest.mark.parametrize("arch,kv_branch,mix_branch,kv_all,hash_branch", [
-    ("v41", False, False, False, False), ("v41", True, False, False, False), ("v41", True, True, False, False),
-    ("v41", True, True, True, True), ("v4", False, False, False, False)])
-def test_deferred_branches_give_the_in_order_logits(arch, kv_branch, mix_branch, kv_all, hash_branch, monkeypatch,
-                                                    tmp_path):
+@pytest.mark.parametrize("arch,kv_branch,mix_branch", [
+    ("v41", False, False), ("v41", True, False), ("v41", True, True), ("v4", False, False)])
+def test_deferred_branches_give_the_in_order_logits(arch, kv_branch, mix_branch, monkeypatch, tmp_path):
     """``kv_branch``: V4.1's kv sources also write their KV as a branch (``DEEPINFER_BRANCH_KV_WRITE=1``), joined
-    before the indexer and the attention read the caches (``kv_all``: every layer's, ``DEEPINFER_BRANCH_KV_WRITE_ALL=1``).
-    ``mix_branch``: each V4.1 sublayer's mHC mix is a branch too (``DEEPINFER_MHC_MIX_BRANCH=1``), joined at the
-    next boundary. ``hash_branch``: the Engram hashing (with its history write) and both lookups as one branch
-    (``DEEPINFER_ENGRAM_HASH_BRANCH=1``)."""
+    before the indexer and the attention read the caches. ``mix_branch``: each V4.1 sublayer's mHC mix is a branch
+    too (``DEEPINFER_MHC_MIX_BRANCH=1``), joined at the next boundary."""
     from deepinfer_models.deepseek_v41 import attention, hyper
     from deepinfer_models.deepseek_v41 import model as model_mod
 
     monkeypatch.setattr(attention, "BRANCH_KV_WRITE", kv_branch)
     monkeypatch.setattr(hyper, "MIX_BRANCH", mix_branch)
-    monkeypatch.setattr(attention, "BRANCH_KV_WRITE_ALL", kv_all)
-    monkeypatch.setattr(model_mod, "ENGRAM_HASH_BRANCH", hash_branch)
     model = _model(arch, tmp_path)
     requests = [prompt(40, seed=11), prompt(27, seed=12)]
     schedule = _schedule([len(r) for r in requests], prefill_chunk=9)
@@ -96,10 +90,9 @@ def test_deferred_branches_give_the_in_order_logits(arch, kv_branch, mix_branch,
     assert log, "the model declared no branch"
     assert all(b.done for b in log), f"{sum(not b.done for b in log)} of {len(log)} branches never joined"
     if kv_branch:  # a step: the shared expert of every layer, the KV half of every kv source, two mixes a layer
-        sources = sum(layer["attn"].compressor is not None or kv_all for layer in model.layers)
+        sources = sum(layer["attn"].compressor is not None for layer in model.layers)
         mixes = 2 * len(model.layers) if mix_branch else 0
         lookups = sum(layer["engram"] is not None for layer in model.layers) if model_mod.ENGRAM_BRANCH else 0
-        lookups = min(lookups, 1) if hash_branch else lookups  # one branch: the hashing and every lookup
         heads = sum(layer["attn"].indexer is not None for layer in model.layers) if attention.BRANCH_INDEX_WEIGHTS else 0
         assert sources >= 1 and len(log) == len(schedule) * (len(model.layers) + sources + mixes + lookups + heads)
     assert torch.equal(got, want)
