@@ -43,8 +43,6 @@ IMPLS: tuple[tuple, ...] = (
     ("moe.route_topk", "triton", f"{_K}.triton_route:route_topk", f"{_K}.triton_route:supports_route", True),
     # elementwise (the shared expert's activation, one launch instead of five)
     ("moe.clamped_swiglu", "triton", f"{_K}.triton_swiglu:clamped_swiglu", f"{_K}.triton_swiglu:supports", True),
-    # the router GEMV and the top-k in one launch (DEEPINFER_NV_FUSED_ROUTER=1), else its two parts' launches
-    ("moe.router_topk", "triton", f"{_K}.triton_router:router_topk", f"{_K}.triton_router:supports_router"),
     ("moe.route_hash", "triton", f"{_K}.triton_route:route_hash", f"{_K}.triton_route:supports_hash", True),
     ("compress.softmax_pool", "triton", f"{_K}.triton_compress:softmax_pool", f"{_K}.triton_compress:supports_pool",
      True),

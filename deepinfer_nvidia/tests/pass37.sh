@@ -8,7 +8,7 @@
 #           Predicted: the experts' ``sum_slices`` launch (2.2 us a layer in pass36d's profile, on the chain) leaves
 #           each MoE layer: -10 to -20 us a batch-1 step; batch 64 even (the expand reads 6 fp32 rows a token instead
 #           of one bf16, 2.5 MB a layer more, ~0.6 us at 4.3 TB/s, against one launch fewer).
-#   router  ``moe.router_topk`` in one launch (``DEEPINFER_NV_FUSED_ROUTER``): its device tests (bit-equal to the two
+#   router  (ran on an H100; the one-launch router then went: even) ``moe.router_topk`` in one launch: its device tests (bit-equal to the two
 #           launches, graph replays) and harness cases, with ``gemm.dense_wide``'s (now with a bf16 weight), then the
 #           V4.1 batch-1 rows 0 / 1 / 0 / 1. Predicted: the route top-k's launch boundary (~1.5-2 us under PDL) leaves
 #           each MoE layer's chain, and its fp64 softplus (~4 us in one program) is spread over the GEMV's 24 tile
@@ -48,7 +48,6 @@ if has router; then
   stamp router
   FILE_S=200 xdist_files router_tests "$HERE/test_conformance_route_compress.py" "$HERE/test_conformance.py" \
     "$HERE/test_conformance_dense_gemv.py" -k "router or dense_wide"
-  v41_alt router_rows DEEPINFER_NV_FUSED_ROUTER 0 1
   v41_alt router_rows DEEPINFER_NATIVE_FLOAT_PROJECTIONS 0 1
 fi
 if has probe; then
@@ -84,7 +83,6 @@ fi
 if has all; then
   stamp all
   on="DEEPINFER_MOE_SLOTS_IN_EXPAND=1"
-  on="$on DEEPINFER_NV_FUSED_ROUTER=1"
   on="$on DEEPINFER_NATIVE_FLOAT_PROJECTIONS=1"
   v41_rows all_rows 1 "defaults|" "opt-ins|$on" "defaults|" "opt-ins|$on"
 fi

@@ -1,5 +1,4 @@
-"""``moe.route_topk`` / ``moe.route_hash`` (``triton_route.py``), ``moe.router_topk``'s one launch
-(``triton_router.py``) and ``compress.softmax_pool`` (``triton_compress.py``) against their references on the GPU
+"""``moe.route_topk`` / ``moe.route_hash`` (``triton_route.py``) and ``compress.softmax_pool`` (``triton_compress.py``) against their references on the GPU
 (skipped without one).
 
     python3 -m pytest -q deepinfer_nvidia/tests/test_conformance_route_compress.py
@@ -206,36 +205,3 @@ def test_captured_and_replayed_with_new_inputs():
         graph.replay()
         for got, want in zip(out, step(*new)):
             assert torch.equal(got, want), seed
-
-
-@pytest.mark.parametrize("t", [1, 2, 4])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("router", [torch.float32, torch.bfloat16])
-def test_router_topk_one_launch(t, dtype, router):
-    """``moe.router_topk``'s one launch (``triton_router``, opt-in) at V4.1's router [384, 5120] (fp32, or bf16 as the
-    checkpoint stores it): bit-equal to its two launches (GEMV, then ``route_topk``) on the fp32 router, no host
-    sync, counters left at zero, and a graph replay with new inputs equal to the eager launch."""
-    from deepinfer_nvidia.kernels import triton_dense_gemv as dg, triton_route as trt, triton_router as tr
-    from deepinfer_nvidia.kernels.triton_fp8_gemv import _counters
-    from deepinfer_nvidia.kernels.triton_gemm import _sm_count
-
-    g = _gen(900 + t)
-    x = torch.randn(t, 5120, generator=g).to(dtype).cuda()
-    w = (torch.randn(384, 5120, generator=g) / 5120 ** 0.5).to(router).cuda()
-    b = (torch.randn(384, generator=g) * 0.1).cuda()
-    sms = _sm_count(x.device)
-    wf, idf = _poisoned(tr.fused_router_topk, x, w, b, 6, 2.5, sms)
-    wp, ip = trt.route_topk(dg.gemm_dense_wide(x, w.float()), b, 6, 2.5)
-    assert all(torch.equal(a, c) for a, c in zip(tr.router_topk(x, w, b, 6, 2.5), (wp, ip)))  # the parts' path
-    assert torch.equal(idf, ip) and torch.equal(wf, wp)
-    assert not _counters(x.device, 64)[:64].any()
-    xs = x.clone()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        wg, ig = tr.fused_router_topk(xs, w, b, 6, 2.5, sms)
-    for seed in range(3):
-        xs.copy_(torch.randn(t, 5120, generator=_gen(950 + seed)).to(dtype))
-        graph.replay()
-        torch.cuda.synchronize()
-        we, ie = tr.fused_router_topk(xs, w, b, 6, 2.5, sms)
-        assert torch.equal(ig, ie) and torch.equal(wg, we)

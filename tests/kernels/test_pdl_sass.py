@@ -114,7 +114,7 @@ def test_platform_check_on_this_machine():
 
 def _cases():
     from deepinfer_nvidia.kernels import (triton_engram_window, triton_entry_slots, triton_gemm, triton_mhc,
-                                          triton_norm, triton_rope, triton_router, triton_swiglu)
+                                          triton_norm, triton_rope, triton_swiglu)
     return {
         "rms": (triton_norm._rms_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "n_rows": "i32",
                                           "n_cols": "i32", "eps": "fp32"},
@@ -143,20 +143,11 @@ def _cases():
                                                      "post_ptr": "*fp32", "comb_ptr": "*fp32", "out_ptr": "*bf16",
                                                      "n": "i32", "D": "i32", "S1": "i32"},
                          {"NP": 4, "BLOCK_D": 512, "TWO_PARTS": 1}, 4),
-        # the one-launch router at V4.1's width (10 K splits of 24 tiles), a bf16 router widened in the GEMV
-        "router": (triton_router._router_topk_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*fp32",
-                                                       "s_ptr": "*fp32", "key_ptr": "*fp32", "part_ptr": "*fp32",
-                                                       "cnt_ptr": "*i32", "wt_ptr": "*fp32", "ids_ptr": "*i64",
-                                                       "M": "i32", "N": "i32", "K": "i32", "stride_x": "i32",
-                                                       "stride_w": "i32", "k_per_split": "i32", "scaling": "fp32",
-                                                       "TILES": "i32"},
-                   {"SPLIT": 10, "BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 512, "TOPK": 6, "BLOCK_E": 512,
-                    "BLOCK_TK": 8}, 4),
     }
 
 
 @pytest.mark.parametrize("case", ["rms", "collapse", "sum_slices", "rms_rope", "swiglu", "entry_slots",
-                                  "engram_window", "expand_slots", "router"])
+                                  "engram_window", "expand_slots"])
 def test_wait_then_release_before_any_global_access(case):
     from deepinfer_nvidia.tests.sass_count import count, missing_tools, opcodes
 
