@@ -22,7 +22,8 @@
 #           one at 128 and 64 registers (2 and 4 programs an SM), PDL off: occupancy, issue, stall reasons and the
 #           busy % of each pipe (ALU, FMA, shared, tensor), to find the per-SM resource that kept the down launch at
 #           21.5 us with twice the warps. Predicted: one pipe (the ALU's LOP3 / SHF of the decode, or the shared
-#           memory pipe of the fragment reads) near its peak at 4 programs an SM; if none is, the per-step barriers.
+#           memory pipe of the fragment reads, bank conflicts included) near its peak at 4 programs an SM; if none
+#           is, the per-step barriers.
 #   queued  pass36.sh's trace stage (ran on an H100 with kvall, hash and bg, whose knobs then went: even).
 #   all     every opt-in together against the defaults, V4.1 batch-1 rows A / B / A / B: the capped down launch, the
 #           slots, the fused router and the float projections as stored, every layer's KV half as a branch, the Engram
@@ -65,14 +66,15 @@ if has ncu; then
   DEEPINFER_NV_PDL=0 timeout "${NCU_S:-240}" ncu --clock-control none --kernel-name regex:_swap_pair_kernel \
     --launch-skip 2 --launch-count 10 --section SpeedOfLight --section Occupancy --section WarpStateStats \
     --section SchedulerStats --section ComputeWorkloadAnalysis --section InstructionStats \
-    --section MemoryWorkloadAnalysis --section LaunchStats $probe > "$OUT/ncu_pair.txt" 2>&1
+    --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section SourceCounters \
+    --section LaunchStats $probe > "$OUT/ncu_pair.txt" 2>&1
   echo "ncu sections rc=$?"
   DEEPINFER_NV_PDL=0 timeout "${NCU_S:-240}" ncu --clock-control none --kernel-name regex:_swap_pair_kernel \
     --launch-skip 2 --launch-count 10 --metrics \
     "regex:sm__pipe_.*_cycles_active.avg.pct_of_peak_sustained_active,regex:sm__inst_executed_pipe_.*.avg.pct_of_peak_sustained_active" \
     $probe > "$OUT/ncu_pipes.txt" 2>&1
   echo "ncu pipes rc=$?"
-  grep -E "_swap_pair_kernel|Registers Per|Achieved Occupancy|Issued Warp|No Eligible|Duration|DRAM Throughput" \
+  grep -E "_swap_pair_kernel|Registers Per|Achieved Occupancy|Issued Warp|No Eligible|Duration|DRAM Throughput|Bank" \
     "$OUT/ncu_pair.txt" | head -80
   grep -E "_swap_pair_kernel|pct_of_peak" "$OUT/ncu_pipes.txt" | awk '$NF+0 > 10 || /_swap_pair/' | head -80
 fi
