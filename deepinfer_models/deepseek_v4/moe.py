@@ -6,7 +6,6 @@ import os
 
 import torch
 
-from deepinfer_core.kernels.ops.moe import SLOT_OPS
 from deepinfer_models.deepseek_v4.config import DeepseekV4Config
 from deepinfer_models.layers import linear as _linear
 from deepinfer_models.layers.linear import LinearGroup
@@ -16,12 +15,6 @@ from deepinfer_models.layers.linear import LinearGroup
 # launch: one small kernel (and its dependency) fewer a layer. ``DEEPINFER_MOE_SUM_IN_EXPAND=0``: the sum as its own
 # op, rounded to the activation dtype (the A/B baseline of docs/performance.md, thirty-sixth pass).
 SUM_IN_EXPAND = os.environ.get("DEEPINFER_MOE_SUM_IN_EXPAND", "1") == "1"
-# With the sum in the expand, ``DEEPINFER_MOE_SLOTS_IN_EXPAND=1`` also hands the routed output over as its k per-slot
-# fp32 rows (``moe.experts*_slots``), so the experts' own slot-sum launch goes too: ``mhc.expand`` adds the slots and
-# the shared output in the pass it makes anyway (one dependent launch fewer a layer). Opt-in until measured on a GPU
-# (docs/performance.md, thirty-seventh pass). Where a platform has no slot kernel the slots op is the summed op as
-# one slot, and the bits are those of the default.
-SLOTS_IN_EXPAND = os.environ.get("DEEPINFER_MOE_SLOTS_IN_EXPAND", "0") == "1"
 # the routed-experts op of each expert format (``Linear`` refuses any other)
 _EXPERTS_OP = {"dense": "moe.experts", "fp8": "moe.experts_fp8", "mxfp4": "moe.experts_mxfp4"}
 
@@ -69,15 +62,11 @@ class MoEV4:
     def parts(self, x: torch.Tensor, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor:
         """x [T, D], input_ids [T] -> ``(routed, shared)``, each [T, D] in x.dtype, unsummed: ``mhc.expand`` takes
         them as the sublayer output's parts and adds them in fp32 in its own launch, so the sum launches nothing
-        (one small kernel and its dependency a layer at batch 1). With ``SLOTS_IN_EXPAND``: routed is [T, S, D] slots
-        (``moe.experts*_slots``) that the expand adds in slot order. With ``SUM_IN_EXPAND`` off: their sum [T, D]."""
-        if not SUM_IN_EXPAND:
-            routed, shared = self._routed_shared(x, input_ids)
-            return routed + shared
-        return self._routed_shared(x, input_ids, slots=SLOTS_IN_EXPAND)
+        (one small kernel and its dependency a layer at batch 1). With ``SUM_IN_EXPAND`` off: their sum [T, D]."""
+        routed, shared = self._routed_shared(x, input_ids)
+        return (routed, shared) if SUM_IN_EXPAND else routed + shared
 
-    def _routed_shared(self, x: torch.Tensor, input_ids: torch.Tensor, slots: bool = False
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _routed_shared(self, x: torch.Tensor, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.cfg
         # the shared expert reads only x: a branch beside the routed path (a second stream where the platform
         # has one; in order elsewhere), joined before the sum
@@ -85,12 +74,11 @@ class MoEV4:
         if self.is_hash:
             logits = self.k["gemm.dense_wide"](x, self.gate_w)  # fp32 router: x widened in the kernel
             weights, ids = self.k["moe.route_hash"](logits, self.tid2eid[input_ids], cfg.routed_scaling_factor)
-        else:  # the fp32 router's logits and the biased top-k: one op (one launch where the platform fuses them)
+        else:  # the fp32 router's logits and the biased top-k: one op (composed from its two parts)
             weights, ids = self.k["moe.router_topk"](x, self.gate_w, self.bias, cfg.num_experts_per_tok,
                                                      cfg.routed_scaling_factor)
-        op = SLOT_OPS[self.experts_op] if slots else self.experts_op
         block = (self.block,) if self.fmt == "fp8" else ()
-        routed = self.k[op](x, weights, ids, *self.experts, *block, cfg.swiglu_limit)
+        routed = self.k[self.experts_op](x, weights, ids, *self.experts, *block, cfg.swiglu_limit)
         return routed, shared.join()
 
     def _shared(self, x: torch.Tensor) -> torch.Tensor:

@@ -89,9 +89,6 @@ IMPLS: tuple[tuple, ...] = (
     ("moe.experts", "aten", f"{_K}.aten_ops:moe_experts", f"{_K}.aten_ops:supports_experts"),
     ("moe.experts_fp8", "triton", f"{_K}.triton_moe:moe_experts_fp8", f"{_K}.triton_moe:supports"),
     ("moe.experts_mxfp4", "triton", f"{_K}.triton_moe:moe_experts_mxfp4", f"{_K}.triton_moe:supports"),
-    # the routed output as its k fp32 slot rows, the slot sum left to mhc.expand (DEEPINFER_MOE_SLOTS_IN_EXPAND)
-    ("moe.experts_fp8_slots", "triton", f"{_K}.triton_moe:moe_experts_fp8_slots", f"{_K}.triton_moe:supports"),
-    ("moe.experts_mxfp4_slots", "triton", f"{_K}.triton_moe:moe_experts_mxfp4_slots", f"{_K}.triton_moe:supports"),
     ("moe.experts_fp8", "aten", f"{_K}.aten_ops:moe_experts_fp8", f"{_K}.aten_ops:supports_experts_quant"),
     ("moe.experts_mxfp4", "aten", f"{_K}.aten_ops:moe_experts_mxfp4", f"{_K}.aten_ops:supports_experts_quant"),
     # their batch-invariant launches: fixed tiles, splits from the weight shape (docstrings of each module)
@@ -120,8 +117,6 @@ IMPLS: tuple[tuple, ...] = (
     ("gemm.fp8_block_grouped", "deepgemm", f"{_K}.deepgemm:gemm_fp8_block_grouped",
      f"{_K}.deepgemm:supports_fp8_grouped"),
     ("moe.experts_mxfp4", "deepgemm", f"{_K}.deepgemm:moe_experts_mxfp4", f"{_K}.deepgemm:supports_experts"),
-    ("moe.experts_mxfp4_slots", "deepgemm", f"{_K}.deepgemm:moe_experts_mxfp4_slots",
-     f"{_K}.deepgemm:supports_experts"),
 )
 
 

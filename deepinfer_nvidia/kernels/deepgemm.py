@@ -153,16 +153,6 @@ def moe_experts_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit):
     return call_grouped(deep_gemm, x, weights, ids, w1, s1, w3, s3, w2, s2, limit)
 
 
-def moe_experts_mxfp4_slots(x, weights, ids, w1, s1, w3, s3, w2, s2, limit):
-    """``moe.experts_mxfp4_slots`` where DeepGEMM is the platform's choice: its summed output as one slot
-    [T, 1, D] (so turning the slots on never moves SM100 off DeepGEMM); others: Triton's slots."""
-    from deepinfer_nvidia.kernels import triton_moe
-
-    if not supports_experts(x, weights, ids, w1, s1, w3, s3, w2, s2, limit):
-        return triton_moe.moe_experts_mxfp4_slots(x, weights, ids, w1, s1, w3, s3, w2, s2, limit)
-    return moe_experts_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit).unsqueeze(1)
-
-
 def _packed_scales(dg, s: torch.Tensor, n: int, k: int) -> torch.Tensor:
     """``s`` [E, N, K/32] UE8M0 in DeepGEMM's required layout, made once per stack tensor and kept while it lives."""
     if s not in _packed:

@@ -512,18 +512,17 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
                block_n: int | None = None, block_k: int | None = None, warps: int | None = None,
                stages: int | None = None, safe: bool | None = None, areg: int | None = None,
                probe: int = 0, split: tuple[int, int] | None = None, tma: bool | None = None,
-               maxnreg: int | None = None, paired: bool | None = None, slots: bool = False) -> torch.Tensor:
+               maxnreg: int | None = None, paired: bool | None = None) -> torch.Tensor:
     """x [T, D] bf16; weights [T, k] float; ids [T, k] int; w1, w3 [E, F, D/2] uint8 + UE8M0 [E, F, D/32];
     w2 [E, D, F/2] + [E, D, F/32] -> [T, D] bf16. No host synchronisation after the first call per weight
     stack (CUDA-graph safe). D and F must be multiples of 32; the stacks must already be checked.
     ``split``: (up, down) K splits (default: ``policy.split_for`` of the up launch, the down one unsplit). ``tma``:
     weight tiles by TMA (default ``SWAP_TMA``; only where ``tma_fits``). ``maxnreg``: the up kernel's register
     cap (default ``gluon_swap_split.UP_MAXNREG``). ``paired``: both launches on two warpgroups a program
-    (``gluon_swap_pair``; default: where its ``takes`` holds and no tile knob is given). ``slots``: the k per-slot
-    fp32 rows [T, k, D] instead of their sum (``triton_gemm.slot_sum``)."""
+    (``gluon_swap_pair``; default: where its ``takes`` holds and no tile knob is given)."""
     from deepinfer_nvidia.kernels import gluon_swap_pair as pair_path  # lazy: it imports this module
     from deepinfer_nvidia.kernels.triton_fp8_gemv import _counters
-    from deepinfer_nvidia.kernels.triton_gemm import _sm_count, slot_sum
+    from deepinfer_nvidia.kernels.triton_gemm import _sm_count, sum_slices
     from deepinfer_nvidia.kernels.triton_align import ALIGN_MAX_PAIRS, align_small
     from deepinfer_nvidia.kernels.triton_moe import align, num_blocks  # lazy: triton_moe imports this module
     from deepinfer_nvidia.kernels.triton_moe_scaled import expert_shapes
@@ -567,7 +566,7 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
         y = torch.empty(p, d, dtype=torch.float32, device=x.device)
         pair_path.launch(False, nb * nt2, h, pair, bexp, u8[4], u8[5], u8[4], u8[5], wt, y, p, ne, d, f, f,
                          limit, nt2, k, safe, SWAP_DOWN_SKIP_PAD, stages)
-        return slot_sum(y, t, d, k, x.dtype, slots)
+        return sum_slices(y, t, d, k, d, k * d, x.dtype)
     if split is None:  # programs that can hold pairs: at most min(E, P) + P // BLOCK_M blocks (num_blocks - 1)
         live = max(1, nb - 1)
         split = (policy.split_for(live * nt1, kt1, _sm_count(x.device)), 1)
@@ -597,4 +596,4 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
                                     PROBE=probe, SPLIT=sp2, TMA=int(tma), wa_desc=d2[0], wb_desc=d2[1],
                                     num_warps=warps, SKIP_PAD=int(SWAP_DOWN_SKIP_PAD), SCALES_SMEM=int(staged),
                                     KT_PAD=kp2, **pdl_launch())
-    return slot_sum(y, t, d, k, x.dtype, slots)
+    return sum_slices(y, t, d, k, d, k * d, x.dtype)

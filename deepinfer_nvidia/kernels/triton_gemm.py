@@ -194,14 +194,6 @@ def sum_slices(src: torch.Tensor, m: int, n: int, s: int, stride_s: int, stride_
     return out
 
 
-def slot_sum(y: torch.Tensor, t: int, d: int, k: int, dtype: torch.dtype, slots: bool = False) -> torch.Tensor:
-    """The routed experts' last step. y [T*k, D] fp32 holds each (token, slot) pair's weighted expert output in row
-    ``t*k + j``. Default: each token's k rows summed in slot order, cast to ``dtype`` -> [T, D] (one launch,
-    ``sum_slices``). ``slots``: the rows as they are, [T, k, D] fp32 (``moe.experts*_slots``: ``mhc.expand`` adds
-    them in its own launch, so this step launches nothing)."""
-    return y.view(t, k, d) if slots else sum_slices(y, t, d, k, d, k * d, dtype)
-
-
 def _finish(part: torch.Tensor, m: int, n: int, dtype: torch.dtype) -> torch.Tensor:
     """Sum split-K partials [S, M, N] (fp32) in fixed order and cast: one launch."""
     return sum_slices(part, m, n, part.shape[0], m * n, n, dtype)

@@ -343,11 +343,10 @@ def _collapse_kernel(r_ptr, pre_ptr, out_ptr, n, D, NP: tl.constexpr, BLOCK_D: t
 
 
 @triton.jit
-def _expand_kernel(r_ptr, y_ptr, y2_ptr, post_ptr, comb_ptr, out_ptr, n, D, S1, NP: tl.constexpr,
-                   BLOCK_D: tl.constexpr, TWO_PARTS: tl.constexpr = False, PDL: tl.constexpr = 0):
-    """out[t, j, d] = post[t, j] * y[t, d] + sum_i comb[t, i, j] * R[t, i, d] (fp32). y's first part is ``S1`` slots
-    [T, S1, D] added in slot order (S1 = 1: a [T, D] tensor); ``TWO_PARTS``: then + y2[t, d] (the MoE's routed
-    slots and shared output), all in fp32."""
+def _expand_kernel(r_ptr, y_ptr, y2_ptr, post_ptr, comb_ptr, out_ptr, n, D, NP: tl.constexpr, BLOCK_D: tl.constexpr,
+                   TWO_PARTS: tl.constexpr = False, PDL: tl.constexpr = 0):
+    """out[t, j, d] = post[t, j] * y[t, d] + sum_i comb[t, i, j] * R[t, i, d] (fp32). ``TWO_PARTS``: y is
+    y[t, d] + y2[t, d], added in fp32 (the MoE's routed and shared outputs)."""
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     rd = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -356,10 +355,7 @@ def _expand_kernel(r_ptr, y_ptr, y2_ptr, post_ptr, comb_ptr, out_ptr, n, D, S1, 
     dm = rd < D
     r = tl.load(r_ptr + t * n * D + i[:, None] * D + rd[None, :], mask=im[:, None] & dm[None, :],
                 other=0.0).to(tl.float32)
-    y_row = y_ptr + t * S1 * D + rd
-    y = tl.load(y_row, mask=dm, other=0.0).to(tl.float32)  # slot 0 as it is (no 0 + y: a -0.0 keeps its sign)
-    for s in range(1, S1):
-        y += tl.load(y_row + s * D, mask=dm, other=0.0).to(tl.float32)
+    y = tl.load(y_ptr + t * D + rd, mask=dm, other=0.0).to(tl.float32)
     if TWO_PARTS:
         y += tl.load(y2_ptr + t * D + rd, mask=dm, other=0.0).to(tl.float32)
     post = tl.load(post_ptr + t * n + i, mask=im, other=0.0).to(tl.float32)
@@ -459,43 +455,33 @@ def collapse_norm(residual: torch.Tensor, pre: torch.Tensor, norm_w: torch.Tenso
     return h
 
 
-def _expand_parts_fit(parts: tuple) -> bool:
-    """One or two tensor parts; the first [T, D] or [T, S, D] slots, the second [T, D]."""
-    return (1 <= len(parts) <= 2 and all(isinstance(p, torch.Tensor) for p in parts) and parts[0].dim() in (2, 3)
-            and all(p.dim() == 2 for p in parts[1:]))
-
-
 def supports_expand(residual, y, post, comb) -> bool:
-    """CUDA floats, residual [T, n <= 16, D]; y one tensor or two parts, the first maybe [T, S, D] slots (other
-    arrangements: the reference)."""
+    """CUDA floats, residual [T, n <= 16, D]; y one tensor or two parts (more parts: the reference)."""
     parts = _parts(y)
-    return (_expand_parts_fit(parts) and on_cuda(residual, *parts, post, comb)
-            and _small_floats(residual, *parts, post, comb) and residual.dim() == 3 and residual.shape[1] <= 16)
+    return (1 <= len(parts) <= 2 and all(isinstance(p, torch.Tensor) for p in parts)
+            and on_cuda(residual, *parts, post, comb) and _small_floats(residual, *parts, post, comb)
+            and residual.dim() == 3 and residual.shape[1] <= 16)
 
 
 def expand(residual: torch.Tensor, y, post: torch.Tensor, comb: torch.Tensor, force_kernel: bool = False
            ) -> torch.Tensor:
-    """``mhc.expand``: residual [T, n, D], y [T, D] (or a tuple of two parts, the first [T, D] or [T, S, D] slots
-    (``moe.experts*_slots``), the second [T, D]: all summed in fp32 in the kernel, slots in slot order), post [T, n],
-    comb [T, n, n] -> [T, n, D] in residual.dtype. ``force_kernel``: CPU tensors in Triton's interpreter (tests
-    only)."""
-    parts = _parts(y)
-    if not (supports_expand(residual, y, post, comb) or force_kernel and _expand_parts_fit(parts)):
-        return hand_off("mhc.expand", f"operands {residual.dtype}/{[getattr(p, 'dtype', p) for p in parts]} on "
+    """``mhc.expand``: residual [T, n, D], y [T, D] (or a tuple of two [T, D] parts, summed in fp32 in the kernel),
+    post [T, n], comb [T, n, n] -> [T, n, D] in residual.dtype. ``force_kernel``: CPU tensors in Triton's
+    interpreter (tests only)."""
+    if not (supports_expand(residual, y, post, comb) or force_kernel and 1 <= len(_parts(y)) <= 2):
+        return hand_off("mhc.expand", f"operands {residual.dtype}/{[getattr(p, 'dtype', p) for p in _parts(y)]} on "
                         f"{residual.device} not covered", mhc_expand, residual, y, post, comb)
+    parts = _parts(y)
     t, n, d = residual.shape
-    first = parts[0] if parts[0].dim() == 3 else parts[0].unsqueeze(1)
-    rows_ok = first.shape[0] == t and first.shape[2] == d and first.shape[1] >= 1
-    if not rows_ok or any(tuple(p.shape) != (t, d) for p in parts[1:]) or tuple(post.shape) != (t, n) or \
-            tuple(comb.shape) != (t, n, n):
-        raise ValueError(f"mhc.expand: for residual {tuple(residual.shape)} expected y [{t}, {d}] (a first part may be "
-                         f"[{t}, S, {d}] slots), post [{t}, {n}], comb [{t}, {n}, {n}]; got "
-                         f"{[tuple(p.shape) for p in parts]}, {tuple(post.shape)}, {tuple(comb.shape)}")
+    if any(tuple(p.shape) != (t, d) for p in parts) or tuple(post.shape) != (t, n) or tuple(comb.shape) != (t, n, n):
+        raise ValueError(f"mhc.expand: for residual {tuple(residual.shape)} expected y [{t}, {d}], post [{t}, {n}], "
+                         f"comb [{t}, {n}, {n}]; got {[tuple(p.shape) for p in parts]}, {tuple(post.shape)}, "
+                         f"{tuple(comb.shape)}")
     out = torch.empty(t, n, d, dtype=residual.dtype, device=residual.device)
     if t and d:
         bd = min(512, next_pow2(d))
-        _expand_kernel[(t, triton.cdiv(d, bd))](residual.contiguous(), first.contiguous(), parts[-1].contiguous(),
-                                                post.contiguous(), comb.contiguous(), out, n, d, first.shape[1],
-                                                NP=max(2, next_pow2(n)), BLOCK_D=bd, TWO_PARTS=len(parts) == 2,
-                                                num_warps=4, **pdl_launch())
+        y1 = parts[0].contiguous()
+        _expand_kernel[(t, triton.cdiv(d, bd))](residual.contiguous(), y1, parts[-1].contiguous(), post.contiguous(),
+                                                comb.contiguous(), out, n, d, NP=max(2, next_pow2(n)), BLOCK_D=bd,
+                                                TWO_PARTS=len(parts) == 2, num_warps=4, **pdl_launch())
     return out

@@ -83,7 +83,7 @@ from deepinfer_nvidia.kernels import triton_moe_segments as _seg
 from deepinfer_nvidia.kernels import triton_moe_splitk as _splitk
 from deepinfer_nvidia.kernels._common import dot_precision, hand_off, next_pow2, on_cuda
 from deepinfer_nvidia.kernels.triton_moe_splitk import _swiglu
-from deepinfer_nvidia.kernels.triton_gemm import _ue8m0, gemm_dense_bi, gemm_fp8_block, gemm_fp8_block_bi, slot_sum
+from deepinfer_nvidia.kernels.triton_gemm import _ue8m0, gemm_dense_bi, gemm_fp8_block, gemm_fp8_block_bi, sum_slices
 
 
 def supports(x, weights, ids, *rest) -> bool:
@@ -289,10 +289,8 @@ def dequant_mxfp4_stack(w: torch.Tensor, s: torch.Tensor, dtype: torch.dtype, in
     return out
 
 
-def dequant_once_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, chunk: int | None = None,
-                       slots: bool = False) -> torch.Tensor:
-    """Prefill path: experts dequantised to bf16 ``chunk`` at a time, CUTLASS grouped GEMMs (one host sync).
-    ``slots``: the k per-slot fp32 rows [T, k, D] instead of their sum (``triton_gemm.slot_sum``)."""
+def dequant_once_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, chunk: int | None = None) -> torch.Tensor:
+    """Prefill path: experts dequantised to bf16 ``chunk`` at a time, CUTLASS grouped GEMMs (one host sync)."""
     t, d = x.shape
     k = ids.shape[1]
     ne = w1.shape[0]
@@ -321,7 +319,7 @@ def dequant_once_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, chunk: in
         del d2, h
     y = torch.empty_like(ysorted)
     y[order] = ysorted
-    return slot_sum(y, t, d, k, x.dtype, slots)
+    return sum_slices(y, t, d, k, d, k * d, x.dtype)
 
 
 def _dequant_once_ok(x: torch.Tensor, pairs: int) -> bool:
@@ -349,9 +347,9 @@ def _check_stacks(x, w1, s1, w3, s3, w2, s2) -> None:
 
 def grouped_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | None = None,
                   block_n: int | None = None, warps: int | None = None, stages: int | None = None,
-                  int_decode: int | None = None, slots: bool = False) -> torch.Tensor:
+                  int_decode: int | None = None) -> torch.Tensor:
     """The grouped path (no host sync). ``block_m``/``block_n``/``warps``/``stages``: tuning knobs
-    (defaults: ``block_m_for`` and ``TUNE``). ``slots``: the k per-slot fp32 rows [T, k, D] instead of their sum."""
+    (defaults: ``block_m_for`` and ``TUNE``)."""
     t, d = x.shape
     k = ids.shape[1]
     ne, f = w1.shape[0], w1.shape[1]
@@ -380,24 +378,22 @@ def grouped_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int |
     _moe_down_kernel[(nb, triton.cdiv(d, block_n))](h, pair, bexp, wt, u8[4], u8[5], y, p, ne, d, f, BLOCK_M=bm,
                                                     BLOCK_N=block_n, BLOCK_K=bk2, PREC=prec, INT_DECODE=idec,
                                                     num_warps=warps, num_stages=stages)
-    return slot_sum(y, t, d, k, x.dtype, slots)  # the k slots of each token, in slot order
+    return sum_slices(y, t, d, k, d, k * d, x.dtype)  # the k slots of each token, in slot order
 
 
-def moe_experts_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, slots: bool = False):
-    """x [T, D]; w1, w3 [E, F, D/2] uint8 + UE8M0 [E, F, D/32]; w2 [E, D, F/2] + [E, D, F/32] -> [T, D] in x.dtype.
-    ``slots``: where the path keeps per-slot rows (swap, dequant-once, dot_scaled, grouped), those rows [T, k, D]
-    fp32 instead of their sum (``moe_experts_mxfp4_slots``); the split-K paths and the reference still sum."""
+def moe_experts_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit):
+    """x [T, D]; w1, w3 [E, F, D/2] uint8 + UE8M0 [E, F, D/32]; w2 [E, D, F/2] + [E, D, F/32]."""
     if not supports(x, weights, ids):
         return hand_off("moe.experts_mxfp4", f"operands x {x.dtype} on {x.device} not covered",
                         experts_mxfp4, x, weights, ids, w1, s1, w3, s3, w2, s2, limit)
     if x.dim() == 2 and ids.dim() == 2 and _dequant_once_ok(x, ids.numel()):
         _check_stacks(x, w1, s1, w3, s3, w2, s2)
-        return dequant_once_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, slots=slots)
+        return dequant_once_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit)
     if x.dim() == 2 and ids.dim() == 2 and _sw.SWAP_MAX_PAIRS and \
             _sw.SWAP_MIN_PAIRS <= ids.numel() <= _sw.SWAP_MAX_PAIRS and _sw.supports_swap(x) and \
             x.shape[1] % 32 == 0 and w1.shape[1] % 32 == 0:  # SM90: weight-stationary wgmma (Gluon)
         _check_stacks(x, w1, s1, w3, s3, w2, s2)
-        out = _sw.swap_or_none(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, slots=slots)
+        out = _sw.swap_or_none(x, weights, ids, w1, s1, w3, s3, w2, s2, limit)
         if out is not None:
             return out
     if x.dim() == 2 and ids.dim() == 2 and 0 < ids.numel() <= _splitk.SPLITK_PAIRS:
@@ -409,19 +405,8 @@ def moe_experts_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, slots: boo
     if x.dim() == 2 and ids.dim() == 2 and _sc.SCALED_PAIRS and ids.numel() >= _sc.SCALED_PAIRS and \
             _sc.supports_scaled(x):
         _check_stacks(x, w1, s1, w3, s3, w2, s2)
-        return _sc.scaled_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, slots=slots)
-    return grouped_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, slots=slots)
-
-
-def as_slots(out: torch.Tensor) -> torch.Tensor:
-    """A routed output as ``moe.experts*_slots`` returns it: [T, k, D] slot rows as they are, [T, D] as one slot."""
-    return out if out.dim() == 3 else out.unsqueeze(1)
-
-
-def moe_experts_mxfp4_slots(x, weights, ids, w1, s1, w3, s3, w2, s2, limit):
-    """``moe.experts_mxfp4_slots``: the routed output as [T, k, D] fp32 slot rows (SM90 swap, dequant-once, dot_scaled
-    and grouped paths: their ``sum_slices`` launch left to ``mhc.expand``), else the summed [T, 1, D] in x.dtype."""
-    return as_slots(moe_experts_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, slots=True))
+        return _sc.scaled_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit)
+    return grouped_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit)
 
 
 # -- FP8 experts: grouped (no sync) below FP8_LOOP_PAIRS, else a per-expert loop (one host sync) --------
@@ -460,26 +445,20 @@ def _run(x, weights, ids, limit, gemm3):
     return out.to(x.dtype)
 
 
-def moe_experts_fp8(x, weights, ids, w1, s1, w3, s3, w2, s2, block, limit, slots: bool = False):
-    """x [T, D]; w1, w3 [E, F, D] e4m3 + block scales [E, F/bn, D/bk]; w2 [E, D, F] + [E, D/bn, F/bk] -> [T, D].
-    ``slots``: the grouped path's per-slot fp32 rows [T, k, D] instead of their sum (the loop still sums)."""
+def moe_experts_fp8(x, weights, ids, w1, s1, w3, s3, w2, s2, block, limit):
+    """x [T, D]; w1, w3 [E, F, D] e4m3 + block scales [E, F/bn, D/bk]; w2 [E, D, F] + [E, D/bn, F/bk]."""
     if not supports(x, weights, ids):
         return hand_off("moe.experts_fp8", f"operands x {x.dtype} on {x.device} not covered",
                         experts_fp8, x, weights, ids, w1, s1, w3, s3, w2, s2, block, limit)
 
     if FP8_GROUPED and ids.dim() == 2 and ids.numel() < FP8_LOOP_PAIRS and _fp8.takes(x, w1, block):
-        return _fp8.grouped_fp8(x, weights, ids, w1, s1, w3, s3, w2, s2, block, limit, slots=slots)
+        return _fp8.grouped_fp8(x, weights, ids, w1, s1, w3, s3, w2, s2, block, limit)
 
     def gemm3(e):
         return (lambda a: gemm_fp8_block(a, w1[e], s1[e], block), lambda a: gemm_fp8_block(a, w3[e], s3[e], block),
                 lambda a: gemm_fp8_block(a, w2[e], s2[e], block))
 
     return _run(x, weights, ids, limit, gemm3)
-
-
-def moe_experts_fp8_slots(x, weights, ids, w1, s1, w3, s3, w2, s2, block, limit):
-    """``moe.experts_fp8_slots``: the grouped path's [T, k, D] fp32 slot rows, else the summed [T, 1, D]."""
-    return as_slots(moe_experts_fp8(x, weights, ids, w1, s1, w3, s3, w2, s2, block, limit, slots=True))
 
 
 # -- batch-invariant variants (provider ``triton_bi``) ----------------------------------------------

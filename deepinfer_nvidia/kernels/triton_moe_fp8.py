@@ -31,7 +31,7 @@ import triton.language as tl
 
 from deepinfer_core.kernels.ops.quant import QuantFormatError, fp8_block_scale_shape
 from deepinfer_nvidia.kernels._common import dot_precision, next_pow2
-from deepinfer_nvidia.kernels.triton_gemm import _ue8m0, slot_sum
+from deepinfer_nvidia.kernels.triton_gemm import _ue8m0, sum_slices
 from deepinfer_nvidia.kernels.triton_moe_splitk import _swiglu
 
 # (block_n, num_warps, num_stages, widest K tile) per BLOCK_M. H200, V4-Flash widths (256 experts, D 4096,
@@ -166,12 +166,11 @@ def _check_weight(name: str, w: torch.Tensor, e: int, n: int, k: int) -> None:
 
 def grouped_fp8(x, weights, ids, w1, s1, w3, s3, w2, s2, block, limit, block_m: int | None = None,
                 block_n: int | None = None, warps: int | None = None, stages: int | None = None,
-                max_k: int | None = None, slots: bool = False) -> torch.Tensor:
+                max_k: int | None = None) -> torch.Tensor:
     """x [T, D] (bf16/fp16/fp32); weights [T, k]; ids [T, k]; w1, w3 [E, F, D] e4m3 + scales
     [E, ceil(F/bn), ceil(D/bk)]; w2 [E, D, F] + [E, ceil(D/bn), ceil(F/bk)]; block (bn, bk).
     Returns [T, D] in x.dtype. No host synchronisation (capturable). ``block_m`` ... ``max_k`` (the widest K
-    tile): tile knobs (defaults: ``triton_moe.block_m_for`` and ``TUNE``). ``slots``: the k per-slot fp32 rows
-    [T, k, D] instead of their sum (``triton_gemm.slot_sum``)."""
+    tile): tile knobs (defaults: ``triton_moe.block_m_for`` and ``TUNE``)."""
     from deepinfer_nvidia.kernels.triton_moe import align, block_m_for
 
     t, d = x.shape
@@ -206,7 +205,7 @@ def grouped_fp8(x, weights, ids, w1, s1, w3, s3, w2, s2, block, limit, block_m: 
                                                     s2.shape[2], bn_blk, bk_blk, SCALE_E8M0=e8, BLOCK_M=bm,
                                                     BLOCK_N=block_n, BLOCK_K=block_k_for(f, bk_blk, max_k), PREC=prec,
                                                     num_warps=warps, num_stages=stages)
-    return slot_sum(y, t, d, k, x.dtype, slots)  # the k slots of each token, in slot order
+    return sum_slices(y, t, d, k, d, k * d, x.dtype)  # the k slots of each token, in slot order
 
 
 __all__ = ["BI_TILES", "TUNE", "block_k_for", "grouped_fp8", "takes"]

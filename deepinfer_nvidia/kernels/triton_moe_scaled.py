@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from deepinfer_nvidia.kernels._common import next_pow2
-from deepinfer_nvidia.kernels.triton_gemm import slot_sum
+from deepinfer_nvidia.kernels.triton_gemm import sum_slices
 
 # (block_m, block_n, block_k, warps, stages) by BLOCK_M. H200, V4.1 widths (docs/performance.md, tenth pass):
 # 16 rows: 16x64x128, 4 warps, 4 stages won at 6-1536 pairs; 32 rows: 32x64x256 at 6144 pairs; 128 rows:
@@ -134,8 +134,8 @@ def expert_shapes(x: torch.Tensor, ids: torch.Tensor, w1: torch.Tensor) -> tuple
 
 def scaled_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | None = None,
                  block_n: int | None = None, block_k: int | None = None, warps: int | None = None,
-                 stages: int | None = None, slots: bool = False) -> torch.Tensor:
-    """``slots``: the k per-slot fp32 rows [T, k, D] instead of their sum (``triton_gemm.slot_sum``). x [T, D] bf16; weights [T, k] float; ids [T, k] int; w1, w3 [E, F, D/2] uint8 + UE8M0 [E, F, D/32];
+                 stages: int | None = None) -> torch.Tensor:
+    """x [T, D] bf16; weights [T, k] float; ids [T, k] int; w1, w3 [E, F, D/2] uint8 + UE8M0 [E, F, D/32];
     w2 [E, D, F/2] + [E, D, F/32] -> [T, D] bf16. No host synchronisation (CUDA-graph safe). The stacks
     must already be checked (``triton_moe._check_stacks``); the tile knobs default to ``SCALED_TUNE``."""
     from deepinfer_nvidia.kernels.triton_moe import align  # lazy: triton_moe imports this module
@@ -160,4 +160,4 @@ def scaled_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | 
     wt = weights.reshape(-1).float().contiguous()
     _scaled_down_kernel[(nb * nt2,)](h, pair, bexp, wt, u8[4], u8[5], y, p, ne, d, f, nt2, BLOCK_M=bm,
                                      BLOCK_N=bn, BLOCK_K=min(bk, next_pow2(f)), num_warps=warps, num_stages=stages)
-    return slot_sum(y, t, d, k, x.dtype, slots)
+    return sum_slices(y, t, d, k, d, k * d, x.dtype)

@@ -1,21 +1,11 @@
 #!/usr/bin/env bash
 # Thirty-seventh pass's device stages: OUT=dir bash pass37.sh STAGES (comma-separated; at most ~9 minutes a call).
-# Written in a session without device time; slots, router, queued and all ran on an H100 on 2026-12-05 (every opt-in
-# even: docs/performance.md, thirty-seventh pass, measured). The down4 stage went with its knob (falsified).
-#   slots   the routed experts' k slot rows summed inside ``mhc.expand`` (``DEEPINFER_MOE_SLOTS_IN_EXPAND``): the swap
-#           kernels' slot rows against their summed output (bit-equal), the expand with six fp32 slots at model width,
-#           the slots ops' harness cases; then the V4.1 batch-1 rows 0 / 1 / 0 / 1 and the batch-1 and 64 rows 0 / 1.
-#           Predicted: the experts' ``sum_slices`` launch (2.2 us a layer in pass36d's profile, on the chain) leaves
-#           each MoE layer: -10 to -20 us a batch-1 step; batch 64 even (the expand reads 6 fp32 rows a token instead
-#           of one bf16, 2.5 MB a layer more, ~0.6 us at 4.3 TB/s, against one launch fewer).
-#   router  (ran on an H100; the one-launch router then went: even) ``moe.router_topk`` in one launch: its device tests (bit-equal to the two
-#           launches, graph replays) and harness cases, with ``gemm.dense_wide``'s (now with a bf16 weight), then the
-#           V4.1 batch-1 rows 0 / 1 / 0 / 1. Predicted: the route top-k's launch boundary (~1.5-2 us under PDL) leaves
-#           each MoE layer's chain, and its fp64 softplus (~4 us in one program) is spread over the GEMV's 24 tile
-#           finishers: -12 to -30 us a batch-1 step. Then the fp32 projections read as the checkpoint stores them
-#           (``DEEPINFER_NATIVE_FLOAT_PROJECTIONS``: the routers and the compressors' wkv / wgate in bf16, widened in
-#           the GEMV, the same bits) 0 / 1 / 0 / 1 with the router's two launches: 3.9 MB a MoE layer fewer on the
-#           chain, and half the compressors' bytes on the kv branches, -5 to -20 us.
+# Written in a session without device time; down4, slots, router, queued and all ran on an H100 on 2026-12-05 (every
+# opt-in even: docs/performance.md, thirty-seventh pass, measured) and the knobs then went, but the float projections.
+#   slots   (ran on an H100; the slots ops and DEEPINFER_MOE_SLOTS_IN_EXPAND then went: even)
+#   router  (ran on an H100; the one-launch router then went: even) the router and dense_wide device tests, then the
+#           fp32 projections read as the checkpoint stores them (``DEEPINFER_NATIVE_FLOAT_PROJECTIONS``) 0 / 1 / 0 / 1:
+#           measured even at B=1 and 220 us slower at B=32 (the widening copy above the GEMV's rows); it stays off.
 #   probe   (after the measurements) the paired launches' own times with PDL off (``probe_down_cap``) at 1, 2, 4
 #           tokens. About one minute.
 #   ncu     (after the measurements) Nsight Compute on the paired swap's up and down launches at one token, the down
@@ -25,10 +15,7 @@
 #           memory pipe of the fragment reads, bank conflicts included) near its peak at 4 programs an SM; if none
 #           is, the per-step barriers.
 #   queued  pass36.sh's trace stage (ran on an H100 with kvall, hash and bg, whose knobs then went: even).
-#   all     every opt-in together against the defaults, V4.1 batch-1 rows A / B / A / B: the capped down launch, the
-#           slots, the fused router and the float projections as stored, every layer's KV half as a branch, the Engram
-#           hashing in its branch, the capped branch GEMV. Predicted: the sum of the ones that measured faster on
-#           their own.
+#   all     (ran on an H100: every opt-in together, +15 us at B=1; their knobs then went, but the float projections)
 #   l2      the L2 prefetch distances measured slower on an H100 (thirty-fourth pass), asked again on the H200, whose
 #           copy bandwidth is 1.8x the H100's with the same SMs: the V4.1 batch-1 rows with the swap and the GEMV
 #           prefetch (line form) 0 / 4 / 0 / 4. Predicted: even to slower, as on the H100 (the kernels are bound by
@@ -38,13 +25,6 @@ set -u
 STAGES=${1:-probe,ncu}
 OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # stamp, has, quiet, v41_row, v41_alt, rows_vals; exports; HERE
-if has slots; then
-  stamp slots
-  FILE_S=200 xdist_files slots_tests "$HERE/test_conformance_moe_swap_pair.py" "$HERE/test_conformance.py" \
-    -k "slots or expand_model_width"
-  v41_alt slots_rows DEEPINFER_MOE_SLOTS_IN_EXPAND 0 1
-  v41_rows slots_rows 1,64 "slots off|DEEPINFER_MOE_SLOTS_IN_EXPAND=0" "slots on|DEEPINFER_MOE_SLOTS_IN_EXPAND=1"
-fi
 if has router; then
   stamp router
   FILE_S=200 xdist_files router_tests "$HERE/test_conformance_route_compress.py" "$HERE/test_conformance.py" \
@@ -81,12 +61,6 @@ fi
 if has queued; then
   stamp queued
   bash "$HERE/pass36.sh" trace
-fi
-if has all; then
-  stamp all
-  on="DEEPINFER_MOE_SLOTS_IN_EXPAND=1"
-  on="$on DEEPINFER_NATIVE_FLOAT_PROJECTIONS=1"
-  v41_rows all_rows 1 "defaults|" "opt-ins|$on" "defaults|" "opt-ins|$on"
 fi
 if has l2; then
   stamp l2

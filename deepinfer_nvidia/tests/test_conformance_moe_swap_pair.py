@@ -1,8 +1,7 @@
 """The swap experts on two warpgroups a program (``gluon_swap_pair``, SM90 only) against the reference on the GPU:
 odd and even K-tile counts (the second warpgroup's last tile masked or not), 1-17 tokens including every pair on
 one expert (several 8-pair blocks), both decodes, graph replays with fresh inputs, V4.1's widths against the
-one-warpgroup kernel, the default policy (1 token takes it, 64 do not), and the per-slot rows (``slots``). Outputs are
-poisoned with NaN first."""
+one-warpgroup kernel, and the default policy (1 token takes it, 64 do not). Outputs are poisoned with NaN first."""
 from __future__ import annotations
 
 import pytest
@@ -110,22 +109,3 @@ def test_swap_pair_default_policy(monkeypatch):
     ids, w = (a.cuda() for a in _routing(1, 6, e, "rand", g))
     sw.swap_mxfp4(x, w, ids, *ws, 1.0)
     assert calls == []
-
-
-@pytest.mark.parametrize("t,paired", [(1, True), (1, False), (64, None)])
-def test_swap_slots(t, paired):
-    """``slots=True`` (``moe.experts_mxfp4_slots``): the k fp32 rows of each token, whose slot-order sum rounded to
-    bf16 is the summed call's output bit for bit (``sum_slices`` adds them in that order), at V4.1's widths; the
-    provider hands the same rows out."""
-    sw = _swap()
-    from deepinfer_core.kernels.ops.moe import sum_slots
-    from deepinfer_nvidia.kernels.triton_moe import moe_experts_mxfp4_slots
-
-    x, w, ids, ws = _model_width(2900 + t, t)
-    poison()
-    slots = sw.swap_mxfp4(x, w, ids, *ws, 1.0, paired=paired, slots=True)
-    assert slots.shape == (t, 6, x.shape[1]) and slots.dtype == torch.float32
-    summed = sw.swap_mxfp4(x, w, ids, *ws, 1.0, paired=paired)
-    torch.testing.assert_close(sum_slots(slots).bfloat16(), summed, rtol=0, atol=0)
-    if paired is None:
-        torch.testing.assert_close(moe_experts_mxfp4_slots(x, w, ids, *ws, 1.0), slots, rtol=0, atol=0)

@@ -138,16 +138,16 @@ def _cases():
                                                                 "hist_ptr": "*i64", "win_ptr": "*i64", "valid_ptr": "*i1",
                                                                 "N": "i32", "C": "i32", "stride_h": "i32"},
                           {"NP": 4}, 1),
-        # the expand with the routed output as fp32 slots beside the shared part (a loop over S1 slots)
-        "expand_slots": (triton_mhc._expand_kernel, {"r_ptr": "*bf16", "y_ptr": "*fp32", "y2_ptr": "*bf16",
+        # the expand with the MoE's two parts (routed and shared) added in fp32
+        "expand_parts": (triton_mhc._expand_kernel, {"r_ptr": "*bf16", "y_ptr": "*bf16", "y2_ptr": "*bf16",
                                                      "post_ptr": "*fp32", "comb_ptr": "*fp32", "out_ptr": "*bf16",
-                                                     "n": "i32", "D": "i32", "S1": "i32"},
+                                                     "n": "i32", "D": "i32"},
                          {"NP": 4, "BLOCK_D": 512, "TWO_PARTS": 1}, 4),
     }
 
 
 @pytest.mark.parametrize("case", ["rms", "collapse", "sum_slices", "rms_rope", "swiglu", "entry_slots",
-                                  "engram_window", "expand_slots"])
+                                  "engram_window", "expand_parts"])
 def test_wait_then_release_before_any_global_access(case):
     from deepinfer_nvidia.tests.sass_count import count, missing_tools, opcodes
 

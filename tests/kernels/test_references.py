@@ -141,10 +141,6 @@ def test_mhc_mix_collapse_expand_textbook():
     # the sublayer output as parts (the MoE's routed and shared outputs): their sum, taken in the accumulation dtype
     y2 = torch.randn(T, Dm, generator=g, dtype=D)
     torch.testing.assert_close(mhc.mhc_expand(R, (y, y2), post, comb), mhc.mhc_expand(R, y + y2, post, comb))
-    # the routed output as slots [T, S, D] (moe.experts*_slots): their sum in slot order, then the shared part
-    slots = torch.randn(T, 3, Dm, generator=g, dtype=D)
-    torch.testing.assert_close(mhc.mhc_expand(R, (slots, y2), post, comb),
-                               mhc.mhc_expand(R, slots[:, 0] + slots[:, 1] + slots[:, 2] + y2, post, comb))
 
 
 def test_mhc_expand_bad_parts():
@@ -153,14 +149,8 @@ def test_mhc_expand_bad_parts():
         mhc.mhc_expand(R, (), post, comb)
     with pytest.raises(TypeError, match="non-empty tuple"):
         mhc.mhc_expand(R, (torch.randn(2, 8), 1.0), post, comb)
-    with pytest.raises(ValueError, match="one T and D"):
+    with pytest.raises(ValueError, match="share one shape"):
         mhc.mhc_expand(R, (torch.randn(2, 8), torch.randn(2, 4)), post, comb)
-    with pytest.raises(ValueError, match="one T and D"):
-        mhc.mhc_expand(R, (torch.randn(2, 6, 4), torch.randn(2, 8)), post, comb)
-    with pytest.raises(ValueError, match=r"\[T, S >= 1, D\]"):
-        mhc.mhc_expand(R, (torch.randn(2, 0, 8), torch.randn(2, 8)), post, comb)
-    with pytest.raises(ValueError, match="one T and D"):
-        mhc.mhc_expand(R, (torch.randn(2, 1, 6, 8), torch.randn(2, 8)), post, comb)
 
 
 def test_router_and_experts_textbook():

@@ -1,6 +1,6 @@
 """The delayed-mHC boundary's Triton launches in Triton's CPU interpreter against the references: ``mhc.expand``
 (``triton_mhc.expand``) with the sublayer output as one tensor and as two parts (the MoE's routed and shared
-outputs, summed in fp32 inside the kernel rather than by a separate add; the routed part also as its per-slot rows), and ``mhc.collapse_norm``
+outputs, summed in fp32 inside the kernel rather than by a separate add), and ``mhc.collapse_norm``
 (``triton_mhc.collapse_norm``: the collapse and the input norm in one launch)."""
 from __future__ import annotations
 
@@ -27,14 +27,6 @@ post, comb = 2 * torch.rand(2, 4, generator=g), torch.rand(2, 4, 4, generator=g)
 got = tm.expand(r, (a, b), post, comb, force_kernel=True)
 torch.testing.assert_close(got, mhc_expand(r, (a, b), post, comb), atol=1e-6, rtol=1e-6)
 assert (got - mhc_expand(r, a + b, post, comb)).abs().max() > 1e-3
-# the routed output as six fp32 slots (moe.experts_mxfp4_slots) with the bf16 shared part: added in slot order in
-# the kernel as in the reference; the routed sum rounded to bf16 first (the summed op) is visibly not that
-slots = torch.randn(2, 6, 640, generator=g)
-got = tm.expand(r, (slots, b), post, comb, force_kernel=True)
-torch.testing.assert_close(got, mhc_expand(r, (slots, b), post, comb), atol=1e-6, rtol=1e-6)
-assert (got - mhc_expand(r, (slots.sum(1).bfloat16(), b), post, comb)).abs().max() > 1e-3
-assert torch.equal(tm.expand(r, (slots[:, :1], b), post, comb, force_kernel=True),
-                   tm.expand(r, (slots[:, 0], b), post, comb, force_kernel=True))  # one slot: the [T, D] part
 from deepinfer_core.kernels.ops.mhc import _gen_collapse_norm, mhc_collapse_norm
 for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
     for seed in range(2):
@@ -47,7 +39,7 @@ print("INTERPRETED", n + 1)
 
 
 def test_expand_in_the_interpreter(run_interpreted):
-    run_interpreted(_INTERPRETED, "INTERPRETED 45")
+    run_interpreted(_INTERPRETED, "INTERPRETED 33")
 
 
 def test_expand_part_errors():
@@ -57,10 +49,6 @@ def test_expand_part_errors():
     r, post, comb = torch.randn(2, 4, 16), torch.rand(2, 4), torch.rand(2, 4, 4)
     with pytest.raises(ValueError, match=r"expected y \[2, 16\]"):
         tm.expand(r, (torch.randn(2, 16), torch.randn(2, 8)), post, comb, force_kernel=True)
-    with pytest.raises(ValueError, match=r"\[2, S, 16\] slots"):
-        tm.expand(r, (torch.randn(2, 6, 8), torch.randn(2, 16)), post, comb, force_kernel=True)
-    with pytest.raises(ValueError, match=r"\[2, S, 16\] slots"):
-        tm.expand(r, (torch.randn(2, 0, 16), torch.randn(2, 16)), post, comb, force_kernel=True)
 
 
 def test_collapse_norm_shape_errors():

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 _INTERPRETED = r"""
 import torch
-from deepinfer_core.kernels.ops.moe import experts_mxfp4, sum_slots
+from deepinfer_core.kernels.ops.moe import experts_mxfp4
 from deepinfer_core.kernels.ops.quant import quant_mxfp4
 from deepinfer_nvidia.kernels import triton_moe_scaled as sc
 
@@ -36,11 +36,6 @@ for t, k, route, bm, bk in ((3, 2, "rand", 16, 64), (9, 3, "one", 16, 128), (20,
     out = sc.scaled_mxfp4(x, w, ids, *ws, 1.0, block_m=bm, block_n=32, block_k=bk).float()
     rel = float((out - ref).norm() / ref.norm())
     assert out.shape == ref.shape and rel < 5e-2, (t, route, bm, bk, rel)
-    slots = sc.scaled_mxfp4(x, w, ids, *ws, 1.0, block_m=bm, block_n=32, block_k=bk, slots=True)
-    # the slot-order sum is the summed output (the interpreter casts fp32 to bf16 by truncation, the GPU to nearest:
-    # one bf16 ulp apart at most here; test_conformance_moe_swap_pair's slots case checks the bits on the device)
-    assert slots.shape == (t, k, d)
-    torch.testing.assert_close(sum_slots(slots).bfloat16().float(), out, atol=0, rtol=2 ** -7)
     n += 1
 print("INTERPRETED", n)
 """

@@ -1,8 +1,7 @@
-"""How the nvidia platform resolves the thirty-seventh pass's ops (no GPU: the platform object is made without its
-``__init__``, and resolution imports the kernel modules but launches nothing): in default mode the
-``moe.experts*_slots`` ops take their ``triton`` providers and ``moe.router_topk`` is composed from the ``triton``
-router GEMV and top-k (its one-launch kernel measured even on an H100 and was removed); in batch-invariant mode those providers are not
-flagged invariant, so the ops are composed from their invariant parts (docs/determinism.md)."""
+"""How the nvidia platform resolves the fused ``moe.router_topk`` (no GPU: the platform object is made without its
+``__init__``, and resolution imports the kernel modules but launches nothing): in default mode it is composed from the
+``triton`` router GEMV and top-k (its one-launch kernel measured even on an H100 and was removed); in
+batch-invariant mode from the invariant parts (docs/determinism.md)."""
 from __future__ import annotations
 
 import pytest
@@ -16,7 +15,7 @@ from deepinfer_core.kernels.resolve import resolve_kernels  # noqa: E402
 from deepinfer_models.deepseek_v41.model import KERNEL_OPS  # noqa: E402
 from deepinfer_nvidia.platform import NvidiaPlatform  # noqa: E402
 
-NEW_OPS = ("moe.router_topk", "moe.experts_slots", "moe.experts_fp8_slots", "moe.experts_mxfp4_slots")
+NEW_OPS = ("moe.router_topk",)
 
 
 def _resolved(batch_invariant: bool, caplog, monkeypatch) -> dict[str, str]:
@@ -32,12 +31,10 @@ def _resolved(batch_invariant: bool, caplog, monkeypatch) -> dict[str, str]:
     return dict(kv.split("=", 1) for kv in line[len("kernels: "):].split(", "))
 
 
-def test_default_mode_takes_the_triton_providers(caplog, monkeypatch):
+def test_default_mode_composes_it_from_the_triton_parts(caplog, monkeypatch):
     chosen = _resolved(False, caplog, monkeypatch)
     assert chosen["moe.router_topk"] == "composed"
     assert chosen["gemm.dense_wide"] == "triton" and chosen["moe.route_topk"] == "triton"
-    assert chosen["moe.experts_mxfp4_slots"] == "triton" and chosen["moe.experts_fp8_slots"] == "triton"
-    assert chosen["moe.experts_slots"] == "composed"  # dense experts: aten's summed op as one slot
 
 
 def test_batch_invariant_mode_composes_them_from_invariant_parts(caplog, monkeypatch):

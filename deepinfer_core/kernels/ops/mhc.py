@@ -48,33 +48,27 @@ def mhc_collapse(residual: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
 
 
 def sublayer_output(y: torch.Tensor | tuple | list) -> torch.Tensor:
-    """A sublayer's output ``y`` for ``mhc.expand`` in fp32 [T, D]: ``y [T, D]``, or the sum of its parts added in fp32
-    in the order given (the MoE hands over its routed and shared experts' outputs unsummed, so the sum costs no launch
-    of its own and is never rounded to the activation dtype). A part is [T, D], or [T, S, D] slots
-    (``moe.experts*_slots``: the routed output as its k per-slot rows) that count as their slots one after another in
-    slot order."""
+    """A sublayer's output ``y`` for ``mhc.expand`` in fp32: ``y [T, D]``, or the sum of its parts, each [T, D], added
+    in fp32 in the order given (the MoE hands over its routed and shared experts' outputs unsummed, so the sum costs
+    no launch of its own and is never rounded to the activation dtype)."""
     if isinstance(y, torch.Tensor):
         return acc(y)
     if not isinstance(y, (tuple, list)) or not y or not all(isinstance(p, torch.Tensor) for p in y):
-        raise TypeError("mhc.expand: y must be a [T, D] tensor or a non-empty tuple of [T, D] / [T, S, D] parts, got "
+        raise TypeError("mhc.expand: y must be a [T, D] tensor or a non-empty tuple of them, got "
                         f"{type(y).__name__}" + (f" of {[type(p).__name__ for p in y]}" if isinstance(y, (tuple, list))
                                                  else ""))
-    rows = {(p.shape[0], p.shape[-1]) if p.dim() in (2, 3) else None for p in y}
-    if None in rows or len(rows) != 1 or any(p.dim() == 3 and p.shape[1] == 0 for p in y):
-        raise ValueError("mhc.expand: y's parts must be [T, D] or [T, S >= 1, D] with one T and D, got "
-                         f"{[tuple(p.shape) for p in y]}")
-    out = None
-    for p in y:
-        for s in ([p] if p.dim() == 2 else p.unbind(1)):
-            out = acc(s) if out is None else out + acc(s)
+    if any(p.shape != y[0].shape for p in y):
+        raise ValueError(f"mhc.expand: y's parts must share one shape, got {[tuple(p.shape) for p in y]}")
+    out = acc(y[0])
+    for p in y[1:]:
+        out = out + acc(p)
     return out
 
 
 def mhc_expand(residual: torch.Tensor, y: torch.Tensor | tuple, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     """``R'[:, j] = post[:, j] * y + sum_i comb[:, i, j] * R[:, i]`` in fp32, stored in residual.dtype.
 
-    residual [T, n, D]; y [T, D] or a tuple of [T, D] (or [T, S, D] slot) parts summed in fp32 (``sublayer_output``);
-    post [T, n];
+    residual [T, n, D]; y [T, D] or a tuple of [T, D] parts summed in fp32 (``sublayer_output``); post [T, n];
     comb [T, n, n].
     """
     out = acc(post).unsqueeze(-1) * sublayer_output(y).unsqueeze(1) + torch.einsum("tij,tid->tjd", acc(comb),
@@ -181,14 +175,10 @@ def _gen_collapse(dtype, device, seed):
 
 
 def _gen_expand(dtype, device, seed):
-    """y as one tensor, as two parts (the MoE's routed and shared outputs), and as fp32 slots [T, S, D] with the shared
-    part (``moe.experts*_slots``: S = 6 as V4's top-k, S = 1 as a platform without a slot kernel)."""
+    """y as one tensor, and as two parts (the MoE's routed and shared outputs)."""
     g = torch.Generator().manual_seed(seed)
-    for t, n, d, parts, slots in [(1, 4, 8, 1, 0), (6, 4, 64, 1, 0), (1, 4, 8, 2, 0), (5, 4, 96, 2, 0),
-                                  (1, 4, 64, 2, 6), (3, 4, 96, 2, 1), (4, 2, 32, 2, 3)]:
+    for t, n, d, parts in [(1, 4, 8, 1), (6, 4, 64, 1), (1, 4, 8, 2), (5, 4, 96, 2)]:
         ys = tuple(torch.randn(t, d, generator=g).to(dtype).to(device) for _ in range(parts))
-        if slots:
-            ys = (torch.randn(t, slots, d, generator=g).to(device),) + ys[1:]
         yield (torch.randn(t, n, d, generator=g).to(dtype).to(device), ys[0] if parts == 1 else ys,
                torch.rand(t, n, generator=g).to(device), torch.rand(t, n, n, generator=g).to(device)), {}
 

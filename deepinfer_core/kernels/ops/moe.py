@@ -8,7 +8,7 @@ from deepinfer_core.kernels.ops.gemm import dense_wide
 from deepinfer_core.kernels.ops.linalg import down, linear_rows, up
 from deepinfer_core.kernels.ops.quant import dequant_fp8_block, dequant_mxfp4, quant_fp8_block, quant_mxfp4
 from deepinfer_core.kernels.ops.linalg import up as _up
-from deepinfer_core.kernels.spec import DEFAULT_TOLERANCES, OpSpec, acc
+from deepinfer_core.kernels.spec import OpSpec, acc
 
 
 def sqrtsoftplus(logits: torch.Tensor) -> torch.Tensor:
@@ -187,57 +187,6 @@ def _gen_swiglu(dtype, device, seed):
         yield (gate, up, 10.0), {}
 
 
-# -- the routed output as slots (``mhc.expand`` sums them) ----------------------------------------------------------
-# ``moe.experts*_slots`` return the routed output as S >= 1 slots [T, S, D] whose fp32 sum in slot order IS the routed
-# output: a kernel that computes each (token, slot) pair's weighted expert output in its own fp32 row hands those k
-# rows over unsummed (S = k, fp32), and ``mhc.expand`` adds them in the launch it runs anyway, so the slot sum costs
-# no launch of its own (one dependent launch fewer a MoE layer at batch 1; docs/performance.md, thirty-seventh
-# pass). Their reference, and what a platform without a slot kernel runs, is the summed op as one slot: [T, 1, D]
-# in x.dtype, so the bits there are the summed op's.
-SLOT_OPS = {"moe.experts": "moe.experts_slots", "moe.experts_fp8": "moe.experts_fp8_slots",
-            "moe.experts_mxfp4": "moe.experts_mxfp4_slots"}
-
-
-def sum_slots(slots: torch.Tensor) -> torch.Tensor:
-    """[T, S, D] -> fp32 [T, D]: the slots added one after another in slot order (the order every slot kernel and
-    ``mhc.expand`` use, so the reference and the kernels round alike)."""
-    out = acc(slots[:, 0])
-    for s in range(1, slots.shape[1]):
-        out = out + acc(slots[:, s])
-    return out
-
-
-def _compose_slots(summed: str):
-    def compose(k: dict):
-        experts = k[summed]
-
-        def experts_slots(*args, **kwargs) -> torch.Tensor:
-            return experts(*args, **kwargs).unsqueeze(1)
-
-        experts_slots.__doc__ = f"``{SLOT_OPS[summed]}`` composed: ``{summed}`` as one slot, [T, 1, D] in x.dtype."
-        return experts_slots
-
-    return compose
-
-
-def _compare_slots(out, ref, dtype):
-    """A slot kernel's [T, S, D] (S >= 1) against the reference's [T, 1, D]: the same rows and width, and the slots'
-    fp32 sums in slot order (rounded to the test dtype, as the summed op returns them) within its tolerance."""
-    assert out.dim() == 3 and out.shape[0] == ref.shape[0] and out.shape[2] == ref.shape[2] and out.shape[1] >= 1, (
-        f"slots must be [T, S, D] for the reference's {tuple(ref.shape)}; got {tuple(out.shape)}")
-    atol, rtol = (3e-2, 3e-2) if dtype == torch.bfloat16 else DEFAULT_TOLERANCES.get(dtype, (1e-4, 1e-4))
-    torch.testing.assert_close(sum_slots(out).to(dtype), sum_slots(ref).to(dtype), atol=atol, rtol=rtol)
-
-
-def _slot_spec(summed: str, gen) -> OpSpec:
-    compose = _compose_slots(summed)
-    return OpSpec(SLOT_OPS[summed], compose({summed: _SUMMED[summed]}), gen, compare=_compare_slots,
-                  components=(summed,), compose=compose,
-                  doc=f"{summed}'s routed output as [T, S, D] slots that mhc.expand sums in slot order")
-
-
-_SUMMED = {"moe.experts": experts_dense, "moe.experts_fp8": experts_fp8, "moe.experts_mxfp4": experts_mxfp4}
-
 OPS = [
     OpSpec("moe.clamped_swiglu", clamped_swiglu, _gen_swiglu,
            doc="the shared expert's activation: silu(min(gate, L)) * clamp(up, -L, L)"),
@@ -249,7 +198,4 @@ OPS = [
     OpSpec("moe.experts", experts_dense, _gen_experts, tolerances={torch.bfloat16: (3e-2, 3e-2)}),
     OpSpec("moe.experts_fp8", experts_fp8, _gen_experts_fp8, tolerances={torch.bfloat16: (3e-2, 3e-2)}),
     OpSpec("moe.experts_mxfp4", experts_mxfp4, _gen_experts_mxfp4, tolerances={torch.bfloat16: (3e-2, 3e-2)}),
-    _slot_spec("moe.experts", _gen_experts),
-    _slot_spec("moe.experts_fp8", _gen_experts_fp8),
-    _slot_spec("moe.experts_mxfp4", _gen_experts_mxfp4),
 ]
