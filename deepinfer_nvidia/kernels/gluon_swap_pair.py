@@ -54,6 +54,11 @@ PAIR_DOWN_MAXNREG = PAIR_MAXNREG
 # its bytes in L2. 0 (the default): off. Measured slower on an H100 at one token (65.5 -> 70.5 us by lines, 65.8 ->
 # 99.5 by bulk requests; docs/performance.md, thirty-fourth pass). ``DEEPINFER_NV_SWAP_L2_PREFETCH``.
 PAIR_L2_PREFETCH = int(os.environ.get("DEEPINFER_NV_SWAP_L2_PREFETCH", "0"))
+# Diagnostic only (``probe_down_cap --no-fence``; never set in use): launch without the async-proxy fence a step.
+# ptxas lowers the fence to ``MEMBAR.ALL.CTA`` + ``FENCE.VIEW.ASYNC.S`` right after the fragment reads; if the MEMBAR
+# waits on the ring's copies in flight, each step pays a memory latency and the ring's depth buys nothing, which
+# would fit every measurement so far (the copy loop alone at ~1.9 TB/s, deeper rings and more programs an SM even).
+PAIR_PROBE_NO_FENCE = False
 _GLUON = _swap.available()
 
 if _GLUON:
@@ -163,11 +168,14 @@ if _GLUON:
                           row_bytes, stride_x, limit, NT, TOPK: gl.constexpr, UP: gl.constexpr,
                           BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SAFE: gl.constexpr,
                           SKIP_PAD: gl.constexpr, KT_PAD: gl.constexpr, num_warps: gl.constexpr,
-                          PDL: gl.constexpr = 0, PREFETCH: gl.constexpr = 0, PF_LINE: gl.constexpr = 1):
+                          PDL: gl.constexpr = 0, PREFETCH: gl.constexpr = 0, PF_LINE: gl.constexpr = 1,
+                          NO_FENCE: gl.constexpr = 0):
         """One (expert block, 64-row tile) of ``gluon_moe_swap._swap_kernel`` (AREG 2, no split; the same
         arguments, layouts and outputs; the scale stacks as int32 words) on two warpgroups, each taking every other
         128-column K tile. ``KT_PAD``: a power of 2 >= the steps, cdiv(K / 128, 2). ``PREFETCH`` (> STAGES - 1):
-        steps asked of L2 ahead of the ring (``PAIR_L2_PREFETCH``)."""
+        steps asked of L2 ahead of the ring (``PAIR_L2_PREFETCH``). ``NO_FENCE``: diagnostic only
+        (``PAIR_PROBE_NO_FENCE``), drops the async-proxy fence between the ring's x tile and the ``wgmma`` that reads
+        it: not guaranteed correct."""
         if PDL:  # programmatic dependent launch (triton_pdl): wait for the previous kernel, release the next
             _grid_dependency(True)
             _grid_dependency(False)
@@ -261,7 +269,8 @@ if _GLUON:
             da = gl.convert_layout(_decode_fragment(ring_a.index(si).load(L3), ca, 128, SAFE), AOP)
             if UP:
                 db = gl.convert_layout(_decode_fragment(ring_b.index(si).load(L3), cb, 128, SAFE), AOP)
-            fence_async_shared()
+            if not NO_FENCE:
+                fence_async_shared()
             _cta_barrier()
             acc_a = warpgroup_mma(da, xs, acc_a, is_async=True)
             if UP:
@@ -309,4 +318,4 @@ def launch(up: bool, grid: int, x, pair, bexp, w, s, wb, sb, wt, out, p: int, ne
                                TOPK=topk, UP=int(up), BLOCK_M=PAIR_BLOCK_M, STAGES=stages, SAFE=int(safe),
                                SKIP_PAD=int(skip_pad), KT_PAD=triton.next_power_of_2(triton.cdiv(k // 128, 2)),
                                num_warps=8, maxnreg=PAIR_MAXNREG if up else PAIR_DOWN_MAXNREG, PREFETCH=prefetch,
-                               PF_LINE=int(_l2.LINE), **pdl_launch())
+                               PF_LINE=int(_l2.LINE), NO_FENCE=int(PAIR_PROBE_NO_FENCE), **pdl_launch())

@@ -6,8 +6,14 @@
 #   router  (ran on an H100; the one-launch router then went: even) the router and dense_wide device tests, then the
 #           fp32 projections read as the checkpoint stores them (``DEEPINFER_NATIVE_FLOAT_PROJECTIONS``) 0 / 1 / 0 / 1:
 #           measured even at B=1 and 220 us slower at B=32 (the widening copy above the GEMV's rows); it stays off.
-#   probe   (after the measurements) the paired launches' own times with PDL off (``probe_down_cap``) at 1, 2, 4
-#           tokens. About one minute.
+#   probe   (after the measurements) is the async-proxy fence a step what holds the swap experts? ptxas lowers it to
+#           MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S in the K loop; if the MEMBAR waits on the ring's copies in flight,
+#           each step pays a memory latency whatever the ring depth or the programs an SM (both measured even).
+#           ``probe_down_cap --fences 1,0`` times the paired launches with and without it (PDL off: each kernel's own
+#           time; then on), the outputs compared; ``bench_swap --probes`` the one-warpgroup kernel likewise
+#           (areg:probe:block_k:stages; probe bits 1 no fence, 2 no wgmma, 4 no decode: 7 is the bare copy ring).
+#           Predicted: if the MEMBAR is it, no fence takes the one-token call from ~74 toward ~45 us (the plain
+#           streaming loop's 3.4 TB/s); if not, within 2 us, and the ncu stage must say what is.
 #   ncu     (after the measurements) Nsight Compute on the paired swap's up and down launches at one token, the down
 #           one at 128 and 64 registers (2 and 4 programs an SM), PDL off: occupancy, issue, stall reasons and the
 #           busy % of each pipe (ALU, FMA, shared, tensor), to find the per-SM resource that kept the down launch at
@@ -35,9 +41,11 @@ if has probe; then
   stamp probe
   for p in 0 1; do
     echo "== DEEPINFER_NV_PDL=$p"
-    DEEPINFER_NV_PDL=$p timeout 100 python3 -m deepinfer_nvidia.tests.probe_down_cap --caps 128 --tokens 1,2,4 2>&1 \
-      | grep -E "^\[profile|^compiled|Error"
-  done | tee "$OUT/probe_down_cap.txt"
+    DEEPINFER_NV_PDL=$p timeout 150 python3 -m deepinfer_nvidia.tests.probe_down_cap --caps 128 --fences 1,0,1,0 \
+      --tokens 1,4 2>&1 | grep -E "^==|^\[profile|^compiled|Error"
+  done | tee "$OUT/probe_fence.txt"
+  timeout 200 python3 -m deepinfer_nvidia.tests.bench_swap --tokens 1 --variants "" --skip-parity \
+    --probes 2:0:128:3,2:1:128:3,2:6:128:3,2:7:128:3 2>&1 | grep -E "^\[probe|^T=|Error" | tee "$OUT/probe_swap.txt"
 fi
 if has ncu; then
   stamp ncu
