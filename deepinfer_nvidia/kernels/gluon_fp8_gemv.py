@@ -103,6 +103,9 @@ GEMV_EARLY_RELEASE = os.environ.get("DEEPINFER_NV_GEMV_EARLY_RELEASE", "0") == "
 # ``DEEPINFER_NV_GEMV_L2_PREFETCH``.
 GEMV_L2_PREFETCH = int(os.environ.get("DEEPINFER_NV_GEMV_L2_PREFETCH", "0"))
 GEMV_L2_BUDGET = 24 << 20
+# Diagnostic only (``probe_gemv_fence``; never set in use): launch without the async-proxy fence a K tile, which
+# ptxas lowers to ``MEMBAR.ALL.CTA`` + ``FENCE.VIEW.ASYNC.S`` (as in the swap experts: ``gluon_swap_pair``).
+GEMV_PROBE_NO_FENCE = False
 _SM90: dict[int, bool] = {}  # device index -> capability 9.x (asked once per device)
 
 
@@ -240,7 +243,7 @@ if _GLUON:
                            BN_BLK: gl.constexpr, BK_BLK: gl.constexpr, SPLIT: gl.constexpr, BLOCK_M: gl.constexpr,
                            STAGES: gl.constexpr, SAFE: gl.constexpr, PDL: gl.constexpr, TMA: gl.constexpr, q_desc,
                            num_warps: gl.constexpr, SWIZZLE: gl.constexpr = 0, PREFETCH: gl.constexpr = 0,
-                           PF_LINE: gl.constexpr = 1):
+                           PF_LINE: gl.constexpr = 1, NO_FENCE: gl.constexpr = 0):
         """Program (row tile of 64 weight rows, K split): ``y[m, n] = sum_k x[m, k] * bf16(q[n, k] * s)``.
         x [M, K] bf16 (natural order: the tile loads gather ``permute_x``'s order); q [N, K] e4m3 bytes; s UE8M0 bytes
         [ceil(N / BN_BLK), s_cols]; y [M, N] bf16; part [SPLIT, M, N] fp32 and cnt (zeroed int32 per row tile)
@@ -253,8 +256,10 @@ if _GLUON:
         (``GEMV_SWIZZLE``), so a quarter-warp's fragment read touches all 32 banks once. PREFETCH (> STAGES - 1):
         weight tiles up to PREFETCH - 1 are asked of L2 in the prologue (before the wait, under PDL) and tile
         i + PREFETCH in iteration i, so each tile's ``cp.async`` finds it in L2 (``GEMV_L2_PREFETCH``); PF_LINE: by
-        lines, else bulk requests (``l2_prefetch.LINE``)."""
+        lines, else bulk requests (``l2_prefetch.LINE``). NO_FENCE (diagnostic, not with TMA): no async-proxy fence
+        between a tile's x copies and the wgmma that reads them; not guaranteed correct."""
         gl.static_assert(num_warps == 4)
+        gl.static_assert(not (NO_FENCE and TMA))
         LW: gl.constexpr = gl.BlockedLayout([1, 1, 16], [4, 4, 2], [num_warps, 1, 1], [2, 1, 0])
         LX: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [num_warps, 1], [1, 0])  # 4-byte gathers of x
         LS: gl.constexpr = gl.SliceLayout(2, _FRAG)
@@ -360,7 +365,8 @@ if _GLUON:
             si = i % STAGES
             if TMA:  # tile i's weight box: the stage's barrier completes once per use of the stage
                 mbarrier.wait(bars.index(si), (i // STAGES) & 1)
-            fence_async_shared()
+            if not NO_FENCE:
+                fence_async_shared()
             _cta_barrier()
             if SWIZZLE:  # the same bytes per thread, read from the swizzled rows
                 wb = gl.convert_layout(ring_w.index(si).load(_FRAG2D).reshape([64, 4, 32]), _FRAG)
@@ -502,6 +508,6 @@ def gemv_wgmma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, b
                                        BLOCK_M=block_m, STAGES=stages,
                                        SAFE=int(safe), PDL=pdl_mode, TMA=int(desc is not None), q_desc=desc,
                                        num_warps=4, SWIZZLE=int(swizzle), PREFETCH=prefetch,
-                                       PF_LINE=int(_l2.LINE),
+                                       PF_LINE=int(_l2.LINE), NO_FENCE=int(GEMV_PROBE_NO_FENCE and desc is None),
                                        **({"launch_pdl": True} if pdl else {}))
     return y

@@ -13,7 +13,9 @@
 #           time; then on), the outputs compared; ``bench_swap --probes`` the one-warpgroup kernel likewise
 #           (areg:probe:block_k:stages; probe bits 1 no fence, 2 no wgmma, 4 no decode: 7 is the bare copy ring).
 #           Predicted: if the MEMBAR is it, no fence takes the one-token call from ~74 toward ~45 us (the plain
-#           streaming loop's 3.4 TB/s); if not, within 2 us, and the ncu stage must say what is.
+#           streaming loop's 3.4 TB/s); if not, within 2 us, and the ncu stage must say what is. Then the FP8 wgmma
+#           GEMV (the same MEMBAR a K tile) at V4.1's batch-1 shapes with and without it (``probe_gemv_fence``):
+#           the GEMVs are within 13% of a plain stream with their grids (thirty-fifth pass), so at most that.
 #   xchunk  the paired swap with the x tiles in chunks of XC steps (``DEEPINFER_NV_SWAP_PAIR_X_CHUNK``): the fence and
 #           the CTA barriers once a chunk (a step that starts none: no MEMBAR, 2 barriers instead of 4; SASS test).
 #           Its device tests (bit-equal to XC 0, graph replays), ``probe_down_cap --xchunks 0,2,3`` with PDL off and
@@ -52,6 +54,7 @@ if has probe; then
   done | tee "$OUT/probe_fence.txt"
   timeout 200 python3 -m deepinfer_nvidia.tests.bench_swap --tokens 1 --variants "" --skip-parity \
     --probes 2:0:128:3,2:1:128:3,2:6:128:3,2:7:128:3 2>&1 | grep -E "^\[probe|^T=|Error" | tee "$OUT/probe_swap.txt"
+  timeout 150 python3 -m deepinfer_nvidia.tests.probe_gemv_fence 2>&1 | grep -vE "Warn|warn" | tee "$OUT/probe_gemv.txt"
 fi
 if has xchunk; then
   stamp xchunk

@@ -147,3 +147,23 @@ def test_swizzled_ring_reads_the_same_fragments(pdl):
         return {line.split("[")[1].split("]")[0].split("+")[0] for line in r["loop"] if "LDS.128" in line}
 
     assert len(bases(plain)) == 1 and len(bases(swz)) == 2, (bases(plain), bases(swz))
+
+
+def test_the_tile_fence_is_one_cta_membar_and_the_probe_drops_it():
+    """The async-proxy fence a K tile lowers to one ``MEMBAR.ALL.CTA`` + ``FENCE.VIEW.ASYNC.S`` in the loop; the
+    diagnostic ``NO_FENCE`` build (``probe_gemv_fence``) has neither under Triton 3.6 (the device's; 3.9 fences the
+    wgmma's shared operand on its own) and otherwise the same loop: the same ``HGMMA``, copies and barriers."""
+    consts = {"BN_BLK": 32, "BK_BLK": 32, "SPLIT": 4, "BLOCK_M": 8, "STAGES": 3, "SAFE": 0, "PDL": 1, "TMA": 0,
+              "q_desc": None, "num_warps": 4, "SWIZZLE": int(gg.GEMV_SWIZZLE)}
+    div16 = frozenset({"N", "K", "stride_x", "k_per_split"})
+    fenced, bare = (count(gg._wgmma_gemv_kernel, SIG, dict(consts, NO_FENCE=nf), warps=4, div16=div16)
+                    for nf in (0, 1))
+    loop_f = [op.split(".")[0] + ("." + op.split(".")[1] if op.startswith(("MEMBAR", "FENCE")) else "")
+              for op in opcodes(fenced["loop"])]
+    assert loop_f.count("MEMBAR.ALL") == 1 and loop_f.count("FENCE.VIEW") == 1, loop_f
+    loop_b = [op.split(".")[0] for op in opcodes(bare["loop"])]
+    if "MEMBAR" in loop_b:
+        pytest.skip(f"Triton {triton.__version__} fences the wgmma's shared operand itself (3.6, the H200's, does not)")
+    assert "FENCE" not in loop_b
+    for name in ("HGMMA", "LDGSTS", "BAR"):
+        assert loop_b.count(name) == [op.split(".")[0] for op in opcodes(fenced["loop"])].count(name), name
