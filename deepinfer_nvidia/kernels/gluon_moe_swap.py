@@ -51,27 +51,23 @@ from deepinfer_nvidia.kernels.gluon_swap_layout import _weight_descs, block_m_fo
 from deepinfer_nvidia.kernels.scale_checks import scales_allow_fast
 from deepinfer_nvidia.kernels.triton_pdl import gluon_grid_dependency as _grid_dependency, pdl_launch
 
-try:  # Gluon is experimental: absent in older Triton, so the path is optional
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.ampere import async_copy
-    from triton.experimental.gluon.language.nvidia.hopper import (
+from deepinfer_nvidia.kernels.gluon_api import AVAILABLE as _GLUON
+
+if _GLUON:  # Gluon is experimental: absent in older Triton, so the path is optional (gluon_api: the version shims)
+    from deepinfer_nvidia.kernels.gluon_api import (
+        REINTERPRET_PUBLIC as _REINTERPRET_PUBLIC,
+        async_copy,
+        cp_async as _cp_async,
+        cta_barrier as _cta_barrier,
         fence_async_shared,
+        gl,
+        gluon,
         mbarrier,
-        tma,
+        tma_load as _tma_load,
         warpgroup_mma,
         warpgroup_mma_init,
         warpgroup_mma_wait,
     )
-    # Triton 3.6 (the H200's) names the cp.async copy async_copy_global_to_shared; later versions async_load
-    _cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
-    _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # renamed after 3.6 as well
-    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared  # and the TMA load
-    # and a shared view's reinterpretation (``_reinterpret`` in 3.6, ``reinterpret`` later)
-    _REINTERPRET_PUBLIC: gl.constexpr = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
-    _GLUON = True
-except ImportError:  # pragma: no cover - depends on the installed triton
-    _GLUON = False
 
 # (block_n weight rows, block_k, warps, stages, areg) by BLOCK_M (pairs per block); areg 2: A decoded straight into
 # the wgmma register fragment (64 x 128 tiles, 4 warps), 1: A in registers through a layout conversion, 0: A

@@ -69,18 +69,18 @@ PAIR_X_CHUNK = int(os.environ.get("DEEPINFER_NV_SWAP_PAIR_X_CHUNK", "0"))
 _GLUON = _swap.available()
 
 if _GLUON:
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.ampere import async_copy
-    from triton.experimental.gluon.language.nvidia.hopper import (
+    from deepinfer_nvidia.kernels.gluon_api import (
+        async_copy,
+        cp_async as _cp_async,
+        cta_barrier as _cta_barrier,
         fence_async_shared,
+        gl,
+        gluon,
         warpgroup_mma,
         warpgroup_mma_init,
         warpgroup_mma_wait,
     )
 
-    _cp_async = _swap._cp_async
-    _cta_barrier = _swap._cta_barrier
     _decode_fragment = _swap._decode_fragment
     _frag128 = _swap._frag128
     _up_finish = _swap._up_finish

@@ -34,19 +34,19 @@ from deepinfer_nvidia.kernels.triton_pdl import gluon_grid_dependency, pdl_launc
 
 _GLUON = _swap.available()
 if _GLUON:
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.ampere import async_copy
-    from triton.experimental.gluon.language.nvidia.hopper import (
+    from deepinfer_nvidia.kernels.gluon_api import (
+        REINTERPRET_PUBLIC as _REINTERPRET_PUBLIC,
+        async_copy,
+        cp_async as _cp_async,
+        cta_barrier as _cta_barrier,
         fence_async_shared,
+        gl,
+        gluon,
         warpgroup_mma,
         warpgroup_mma_init,
         warpgroup_mma_wait,
     )
 
-    _cp_async = _swap._cp_async
-    _cta_barrier = _swap._cta_barrier
-    _REINTERPRET_PUBLIC = _swap._REINTERPRET_PUBLIC
     _grid_dependency = gluon_grid_dependency
 
 # Off by default: the bf16-activation GEMV is the reference's numerics (see the module docstring).
