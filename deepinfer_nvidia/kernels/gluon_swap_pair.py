@@ -65,7 +65,10 @@ PAIR_PROBE_NO_FENCE = False
 # measured (docs/performance.md, thirty-seventh pass); the same arithmetic, so the same bits. Shared memory: x takes
 # 8 KB x XC instead of 4 KB x STAGES (up at XC 3: 106 KB, still two programs an SM). Triton 3.9 inserts a fence before
 # every wgmma on its own, so only Triton 3.6 (the device's) builds the chunked loop without one a step.
-PAIR_X_CHUNK = int(os.environ.get("DEEPINFER_NV_SWAP_PAIR_X_CHUNK", "0"))
+# ``UP,DOWN`` sets the launches apart: the down launch's 9 steps at V4.1's F fit one chunk (XC 9: 112 KB, two programs
+# an SM with their reservations in 226 of 228 KB), so it fences once a program.
+_X_CHUNKS = [int(v) for v in os.environ.get("DEEPINFER_NV_SWAP_PAIR_X_CHUNK", "0").split(",")]
+PAIR_X_CHUNK, PAIR_X_CHUNK_DOWN = _X_CHUNKS[0], _X_CHUNKS[-1]
 _GLUON = _swap.available()
 
 if _GLUON:
@@ -353,4 +356,4 @@ def launch(up: bool, grid: int, x, pair, bexp, w, s, wb, sb, wt, out, p: int, ne
                                SKIP_PAD=int(skip_pad), KT_PAD=triton.next_power_of_2(triton.cdiv(k // 128, 2)),
                                num_warps=8, maxnreg=PAIR_MAXNREG if up else PAIR_DOWN_MAXNREG, PREFETCH=prefetch,
                                PF_LINE=int(_l2.LINE), NO_FENCE=int(PAIR_PROBE_NO_FENCE),
-                               XC=PAIR_X_CHUNK, **pdl_launch())
+                               XC=PAIR_X_CHUNK if up else PAIR_X_CHUNK_DOWN, **pdl_launch())

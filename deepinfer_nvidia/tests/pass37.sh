@@ -16,12 +16,13 @@
 #           streaming loop's 3.4 TB/s); if not, within 2 us, and the ncu stage must say what is. Then the FP8 wgmma
 #           GEMV (the same MEMBAR a K tile) at V4.1's batch-1 shapes with and without it (``probe_gemv_fence``):
 #           the GEMVs are within 13% of a plain stream with their grids (thirty-fifth pass), so at most that.
-#   xchunk  the paired swap with the x tiles in chunks of XC steps (``DEEPINFER_NV_SWAP_PAIR_X_CHUNK``): the fence and
-#           the CTA barriers once a chunk (a step that starts none: no MEMBAR, 2 barriers instead of 4; SASS test).
-#           Its device tests (bit-equal to XC 0, graph replays), ``probe_down_cap --xchunks 0,2,3`` with PDL off and
-#           on, then the V4.1 rows 0 / 2 / 0 / 2. Predicted: as the probe stage's no-fence figure if the MEMBAR is what
-#           holds a step (one token's call ~74 -> ~50 us, -150 to -300 us a batch-1 step over the 8 layers); even if
-#           neither the fence nor the barriers are.
+#   xchunk  the paired swap with the x tiles in chunks of XC steps (``DEEPINFER_NV_SWAP_PAIR_X_CHUNK=UP[,DOWN]``): the
+#           fence and the CTA barriers once a chunk (a step that starts none: no MEMBAR, 2 barriers instead of 4; SASS
+#           test); 3,9: up 3, down 9 (all of V4.1's down steps: one fence a program). Its device tests (bit-equal to
+#           XC 0, graph replays), ``probe_down_cap --xchunks 0,2,3:9`` with PDL off and on, then the V4.1 rows
+#           0 / 3,9 / 0 / 3,9. Predicted: as the probe stage's no-fence figure if the MEMBAR is what holds a step (one
+#           token's call ~74 -> ~50 us, -150 to -300 us a batch-1 step over the 8 layers); even if neither the fence
+#           nor the barriers are.
 #   ncu     (after the measurements) Nsight Compute on the paired swap's up and down launches at one token, the down
 #           one at 128 and 64 registers (2 and 4 programs an SM), PDL off: occupancy, issue, stall reasons and the
 #           busy % of each pipe (ALU, FMA, shared, tensor), to find the per-SM resource that kept the down launch at
@@ -61,10 +62,10 @@ if has xchunk; then
   FILE_S=240 xdist_files xchunk_tests "$HERE/test_conformance_moe_swap_pair.py" -k "x_chunks or graph_replay or model"
   for p in 0 1; do
     echo "== DEEPINFER_NV_PDL=$p"
-    DEEPINFER_NV_PDL=$p timeout 150 python3 -m deepinfer_nvidia.tests.probe_down_cap --caps 128 --xchunks 0,2,3,0,2,3 \
-      --tokens 1,4 2>&1 | grep -E "^==|^\[profile|Error"
+    DEEPINFER_NV_PDL=$p timeout 150 python3 -m deepinfer_nvidia.tests.probe_down_cap --caps 128 \
+      --xchunks 0,2,3:9,0,2,3:9 --tokens 1,4 2>&1 | grep -E "^==|^\[profile|Error"
   done | tee "$OUT/xchunk_probe.txt"
-  v41_alt xchunk_rows DEEPINFER_NV_SWAP_PAIR_X_CHUNK 0 2
+  v41_alt xchunk_rows DEEPINFER_NV_SWAP_PAIR_X_CHUNK 0 3,9
 fi
 if has ncu; then
   stamp ncu
@@ -76,10 +77,10 @@ if has ncu; then
     --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section SourceCounters \
     --section LaunchStats $probe > "$OUT/ncu_pair.txt" 2>&1
   echo "ncu sections rc=$?"
+  pipes="regex:sm__pipe_.*_cycles_active.avg.pct_of_peak_sustained_active"
+  pipes="$pipes,regex:sm__inst_executed_pipe_.*.avg.pct_of_peak_sustained_active"
   DEEPINFER_NV_PDL=0 timeout "${NCU_S:-240}" ncu --clock-control none --kernel-name regex:_swap_pair_kernel \
-    --launch-skip 2 --launch-count 10 --metrics \
-    "regex:sm__pipe_.*_cycles_active.avg.pct_of_peak_sustained_active,regex:sm__inst_executed_pipe_.*.avg.pct_of_peak_sustained_active" \
-    $probe > "$OUT/ncu_pipes.txt" 2>&1
+    --launch-skip 2 --launch-count 10 --metrics "$pipes" $probe > "$OUT/ncu_pipes.txt" 2>&1
   echo "ncu pipes rc=$?"
   grep -E "_swap_pair_kernel|Registers Per|Achieved Occupancy|Issued Warp|No Eligible|Duration|DRAM Throughput|Bank" \
     "$OUT/ncu_pair.txt" | head -80

@@ -40,7 +40,7 @@ def main() -> None:
     ap.add_argument("--tokens", default="1")
     ap.add_argument("--eager", type=int, default=0, help="N plain calls a cap, nothing timed (for ncu)")
     ap.add_argument("--fences", default="1", help="1: the fence a step (the kernel as used); 0: without it")
-    ap.add_argument("--xchunks", default="0", help="x tiles a chunk (0: one a ring slot, the default)")
+    ap.add_argument("--xchunks", default="0", help="x tiles a chunk, XC or UP:DOWN (0: one a ring slot, the default)")
     args = ap.parse_args()
     import deepinfer_nvidia.kernels.gluon_moe_swap as sw
     import deepinfer_nvidia.kernels.gluon_swap_pair as gp
@@ -53,10 +53,11 @@ def main() -> None:
         ids = torch.rand(t, E, generator=g, device="cuda").topk(K, dim=1).indices
         w = torch.rand(t, K, generator=g, device="cuda")
         ref = None
-        settings = [(int(c), f == "1", int(xc)) for c in args.caps.split(",") for f in args.fences.split(",")
+        settings = [(int(c), f == "1", xc) for c in args.caps.split(",") for f in args.fences.split(",")
                     for xc in args.xchunks.split(",")]
         for cap, fence, xc in settings:
-            gp.PAIR_DOWN_MAXNREG, gp.PAIR_PROBE_NO_FENCE, gp.PAIR_X_CHUNK = cap, not fence, xc
+            gp.PAIR_DOWN_MAXNREG, gp.PAIR_PROBE_NO_FENCE = cap, not fence
+            gp.PAIR_X_CHUNK, gp.PAIR_X_CHUNK_DOWN = int(xc.split(":")[0]), int(xc.split(":")[-1])
             tag = f"T={t} cap={cap} f={int(fence)} xc={xc}"
             if args.eager:
                 for _ in range(args.eager):
@@ -72,7 +73,7 @@ def main() -> None:
             print(f"== {tag}: {us:.1f} us a call (graph replays); output bit-equal to the first run's: {same}",
                   flush=True)
             _profile_kernels(call, tag)
-    gp.PAIR_PROBE_NO_FENCE, gp.PAIR_X_CHUNK = False, 0
+    gp.PAIR_PROBE_NO_FENCE, gp.PAIR_X_CHUNK, gp.PAIR_X_CHUNK_DOWN = False, 0, 0
     for k in _compiled_variants(gp._swap_pair_kernel):
         md = getattr(k, "metadata", None)
         regs, spills = getattr(k, "n_regs", None), getattr(k, "n_spills", None)

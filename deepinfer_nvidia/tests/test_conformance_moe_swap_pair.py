@@ -112,12 +112,12 @@ def test_swap_pair_default_policy(monkeypatch):
     assert calls == []
 
 
-@pytest.mark.parametrize("xc", [2, 3])
+@pytest.mark.parametrize("xc", [(2, 2), (3, 3), (3, 9)])
 @pytest.mark.parametrize("d,f,t,route", [(640, 384, 1, "rand"), (512, 256, 3, "skew"), (640, 384, 17, "rand"),
                                          (5120, 2304, 1, "rand"), (5120, 2304, 2, "rand")])
 def test_swap_pair_x_chunks_are_bit_equal(monkeypatch, xc, d, f, t, route):
-    """``PAIR_X_CHUNK`` (opt-in): the x tiles XC steps at a time into two buffers, the fence and CTA barriers once a
-    chunk. The same copies, decode and wgmma order, so the output equals the one-tile-a-slot launches bit for bit,
+    """``PAIR_X_CHUNK`` / ``PAIR_X_CHUNK_DOWN`` (opt-in): the x tiles XC steps at a time into two buffers, the fence
+    and CTA barriers once a chunk (9: the whole of V4.1's down launch, chunks past K at the small widths). The same copies, decode and wgmma order, so the output equals the one-tile-a-slot launches bit for bit,
     at odd and even K-tile counts, chunks past K (zero-filled), several 8-pair blocks, V4.1's widths; and a graph
     replay on fresh inputs equals an eager call."""
     sw = _swap()
@@ -126,7 +126,8 @@ def test_swap_pair_x_chunks_are_bit_equal(monkeypatch, xc, d, f, t, route):
     _, cu = _case(2900 + d + t, t, 6, route, 16, d, f)
     poison()
     want = sw.swap_mxfp4(*cu, 1.0, paired=True)
-    monkeypatch.setattr(gp, "PAIR_X_CHUNK", xc)
+    monkeypatch.setattr(gp, "PAIR_X_CHUNK", xc[0])
+    monkeypatch.setattr(gp, "PAIR_X_CHUNK_DOWN", xc[1])
     poison()
     got = sw.swap_mxfp4(*cu, 1.0, paired=True)
     torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -141,7 +141,7 @@ def _unconditional(r: dict) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("up,xc", [(1, 2), (1, 3), (0, 2), (0, 3)])
+@pytest.mark.parametrize("up,xc", [(1, 2), (1, 3), (0, 2), (0, 3), (0, 9)])
 def test_x_chunks_fence_once_a_chunk(up, xc):
     """``PAIR_X_CHUNK`` (opt-in): still two programs an SM (registers <= 128, shared memory with its reservation
     <= 114 KB), no spills in the K loop, the same ``HGMMA`` count; the ``MEMBAR`` of the fence and all but the
