@@ -341,6 +341,11 @@ def takes(programs: int, sms: int, d: int, f: int) -> bool:
             and programs < PAIR_MAX_WAVES * 3 * sms)
 
 
+def _x_chunk(xc: int, stages: int) -> int:
+    """The kernel's XC for a knob value: 0 stays off; a chunk must cover the ring's STAGES - 1 steps in flight."""
+    return max(xc, stages - 1) if xc else 0
+
+
 def launch(up: bool, grid: int, x, pair, bexp, w, s, wb, sb, wt, out, p: int, ne: int, n: int, k: int,
            stride_x: int, limit: float, nt: int, topk: int, safe: bool, skip_pad: bool, stages: int,
            prefetch: int | None = None) -> None:
@@ -356,4 +361,4 @@ def launch(up: bool, grid: int, x, pair, bexp, w, s, wb, sb, wt, out, p: int, ne
                                SKIP_PAD=int(skip_pad), KT_PAD=triton.next_power_of_2(triton.cdiv(k // 128, 2)),
                                num_warps=8, maxnreg=PAIR_MAXNREG if up else PAIR_DOWN_MAXNREG, PREFETCH=prefetch,
                                PF_LINE=int(_l2.LINE), NO_FENCE=int(PAIR_PROBE_NO_FENCE),
-                               XC=PAIR_X_CHUNK if up else PAIR_X_CHUNK_DOWN, **pdl_launch())
+                               XC=_x_chunk(PAIR_X_CHUNK if up else PAIR_X_CHUNK_DOWN, stages), **pdl_launch())

