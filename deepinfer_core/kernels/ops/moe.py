@@ -41,8 +41,8 @@ def compose_router_topk(k: dict):
         """The MoE router of a biased top-k layer: x [T, D] (the normed FFN input), gate_w [E, D] (fp32, or the
         checkpoint's bf16 / fp16: ``gemm.dense_wide`` widens both), bias [E] fp32 -> ``(weights [T, k] fp32, ids
         [T, k] int64)`` = ``moe.route_topk(gemm.dense_wide(x, gate_w), bias, k, scaling)``: fp32 logits. One op so
-        a platform can route in the launch that makes the logits (one dependent launch fewer a MoE layer at
-        batch 1)."""
+        a platform may route in the launch that makes the logits; none does now (nvidia's one-launch kernel
+        measured even on an H100 and was removed), so every platform composes it from its two parts."""
         return route(logits_of(x, gate_w), bias, top_k, scaling)
 
     return router_topk
