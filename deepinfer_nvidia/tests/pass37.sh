@@ -31,6 +31,9 @@
 #           21.5 us with twice the warps. Predicted: one pipe (the ALU's LOP3 / SHF of the decode, or the shared
 #           memory pipe of the fragment reads, bank conflicts included) near its peak at 4 programs an SM; if none
 #           is, the per-step barriers.
+#   quick   (for a scarce device: one call) the swap probe (fence on / off, x chunks 0 / 3:9 / 2, PDL off), the GEMV
+#           probe at one row, the chunks' bit-equality tests; then the x-chunk rows if the chunked call was 5%
+#           faster, else the ncu stage.
 #   queued  pass36.sh's trace stage (ran on an H100 with kvall, hash and bg, whose knobs then went: even).
 #   all     (ran on an H100: every opt-in together, +15 us at B=1; their knobs then went, but the float projections)
 #   l2      the L2 prefetch distances measured slower on an H100 (thirty-fourth pass), asked again on the H200, whose
@@ -42,6 +45,21 @@ set -u
 STAGES=${1:-probe,xchunk}  # then xrows,ncu
 OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # stamp, has, quiet, v41_row, v41_alt, rows_vals; exports; HERE
+if has quick; then  # one call for a scarce device: the questions of probe, xchunk and xrows in order of worth
+  stamp quick
+  DEEPINFER_NV_PDL=0 timeout 200 python3 -m deepinfer_nvidia.tests.probe_down_cap --caps 128 --fences 1,0 \
+    --xchunks 0,3:9,2 --tokens 1 2>&1 | grep -E "^==|^\[profile|^compiled|Error" | tee "$OUT/quick_probe.txt"
+  timeout 120 python3 -m deepinfer_nvidia.tests.probe_gemv_fence --rows 1 2>&1 | grep -vE "Warn|warn" \
+    | tee "$OUT/probe_gemv.txt"
+  FILE_S=150 xdist_files xchunk_tests "$HERE/test_conformance_moe_swap_pair.py" \
+    "$HERE/test_conformance_fp8_wgmma.py" -k "x_chunks"
+  # the step rows only where the chunked swap call beat the plain one by 5% (else Nsight Compute says what binds)
+  gain=$(awk '/^== T=1 cap=128 f=1 xc=0:/ {a=$6} /^== T=1 cap=128 f=1 xc=3:9:/ {b=$6} END {print (a > 0 && b < 0.95 * a)}' \
+    "$OUT/quick_probe.txt")
+  stamp "chunk gain at the call: $gain"
+  if [ "$gain" = 1 ]; then v41_alt xchunk_rows DEEPINFER_NV_SWAP_PAIR_X_CHUNK 0 3,9
+  else NCU_S=120 STAGES=ncu; fi
+fi
 if has router; then
   stamp router
   FILE_S=200 xdist_files router_tests "$HERE/test_conformance_route_compress.py" "$HERE/test_conformance.py" \
