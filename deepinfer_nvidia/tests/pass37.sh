@@ -49,8 +49,6 @@ if has quick; then  # one call for a scarce device: the questions of probe, xchu
   stamp quick
   DEEPINFER_NV_PDL=0 timeout 200 python3 -m deepinfer_nvidia.tests.probe_down_cap --caps 128 --fences 1,0 \
     --xchunks 0,3:9,2 --tokens 1 2>&1 | grep -E "^==|^\[profile|^compiled|Error" | tee "$OUT/quick_probe.txt"
-  timeout 120 python3 -m deepinfer_nvidia.tests.probe_gemv_fence --rows 1 2>&1 | grep -vE "Warn|warn" \
-    | tee "$OUT/probe_gemv.txt"
   FILE_S=150 xdist_files xchunk_tests "$HERE/test_conformance_moe_swap_pair.py" \
     "$HERE/test_conformance_fp8_wgmma.py" -k "x_chunks"
   # the step rows only where the chunked swap call beat the plain one by 5% (else Nsight Compute says what binds)
@@ -59,6 +57,8 @@ if has quick; then  # one call for a scarce device: the questions of probe, xchu
   stamp "chunk gain at the call: $gain"
   if [ "$gain" = 1 ]; then v41_alt xchunk_rows DEEPINFER_NV_SWAP_PAIR_X_CHUNK 0 3,9
   else NCU_S=120 STAGES=ncu; fi
+  timeout 120 python3 -m deepinfer_nvidia.tests.probe_gemv_fence --rows 1 2>&1 | grep -vE "Warn|warn" \
+    | tee "$OUT/probe_gemv.txt"
 fi
 if has router; then
   stamp router
