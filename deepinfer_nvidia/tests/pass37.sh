@@ -48,8 +48,8 @@ source "$(dirname "$0")/pass_lib.sh"  # stamp, has, quiet, v41_row, v41_alt, row
 if has quick; then  # one call for a scarce device: the questions of probe, xchunk and xrows in order of worth
   stamp quick
   DEEPINFER_NV_PDL=0 timeout 200 python3 -m deepinfer_nvidia.tests.probe_down_cap --caps 128 --fences 1,0 \
-    --xchunks 0,3:9,2 --tokens 1 2>&1 | grep -E "^==|^\[profile|^compiled|Error" | tee "$OUT/quick_probe.txt"
-  FILE_S=150 xdist_files xchunk_tests "$HERE/test_conformance_moe_swap_pair.py" \
+    --xchunks "${QUICK_XC:-0,3:9,2}" --tokens 1 2>&1 | grep -E "^==|^\[profile|^compiled|Error" | tee "$OUT/quick_probe.txt"
+  FILE_S=${QUICK_TEST_S:-150} xdist_files xchunk_tests "$HERE/test_conformance_moe_swap_pair.py" \
     "$HERE/test_conformance_fp8_wgmma.py" -k "x_chunks"
   # the step rows only where the chunked swap call beat the plain one by 5% (else Nsight Compute says what binds)
   gain=$(awk '/^== T=1 cap=128 f=1 xc=0:/ {a=$6} /^== T=1 cap=128 f=1 xc=3:9:/ {b=$6} END {print (a > 0 && b < 0.95 * a)}' \
