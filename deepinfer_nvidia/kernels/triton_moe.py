@@ -82,7 +82,7 @@ from deepinfer_nvidia.kernels import triton_moe_scaled as _sc
 from deepinfer_nvidia.kernels import triton_moe_segments as _seg
 from deepinfer_nvidia.kernels import triton_moe_splitk as _splitk
 from deepinfer_nvidia.kernels._common import dot_precision, hand_off, next_pow2, on_cuda
-from deepinfer_nvidia.kernels.triton_moe_splitk import _swiglu
+from deepinfer_nvidia.kernels.triton_moe_splitk import _expert_block, _swiglu
 from deepinfer_nvidia.kernels.triton_gemm import _ue8m0, gemm_dense_bi, gemm_fp8_block, gemm_fp8_block_bi, sum_slices
 
 
@@ -180,12 +180,8 @@ def _moe_up_kernel(x_ptr, pair_ptr, bexp_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_
     e = tl.load(bexp_ptr + pid_b)
     if e >= E:
         return
-    rows = pid_b * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(pair_ptr + rows)
-    valid = pair < P
+    rows, pair, valid, rn, nmask = _expert_block(pair_ptr, pid_b, pid_n, P, F, BLOCK_M, BLOCK_N)
     tok = (pair // TOPK).to(tl.int64)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = rn < F
     dtype = x_ptr.dtype.element_ty
     e64 = e.to(tl.int64)
     w1 = w1_ptr + e64 * F * (D // 2)
@@ -220,11 +216,7 @@ def _moe_down_kernel(h_ptr, pair_ptr, bexp_ptr, wt_ptr, w2_ptr, s2_ptr, y_ptr, P
     e = tl.load(bexp_ptr + pid_b)
     if e >= E:
         return
-    rows = pid_b * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(pair_ptr + rows)
-    valid = pair < P
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = rn < D
+    rows, pair, valid, rn, nmask = _expert_block(pair_ptr, pid_b, pid_n, P, D, BLOCK_M, BLOCK_N)
     dtype = h_ptr.dtype.element_ty
     e64 = e.to(tl.int64)
     w2 = w2_ptr + e64 * D * (F // 2)

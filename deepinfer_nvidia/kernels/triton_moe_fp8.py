@@ -32,7 +32,7 @@ import triton.language as tl
 from deepinfer_core.kernels.ops.quant import QuantFormatError, fp8_block_scale_shape
 from deepinfer_nvidia.kernels._common import dot_precision, next_pow2
 from deepinfer_nvidia.kernels.triton_gemm import _ue8m0, sum_slices
-from deepinfer_nvidia.kernels.triton_moe_splitk import _swiglu
+from deepinfer_nvidia.kernels.triton_moe_splitk import _expert_block, _swiglu
 
 # (block_n, num_warps, num_stages, widest K tile) per BLOCK_M. H200, V4-Flash widths (256 experts, D 4096,
 # F 2048, fp32 [128, 128] scales), one CUDA graph per call (bench_moe_fp8, pass18a, docs/performance.md
@@ -90,12 +90,8 @@ def _fp8_up_kernel(x_ptr, pair_ptr, bexp_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_
     e = tl.load(bexp_ptr + pid_b)
     if e >= E:
         return
-    rows = pid_b * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(pair_ptr + rows)
-    valid = pair < P
+    rows, pair, valid, rn, nmask = _expert_block(pair_ptr, pid_b, pid_n, P, F, BLOCK_M, BLOCK_N)
     tok = (pair // TOPK).to(tl.int64)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = rn < F
     dtype = x_ptr.dtype.element_ty
     e64 = e.to(tl.int64)
     w1 = w1_ptr + e64 * F * D
@@ -125,11 +121,7 @@ def _fp8_down_kernel(h_ptr, pair_ptr, bexp_ptr, wt_ptr, w2_ptr, s2_ptr, y_ptr, P
     e = tl.load(bexp_ptr + pid_b)
     if e >= E:
         return
-    rows = pid_b * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(pair_ptr + rows)
-    valid = pair < P
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = rn < D
+    rows, pair, valid, rn, nmask = _expert_block(pair_ptr, pid_b, pid_n, P, D, BLOCK_M, BLOCK_N)
     dtype = h_ptr.dtype.element_ty
     e64 = e.to(tl.int64)
     w2 = w2_ptr + e64 * D * F

@@ -117,6 +117,17 @@ def _planes(row_ptr, plane, rg, gmask):
 
 
 @triton.jit
+def _expert_block(pair_ptr, pid_b, pid_n, P, n_out, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A grouped kernel's tile: block ``pid_b`` of the aligned pair slots (one expert's ``BLOCK_M`` slots, pads hold
+    pair ids >= P) and output columns ``pid_n``. Returns rows [BLOCK_M] (slot indices), pair [BLOCK_M] int32,
+    valid (pair < P), rn [BLOCK_N] and nmask (rn < n_out)."""
+    rows = pid_b * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(pair_ptr + rows)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    return rows, pair, pair < P, rn, rn < n_out
+
+
+@triton.jit
 def _swiglu(a1, a3, limit, dtype: tl.constexpr):
     """The reference's clamped SwiGLU on fp32 gate / up sums: silu(min(g, L)) * clamp(u, -L, L), roundings to dtype."""
     g = tl.minimum(a1.to(dtype).to(tl.float32), limit).to(dtype).to(tl.float32)
