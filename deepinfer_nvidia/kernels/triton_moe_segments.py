@@ -60,15 +60,17 @@ def _segments_kernel(se_ptr, starts_ptr, nseg_ptr, P, R: tl.constexpr, PB: tl.co
 
 
 @triton.jit
-def _seg_rows(order_ptr, se_ptr, start, e, P, R: tl.constexpr):
-    """Pair ids [R] (int64) of a segment starting at sorted position ``start`` of expert ``e``, and their
-    validity [R] (inside P and on the same expert: a segment never crosses a run)."""
+def _seg_rows(order_ptr, se_ptr, starts_ptr, pid_s, P, R: tl.constexpr):
+    """Segment ``pid_s`` (it starts at sorted position ``starts[pid_s]``): its pair ids [R] (int64), their validity
+    [R] (inside P and on the segment's expert: a segment never crosses a run) and the expert (int64)."""
+    start = tl.load(starts_ptr + pid_s)
+    e = tl.load(se_ptr + start)
     rr = start + tl.arange(0, R)
     inside = rr < P
     same = tl.load(se_ptr + rr, mask=inside, other=-1) == e
     valid = inside & same
     pair = tl.load(order_ptr + rr, mask=valid, other=0).to(tl.int64)
-    return pair, valid
+    return pair, valid, e.to(tl.int64)
 
 
 @triton.jit
@@ -116,10 +118,7 @@ def _up_seg_kernel(x8_ptr, order_ptr, se_ptr, starts_ptr, nseg_ptr, w1_ptr, s1_p
         return
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
-    start = tl.load(starts_ptr + pid_s)
-    e = tl.load(se_ptr + start)
-    pair, valid = _seg_rows(order_ptr, se_ptr, start, e, P, R)
-    e = e.to(tl.int64)
+    pair, valid, e = _seg_rows(order_ptr, se_ptr, starts_ptr, pid_s, P, R)
     KG = D // 32
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = rn < F
@@ -157,10 +156,7 @@ def _down_seg_kernel(h_ptr, order_ptr, se_ptr, starts_ptr, nseg_ptr, w2_ptr, s2_
         return
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
-    start = tl.load(starts_ptr + pid_s)
-    e = tl.load(se_ptr + start)
-    pair, valid = _seg_rows(order_ptr, se_ptr, start, e, P, R)
-    e = e.to(tl.int64)
+    pair, valid, e = _seg_rows(order_ptr, se_ptr, starts_ptr, pid_s, P, R)
     KG = F // 32
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = rn < D

@@ -128,6 +128,18 @@ def _expert_block(pair_ptr, pid_b, pid_n, P, n_out, BLOCK_M: tl.constexpr, BLOCK
 
 
 @triton.jit
+def _pair_expert(order_ptr, se_ptr, pid_p, SORTED: tl.constexpr):
+    """The (token, slot) pair and expert of program ``pid_p`` (int64 both): the ``pid_p``-th of the pairs sorted by
+    expert (``order``, with ``se`` the sorted experts), or with SORTED off the pairs in routing order (``se`` is
+    ids.reshape(-1))."""
+    if SORTED:
+        pair = tl.load(order_ptr + pid_p).to(tl.int64)
+    else:
+        pair = pid_p.to(tl.int64)
+    return pair, tl.load(se_ptr + pid_p).to(tl.int64)
+
+
+@triton.jit
 def _swiglu(a1, a3, limit, dtype: tl.constexpr):
     """The reference's clamped SwiGLU on fp32 gate / up sums: silu(min(g, L)) * clamp(u, -L, L), roundings to dtype."""
     g = tl.minimum(a1.to(dtype).to(tl.float32), limit).to(dtype).to(tl.float32)
@@ -143,11 +155,7 @@ def _up_gemv_kernel(x8_ptr, order_ptr, se_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, p
     pid_p = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
-    if SORTED:
-        pair = tl.load(order_ptr + pid_p).to(tl.int64)
-    else:  # pairs in routing order; se is ids.reshape(-1)
-        pair = pid_p.to(tl.int64)
-    e = tl.load(se_ptr + pid_p).to(tl.int64)
+    pair, e = _pair_expert(order_ptr, se_ptr, pid_p, SORTED)
     tok = pair // TOPK
     KG = D // 32
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -200,11 +208,7 @@ def _down_gemv_kernel(h_ptr, order_ptr, se_ptr, w2_ptr, s2_ptr, part_ptr, P, D, 
     pid_p = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
-    if SORTED:
-        pair = tl.load(order_ptr + pid_p).to(tl.int64)
-    else:  # pairs in routing order; se is ids.reshape(-1)
-        pair = pid_p.to(tl.int64)
-    e = tl.load(se_ptr + pid_p).to(tl.int64)
+    pair, e = _pair_expert(order_ptr, se_ptr, pid_p, SORTED)
     KG = F // 32
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = rn < D
