@@ -57,21 +57,13 @@ def _attention(b: _Builder, p: str, cfg: DeepseekV4Config, ratio: int) -> None:
 
 
 def _moe(b: _Builder, p: str, cfg: DeepseekV4Config, hash_layer: bool) -> None:
-    D, E, F = cfg.hidden_size, cfg.n_routed_experts, cfg.moe_intermediate_size
+    D, E = cfg.hidden_size, cfg.n_routed_experts
     b.bf16(f"{p}.gate.weight", (E, D))
     if hash_layer:
         b.add(f"{p}.gate.tid2eid", (cfg.vocab_size, cfg.num_experts_per_tok), (torch.int32, torch.int64), "index")
     else:
         b.fp32(f"{p}.gate.bias", (E,))
-    for e in range(E):
-        b.linear(f"{p}.experts.{e}.w1", F, D, kind="expert")
-        b.linear(f"{p}.experts.{e}.w2", D, F, kind="expert")
-        b.linear(f"{p}.experts.{e}.w3", F, D, kind="expert")
-    Fs = F * cfg.n_shared_experts
-    if Fs:
-        b.linear(f"{p}.shared_experts.w1", Fs, D)
-        b.linear(f"{p}.shared_experts.w2", D, Fs)
-        b.linear(f"{p}.shared_experts.w3", Fs, D)
+    b.experts(p, E)
 
 
 def expected_tensors(cfg: DeepseekV4Config) -> dict[str, TensorSpec]:

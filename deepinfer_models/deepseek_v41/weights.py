@@ -50,18 +50,10 @@ def _attention(b: _Builder, p: str, cfg: DeepseekV41Config, layer: int | None) -
 
 
 def _moe(b: _Builder, p: str, cfg: DeepseekV41Config, n_experts: int) -> None:
-    D, F = cfg.hidden_size, cfg.moe_intermediate_size
+    D = cfg.hidden_size
     b.add(f"{p}.gate.weight", (n_experts, D), b.plain, "dense")
     b.fp32(f"{p}.gate.bias", (n_experts,))
-    for e in range(n_experts):
-        b.linear(f"{p}.experts.{e}.w1", F, D, kind="expert")
-        b.linear(f"{p}.experts.{e}.w2", D, F, kind="expert")
-        b.linear(f"{p}.experts.{e}.w3", F, D, kind="expert")
-    Fs = F * cfg.n_shared_experts
-    if Fs:
-        b.linear(f"{p}.shared_experts.w1", Fs, D)
-        b.linear(f"{p}.shared_experts.w2", D, Fs)
-        b.linear(f"{p}.shared_experts.w3", Fs, D)
+    b.experts(p, n_experts)
 
 
 def _engram(b: _Builder, p: str, cfg: DeepseekV41Config, rows: int) -> None:

@@ -62,6 +62,21 @@ class TensorTableBuilder:
             self.add(f"{prefix}.weight", (n, k // 2), PACKED, "mxfp4_weight")
             self.add(f"{prefix}.scale", (n, k // MXFP4_GROUP), self.ue8m0, "mxfp4_scale")
 
+    def experts(self, prefix: str, n_experts: int) -> None:
+        """A MoE layer's ``n_experts`` routed experts ``{prefix}.experts.{e}.w1/w2/w3`` (expert format) and, when the
+        config has them, its shared experts ``{prefix}.shared_experts.w1/w2/w3`` (dense format, ``n_shared_experts``
+        times the expert width)."""
+        d, f = self.cfg.hidden_size, self.cfg.moe_intermediate_size
+        for e in range(n_experts):
+            self.linear(f"{prefix}.experts.{e}.w1", f, d, kind="expert")
+            self.linear(f"{prefix}.experts.{e}.w2", d, f, kind="expert")
+            self.linear(f"{prefix}.experts.{e}.w3", f, d, kind="expert")
+        fs = f * self.cfg.n_shared_experts
+        if fs:
+            self.linear(f"{prefix}.shared_experts.w1", fs, d)
+            self.linear(f"{prefix}.shared_experts.w2", d, fs)
+            self.linear(f"{prefix}.shared_experts.w3", fs, d)
+
     def hc(self, prefix: str) -> None:
         """A sublayer's mHC mix parameters ``{prefix}_fn/_base/_scale``."""
         n, d = self.cfg.hc_mult, self.cfg.hidden_size
