@@ -31,9 +31,10 @@
 #           21.5 us with twice the warps. Predicted: one pipe (the ALU's LOP3 / SHF of the decode, or the shared
 #           memory pipe of the fragment reads, bank conflicts included) near its peak at 4 programs an SM; if none
 #           is, the per-step barriers.
-#   quick   (for a scarce device: one call) the swap probe (fence on / off, x chunks 0 / 3:9 / 2, PDL off), the GEMV
-#           probe at one row, the chunks' bit-equality tests; then the x-chunk rows if the chunked call was 5%
-#           faster, else the ncu stage.
+#   quick   (for a scarce device: one call) the swap probe (fence on / off, x chunks ``QUICK_XC``, default
+#           0 / 3:9 / 2, PDL off), the chunks' bit-equality tests (``QUICK_TEST_S``), the x-chunk rows if the chunked
+#           call was 5% faster (else the ncu stage, after the next), then the GEMV probe at one row; each answer is
+#           in $OUT as it comes, so a call cut off at its limit returns what finished.
 #   queued  pass36.sh's trace stage (ran on an H100 with kvall, hash and bg, whose knobs then went: even).
 #   all     (ran on an H100: every opt-in together, +15 us at B=1; their knobs then went, but the float projections)
 #   l2      the L2 prefetch distances measured slower on an H100 (thirty-fourth pass), asked again on the H200, whose
