@@ -102,13 +102,6 @@ GEMV_EARLY_RELEASE = os.environ.get("DEEPINFER_NV_GEMV_EARLY_RELEASE", "0") == "
 # ``DEEPINFER_NV_GEMV_L2_PREFETCH``.
 GEMV_L2_PREFETCH = int(os.environ.get("DEEPINFER_NV_GEMV_L2_PREFETCH", "0"))
 GEMV_L2_BUDGET = 24 << 20
-# Diagnostic only (``probe_gemv_fence``; never set in use): launch without the async-proxy fence a K tile, which
-# ptxas lowers to ``MEMBAR.ALL.CTA`` + ``FENCE.VIEW.ASYNC.S`` (as in the swap experts: ``gluon_swap_pair``).
-GEMV_PROBE_NO_FENCE = False
-# x tiles a chunk (``DEEPINFER_NV_GEMV_X_CHUNK``, at least STAGES - 1; 0, the default: one a ring slot): the activation
-# tiles XC at a time into two buffers, so that fence comes once a chunk (the CTA barriers stay: the weight tiles are
-# copied and read by different threads). Opt-in until measured (thirty-seventh pass; not with TMA weights).
-GEMV_X_CHUNK = int(os.environ.get("DEEPINFER_NV_GEMV_X_CHUNK", "0"))
 _SM90: dict[int, bool] = {}  # device index -> capability 9.x (asked once per device)
 
 
@@ -208,20 +201,6 @@ if _GLUON:
         async_copy.commit_group()
 
     @gluon.jit
-    def _issue_w(ring_w, w_ptrs, wmask, j, stage, n_k):
-        """``_issue`` of the weight tile only (the x tiles come by chunks: ``_issue_x_chunk``), then one commit."""
-        _cp_async(ring_w.index(stage), w_ptrs + j * 128, mask=wmask & (j < n_k))
-        async_copy.commit_group()
-
-    @gluon.jit
-    def _issue_x_chunk(ring_x, x_ptrs, xmask, c, n_k, XC: gl.constexpr):
-        """cp.async of x tiles XC c .. XC c + XC - 1 (none past ``n_k``) into buffer c % 2 of ``ring_x``
-        [2 XC, BLOCK_M, 128]; committed with the next weight tile's group."""
-        for s in gl.static_range(XC):
-            js = c * XC + s
-            _cp_async(ring_x.index((c % 2) * XC + s), x_ptrs + js * 128, mask=xmask & (js < n_k))
-
-    @gluon.jit
     def _issue_tma(ring_w, ring_x, q_desc, bars, x_ptrs, xmask, n0, kc0, j, stage, n_k):
         """``_issue`` with the weight tile by TMA (box [64, 4, 32] at row ``n0``, 32-byte column ``kc0 + 4j``) onto
         the stage's mbarrier; nothing is issued for tiles past this program's range."""
@@ -260,7 +239,7 @@ if _GLUON:
                            BN_BLK: gl.constexpr, BK_BLK: gl.constexpr, SPLIT: gl.constexpr, BLOCK_M: gl.constexpr,
                            STAGES: gl.constexpr, SAFE: gl.constexpr, PDL: gl.constexpr, TMA: gl.constexpr, q_desc,
                            num_warps: gl.constexpr, SWIZZLE: gl.constexpr = 0, PREFETCH: gl.constexpr = 0,
-                           PF_LINE: gl.constexpr = 1, NO_FENCE: gl.constexpr = 0, XC: gl.constexpr = 0):
+                           PF_LINE: gl.constexpr = 1):
         """Program (row tile of 64 weight rows, K split): ``y[m, n] = sum_k x[m, k] * bf16(q[n, k] * s)``.
         x [M, K] bf16 (natural order: the tile loads gather ``permute_x``'s order); q [N, K] e4m3 bytes; s UE8M0 bytes
         [ceil(N / BN_BLK), s_cols]; y [M, N] bf16; part [SPLIT, M, N] fp32 and cnt (zeroed int32 per row tile)
@@ -273,13 +252,8 @@ if _GLUON:
         (``GEMV_SWIZZLE``), so a quarter-warp's fragment read touches all 32 banks once. PREFETCH (> STAGES - 1):
         weight tiles up to PREFETCH - 1 are asked of L2 in the prologue (before the wait, under PDL) and tile
         i + PREFETCH in iteration i, so each tile's ``cp.async`` finds it in L2 (``GEMV_L2_PREFETCH``); PF_LINE: by
-        lines, else bulk requests (``l2_prefetch.LINE``). NO_FENCE (diagnostic, not with TMA): no async-proxy fence
-        between a tile's x copies and the wgmma that reads them; not guaranteed correct. XC (> 0, at least
-        STAGES - 1, not with TMA; ``GEMV_X_CHUNK``): the x tiles XC at a time into two buffers, so the fence comes
-        once a chunk."""
+        lines, else bulk requests (``l2_prefetch.LINE``)."""
         gl.static_assert(num_warps == 4)
-        gl.static_assert(not (NO_FENCE and TMA))
-        gl.static_assert(XC == 0 or (XC >= STAGES - 1 and not TMA))
         LW: gl.constexpr = gl.BlockedLayout([1, 1, 16], [4, 4, 2], [num_warps, 1, 1], [2, 1, 0])
         LX: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [num_warps, 1], [1, 0])  # 4-byte gathers of x
         LS: gl.constexpr = gl.SliceLayout(2, _FRAG)
@@ -332,7 +306,7 @@ if _GLUON:
             ring_w = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, 128], WRING2)
         else:
             ring_w = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, 4, 32], RING)
-        ring_x = gl.allocate_shared_memory(gl.bfloat16, [STAGES if XC == 0 else 2 * XC, BLOCK_M, 128], SX)
+        ring_x = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, 128], SX)
         acc = warpgroup_mma_init(gl.zeros([64, BLOCK_M], gl.float32, layout=ACC))
         kc0 = k_lo // 32  # this split's first 32-byte column of q
         if PREFETCH:  # weights only: never written by a kernel, so asked for before any wait
@@ -359,19 +333,12 @@ if _GLUON:
             if PDL == 2:  # release the next kernel now (``GEMV_EARLY_RELEASE``)
                 _grid_dependency(False)
             for jp in gl.static_range(STAGES - 1):
-                if XC == 0:
-                    _cp_async(ring_x.index(jp), x_ptrs + jp * 128, mask=xmask & (jp < n_k))
-                elif jp == 0:
-                    _issue_x_chunk(ring_x, x_ptrs, xmask, 0, n_k, XC)
+                _cp_async(ring_x.index(jp), x_ptrs + jp * 128, mask=xmask & (jp < n_k))
                 async_copy.commit_group()
         else:
             for jp in gl.static_range(STAGES - 1):
                 if TMA:
                     _issue_tma(ring_w, ring_x, q_desc, bars, x_ptrs, xmask, n0, kc0, jp, jp, n_k)
-                elif XC:
-                    if jp == 0:
-                        _issue_x_chunk(ring_x, x_ptrs, xmask, 0, n_k, XC)
-                    _issue_w(ring_w, w_ptrs, wmask, jp, jp, n_k)
                 else:
                     _issue(ring_w, ring_x, w_ptrs, x_ptrs, wmask, xmask, jp, jp, n_k)
         sc = gl.expand_dims(gl.load(s_ptr + s_row + s_col // BK_BLK, mask=smask, other=127), 2)
@@ -382,10 +349,6 @@ if _GLUON:
             if TMA:
                 fence_async_shared()  # the slot's generic-proxy reads (the last decode) before the TMA rewrites it
                 _issue_tma(ring_w, ring_x, q_desc, bars, x_ptrs, xmask, n0, kc0, j, j % STAGES, n_k)
-            elif XC:
-                if i % XC == 0:  # chunk c = i / XC starts; every warp is past chunk c - 1, whose buffer c + 1 takes
-                    _issue_x_chunk(ring_x, x_ptrs, xmask, i // XC + 1, n_k, XC)
-                _issue_w(ring_w, w_ptrs, wmask, j, j % STAGES, n_k)
             else:
                 _issue(ring_w, ring_x, w_ptrs, x_ptrs, wmask, xmask, j, j % STAGES, n_k)
             if PREFETCH:
@@ -396,19 +359,14 @@ if _GLUON:
             si = i % STAGES
             if TMA:  # tile i's weight box: the stage's barrier completes once per use of the stage
                 mbarrier.wait(bars.index(si), (i // STAGES) & 1)
-            if XC:
-                if i % XC == 0:  # chunk c's x copies have landed (every thread's, after the barrier): fenced once
-                    fence_async_shared()
-            elif not NO_FENCE:
-                fence_async_shared()
+            fence_async_shared()
             _cta_barrier()
             if SWIZZLE:  # the same bytes per thread, read from the swizzled rows
                 wb = gl.convert_layout(ring_w.index(si).load(_FRAG2D).reshape([64, 4, 32]), _FRAG)
             else:
                 wb = ring_w.index(si).load(_FRAG)
             a = gl.convert_layout(_decode(wb, sc, SAFE), AOP)
-            xs = ring_x.index(si) if XC == 0 else ring_x.index(((i // XC) % 2) * XC + i % XC)
-            acc = warpgroup_mma(a, xs.permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma(a, ring_x.index(si).permute((1, 0)), acc, is_async=True)
             sc = nsc
         async_copy.wait_group(0)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -543,7 +501,6 @@ def gemv_wgmma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, b
                                        BLOCK_M=block_m, STAGES=stages,
                                        SAFE=int(safe), PDL=pdl_mode, TMA=int(desc is not None), q_desc=desc,
                                        num_warps=4, SWIZZLE=int(swizzle), PREFETCH=prefetch,
-                                       PF_LINE=int(_l2.LINE), NO_FENCE=int(GEMV_PROBE_NO_FENCE and desc is None),
-                                       XC=max(GEMV_X_CHUNK, stages - 1) if GEMV_X_CHUNK and desc is None else 0,
+                                       PF_LINE=int(_l2.LINE),
                                        **({"launch_pdl": True} if pdl else {}))
     return y

@@ -54,21 +54,6 @@ PAIR_DOWN_MAXNREG = PAIR_MAXNREG
 # its bytes in L2. 0 (the default): off. Measured slower on an H100 at one token (65.5 -> 70.5 us by lines, 65.8 ->
 # 99.5 by bulk requests; docs/performance.md, thirty-fourth pass). ``DEEPINFER_NV_SWAP_L2_PREFETCH``.
 PAIR_L2_PREFETCH = int(os.environ.get("DEEPINFER_NV_SWAP_L2_PREFETCH", "0"))
-# Diagnostic only (``probe_down_cap --no-fence``; never set in use): launch without the async-proxy fence a step.
-# ptxas lowers the fence to ``MEMBAR.ALL.CTA`` + ``FENCE.VIEW.ASYNC.S`` right after the fragment reads; if the MEMBAR
-# waits on the ring's copies in flight, each step pays a memory latency and the ring's depth buys nothing, which
-# would fit every measurement so far (the copy loop alone at ~1.9 TB/s, deeper rings and more programs an SM even).
-PAIR_PROBE_NO_FENCE = False
-# x tiles a chunk (``DEEPINFER_NV_SWAP_PAIR_X_CHUNK``; 0, the default: one per ring slot). With XC >= STAGES - 1 the
-# activation tiles arrive XC steps at a time into two buffers, so the async-proxy fence and the CTA barriers they
-# need come once a chunk; the weight ring needs none (each thread reads back only the bytes it copied). Opt-in until
-# measured (docs/performance.md, thirty-seventh pass); the same arithmetic, so the same bits. Shared memory: x takes
-# 8 KB x XC instead of 4 KB x STAGES (up at XC 3: 106 KB, still two programs an SM). Triton 3.9 inserts a fence before
-# every wgmma on its own, so only Triton 3.6 (the device's) builds the chunked loop without one a step.
-# ``UP,DOWN`` sets the launches apart: the down launch's 9 steps at V4.1's F fit one chunk (XC 9: 112 KB, two programs
-# an SM with their reservations in 226 of 228 KB), so it fences once a program.
-_X_CHUNKS = [int(v) for v in os.environ.get("DEEPINFER_NV_SWAP_PAIR_X_CHUNK", "0").split(",")]
-PAIR_X_CHUNK, PAIR_X_CHUNK_DOWN = _X_CHUNKS[0], _X_CHUNKS[-1]
 _GLUON = _swap.available()
 
 if _GLUON:
@@ -100,25 +85,15 @@ if _GLUON:
 
     @gluon.jit
     def _issue_pair(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, gcol3, xoff, vx, xk, KG, K, j, stage,
-                    UP: gl.constexpr, WITH_X: gl.constexpr = 1):
-        """cp.async of step ``j`` (K tiles 2j and 2j + 1: 128 bytes of each weight row, and with ``WITH_X`` 256
-        activation columns) into ring slot ``stage``; groups and columns past K are masked (zero-filled), then one
-        commit group (which also takes any copies issued since the last one, e.g. ``_issue_x_chunk``'s)."""
+                    UP: gl.constexpr):
+        """cp.async of step ``j`` (K tiles 2j and 2j + 1: 128 bytes of each weight row, 256 activation columns)
+        into ring slot ``stage``; groups and columns past K are masked (zero-filled), then one commit group."""
         gm = j * 8 + gcol3 < KG
         _cp_async(ring_a.index(stage), wa_ptr + woff3 + j * 128, mask=nm3 & gm)
         if UP:
             _cp_async(ring_b.index(stage), wb_ptr + woff3 + j * 128, mask=nm3 & gm)
-        if WITH_X:
-            _cp_async(ring_x.index(stage), x_ptr + xoff + j * 256, mask=vx & (j * 256 + xk < K))
+        _cp_async(ring_x.index(stage), x_ptr + xoff + j * 256, mask=vx & (j * 256 + xk < K))
         async_copy.commit_group()
-
-    @gluon.jit
-    def _issue_x_chunk(xbuf, x_ptr, xoff, vx, xk, K, c, XC: gl.constexpr):
-        """cp.async of x chunk ``c`` (steps XC c .. XC c + XC - 1, columns past K zero-filled) into buffer c % 2 of
-        ``xbuf`` [2 XC, 2 BLOCK_M, 128]; committed with the next ``_issue_pair``."""
-        for s in gl.static_range(XC):
-            js = c * XC + s
-            _cp_async(xbuf.index((c % 2) * XC + s), x_ptr + xoff + js * 256, mask=vx & (js * 256 + xk < K))
 
     @gluon.jit
     def _prefetch_rows(wa_ptr, wb_ptr, e64, tile, N, row_bytes, UP: gl.constexpr, LINE: gl.constexpr,
@@ -188,15 +163,11 @@ if _GLUON:
                           row_bytes, stride_x, limit, NT, TOPK: gl.constexpr, UP: gl.constexpr,
                           BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SAFE: gl.constexpr,
                           SKIP_PAD: gl.constexpr, KT_PAD: gl.constexpr, num_warps: gl.constexpr,
-                          PDL: gl.constexpr = 0, PREFETCH: gl.constexpr = 0, PF_LINE: gl.constexpr = 1,
-                          NO_FENCE: gl.constexpr = 0, XC: gl.constexpr = 0):
+                          PDL: gl.constexpr = 0, PREFETCH: gl.constexpr = 0, PF_LINE: gl.constexpr = 1):
         """One (expert block, 64-row tile) of ``gluon_moe_swap._swap_kernel`` (AREG 2, no split; the same
         arguments, layouts and outputs; the scale stacks as int32 words) on two warpgroups, each taking every other
         128-column K tile. ``KT_PAD``: a power of 2 >= the steps, cdiv(K / 128, 2). ``PREFETCH`` (> STAGES - 1):
-        steps asked of L2 ahead of the ring (``PAIR_L2_PREFETCH``). ``NO_FENCE``: diagnostic only
-        (``PAIR_PROBE_NO_FENCE``), drops the async-proxy fence between the ring's x tile and the ``wgmma`` that reads
-        it: not guaranteed correct. ``XC`` (> 0, at least STAGES - 1): the x tiles in chunks of XC steps,
-        double-buffered (``PAIR_X_CHUNK``), so the fence and the CTA barriers come once a chunk, not three a step."""
+        steps asked of L2 ahead of the ring (``PAIR_L2_PREFETCH``)."""
         if PDL:  # programmatic dependent launch (triton_pdl): wait for the previous kernel, release the next
             _grid_dependency(True)
             _grid_dependency(False)
@@ -248,8 +219,7 @@ if _GLUON:
         woff3 = gl.expand_dims(woff, 2) + gl.expand_dims(gl.expand_dims(rb3, 0), 0)
 
         ring_a = gl.allocate_shared_memory(gl.uint8, [STAGES, 128, 4, 16], RING)
-        gl.static_assert(XC == 0 or XC >= STAGES - 1)  # a chunk's copies land with the weights of its first step
-        ring_x = gl.allocate_shared_memory(gl.bfloat16, [STAGES if XC == 0 else 2 * XC, 2 * BLOCK_M, 128], SM)
+        ring_x = gl.allocate_shared_memory(gl.bfloat16, [STAGES, 2 * BLOCK_M, 128], SM)
         acc_a = warpgroup_mma_init(gl.zeros([128, 2 * BLOCK_M], gl.float32, layout=ACC))
         if UP:
             ring_b = gl.allocate_shared_memory(gl.uint8, [STAGES, 128, 4, 16], RING)
@@ -257,10 +227,8 @@ if _GLUON:
         else:
             ring_b = ring_a
         for jp in gl.static_range(STAGES - 1):
-            if XC and jp == 0:
-                _issue_x_chunk(ring_x, x_ptr, xoff, vx, xk, K, 0, XC)
             _issue_pair(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, gcol3, xoff, vx, xk, KG, K, jp,
-                        jp, UP, XC == 0)
+                        jp, UP)
         if PREFETCH:
             gl.static_assert(PREFETCH > STAGES - 1)
             pf_ptr, pf_ok = _prefetch_rows(wa_ptr, wb_ptr, e64, tile, N, row_bytes, UP, PF_LINE, num_warps)
@@ -277,16 +245,10 @@ if _GLUON:
                 acc_a, acc_b = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a, acc_b))
             else:
                 acc_a = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a,))
-            if XC == 0:
-                _cta_barrier()  # every warpgroup's wgmma of step i-1 is done: its ring slot may be refilled
-            elif i % XC == 0:  # chunk c = i / XC starts: both warpgroups are past chunk c - 1, whose buffer c + 1 takes
-                _cta_barrier()
-                _issue_x_chunk(ring_x, x_ptr, xoff, vx, xk, K, i // XC + 1, XC)
-            # (a thread reads back only the weight bytes it copied itself: the fragment layout is the copy layout,
-            # so the weight ring needs no CTA barrier)
+            _cta_barrier()  # every warpgroup's wgmma of step i-1 is done: its ring slot may be refilled
             j = i + STAGES - 1
             _issue_pair(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, gcol3, xoff, vx, xk, KG, K, j,
-                        j % STAGES, UP, XC == 0)
+                        j % STAGES, UP)
             if PREFETCH:
                 _prefetch_step(pf_ptr, pf_ok, i + PREFETCH, n_s, UP, PF_LINE)
             nca = _pair_scales(ss_a, gl.minimum(i + 1, KT_PAD - 1), rg3, LS)  # the last step's read is unused
@@ -294,21 +256,13 @@ if _GLUON:
                 ncb = _pair_scales(ss_b, gl.minimum(i + 1, KT_PAD - 1), rg3, LS)
             async_copy.wait_group(STAGES - 1)
             si = i % STAGES
-            if XC == 0:
-                _cta_barrier()
-                xs = ring_x.index(si).permute((1, 0))
-            else:
-                if i % XC == 0:  # every thread's copies of chunk c have landed: fence them for the wgmma, once
-                    fence_async_shared()
-                    _cta_barrier()
-                xs = ring_x.index(((i // XC) % 2) * XC + i % XC).permute((1, 0))
+            _cta_barrier()
+            xs = ring_x.index(si).permute((1, 0))
             da = gl.convert_layout(_decode_fragment(ring_a.index(si).load(L3), ca, 128, SAFE), AOP)
             if UP:
                 db = gl.convert_layout(_decode_fragment(ring_b.index(si).load(L3), cb, 128, SAFE), AOP)
-            if XC == 0:
-                if not NO_FENCE:
-                    fence_async_shared()
-                _cta_barrier()
+            fence_async_shared()
+            _cta_barrier()
             acc_a = warpgroup_mma(da, xs, acc_a, is_async=True)
             if UP:
                 acc_b = warpgroup_mma(db, xs, acc_b, is_async=True)
@@ -341,11 +295,6 @@ def takes(programs: int, sms: int, d: int, f: int) -> bool:
             and programs < PAIR_MAX_WAVES * 3 * sms)
 
 
-def _x_chunk(xc: int, stages: int) -> int:
-    """The kernel's XC for a knob value: 0 stays off; a chunk must cover the ring's STAGES - 1 steps in flight."""
-    return max(xc, stages - 1) if xc else 0
-
-
 def launch(up: bool, grid: int, x, pair, bexp, w, s, wb, sb, wt, out, p: int, ne: int, n: int, k: int,
            stride_x: int, limit: float, nt: int, topk: int, safe: bool, skip_pad: bool, stages: int,
            prefetch: int | None = None) -> None:
@@ -360,5 +309,4 @@ def launch(up: bool, grid: int, x, pair, bexp, w, s, wb, sb, wt, out, p: int, ne
                                TOPK=topk, UP=int(up), BLOCK_M=PAIR_BLOCK_M, STAGES=stages, SAFE=int(safe),
                                SKIP_PAD=int(skip_pad), KT_PAD=triton.next_power_of_2(triton.cdiv(k // 128, 2)),
                                num_warps=8, maxnreg=PAIR_MAXNREG if up else PAIR_DOWN_MAXNREG, PREFETCH=prefetch,
-                               PF_LINE=int(_l2.LINE), NO_FENCE=int(PAIR_PROBE_NO_FENCE),
-                               XC=_x_chunk(PAIR_X_CHUNK if up else PAIR_X_CHUNK_DOWN, stages), **pdl_launch())
+                               PF_LINE=int(_l2.LINE), **pdl_launch())

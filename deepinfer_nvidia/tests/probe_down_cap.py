@@ -1,18 +1,11 @@
-"""Diagnostic (not a pytest file): what holds the paired swap experts' launches at one token?
+"""Diagnostic (not a pytest file): does the paired swap's down launch change with its register cap at one token?
 
-    python -m deepinfer_nvidia.tests.probe_down_cap [--caps 128,64] [--tokens 1] [--fences 1,0] [--xchunks 0,2,3]
-        [--eager N]
+    python -m deepinfer_nvidia.tests.probe_down_cap [--caps 128,64,128,64] [--tokens 1] [--eager N]
 
-For each down-launch register cap (``gluon_swap_pair.PAIR_DOWN_MAXNREG``, read at launch) and, with ``--fences 1,0``,
-with and without the step's async-proxy fence (``gluon_swap_pair.PAIR_PROBE_NO_FENCE``, a diagnostic: is the
-``MEMBAR.ALL.CTA`` it lowers to what holds each step?), and with ``--xchunks`` at each x chunk size
-(``gluon_swap_pair.PAIR_X_CHUNK``: the fence and barriers once a chunk, the same bits), the V4.1-shaped
-MXFP4 experts call (``swap_mxfp4(paired=True)``) is timed from a CUDA graph and replayed under torch.profiler
-(per-kernel GPU times in launch order; with ``DEEPINFER_NV_PDL=0`` each kernel's own), its output compared with
-the first run's. Then each compiled ``_swap_pair_kernel`` variant's registers, spills and shared memory, and the
-programs an SM those allow (256 threads a program, 64K registers and 228 KB an SM), so a flat timing can be told
-from a cap that never applied.
-``--eager N``: instead, N plain calls a setting (no graph, no profiler), for Nsight Compute (``pass37.sh ncu``).
+For each cap (``gluon_swap_pair.PAIR_DOWN_MAXNREG``, read at launch) the V4.1-shaped MXFP4 experts call
+(``swap_mxfp4(paired=True)``) is replayed from a CUDA graph under torch.profiler: per-kernel GPU times in launch
+order, then each compiled ``_swap_pair_kernel`` variant's registers, spills and shared memory, and the programs
+an SM those allow (256 threads a program, 64K registers and 228 KB an SM), so a flat timing can be told from a cap that never applied.
 """
 from __future__ import annotations
 
@@ -21,7 +14,6 @@ import argparse
 import torch
 
 from deepinfer_nvidia.tests.bench_swap import _packed, _profile_kernels
-from deepinfer_nvidia.tests.graph_timing import graph_us
 
 
 def _compiled_variants(fn) -> list:
@@ -39,8 +31,6 @@ def main() -> None:
     ap.add_argument("--caps", default="128,64,128,64")
     ap.add_argument("--tokens", default="1")
     ap.add_argument("--eager", type=int, default=0, help="N plain calls a cap, nothing timed (for ncu)")
-    ap.add_argument("--fences", default="1", help="1: the fence a step (the kernel as used); 0: without it")
-    ap.add_argument("--xchunks", default="0", help="x tiles a chunk, XC or UP:DOWN (0: one a ring slot, the default)")
     args = ap.parse_args()
     import deepinfer_nvidia.kernels.gluon_moe_swap as sw
     import deepinfer_nvidia.kernels.gluon_swap_pair as gp
@@ -53,27 +43,19 @@ def main() -> None:
         ids = torch.rand(t, E, generator=g, device="cuda").topk(K, dim=1).indices
         w = torch.rand(t, K, generator=g, device="cuda")
         ref = None
-        settings = [(int(c), f == "1", xc) for c in args.caps.split(",") for f in args.fences.split(",")
-                    for xc in args.xchunks.split(",")]
-        for cap, fence, xc in settings:
-            gp.PAIR_DOWN_MAXNREG, gp.PAIR_PROBE_NO_FENCE = cap, not fence
-            gp.PAIR_X_CHUNK, gp.PAIR_X_CHUNK_DOWN = int(xc.split(":")[0]), int(xc.split(":")[-1])
-            tag = f"T={t} cap={cap} f={int(fence)} xc={xc}"
+        for cap in [int(v) for v in args.caps.split(",")]:
+            gp.PAIR_DOWN_MAXNREG = cap
             if args.eager:
                 for _ in range(args.eager):
                     sw.swap_mxfp4(x, w, ids, *ws, 10.0, paired=True)
                 torch.cuda.synchronize()
-                print(f"{tag}: {args.eager} calls (up, down launches each)", flush=True)
+                print(f"T={t} cap {cap}: {args.eager} calls (up, down launches each)", flush=True)
                 continue
             out = sw.swap_mxfp4(x, w, ids, *ws, 10.0, paired=True)
             ref = out if ref is None else ref
             same = torch.equal(out, ref)
-            call = lambda: sw.swap_mxfp4(x, w, ids, *ws, 10.0, paired=True)  # noqa: E731
-            us = graph_us(call, warmup=20, rep=100, mode="mean")
-            print(f"== {tag}: {us:.1f} us a call (graph replays); output bit-equal to the first run's: {same}",
-                  flush=True)
-            _profile_kernels(call, tag)
-    gp.PAIR_PROBE_NO_FENCE, gp.PAIR_X_CHUNK, gp.PAIR_X_CHUNK_DOWN = False, 0, 0
+            print(f"== T={t} down cap {cap}: output bit-equal to the first cap's: {same}", flush=True)
+            _profile_kernels(lambda: sw.swap_mxfp4(x, w, ids, *ws, 10.0, paired=True), f"T={t} cap={cap}")
     for k in _compiled_variants(gp._swap_pair_kernel):
         md = getattr(k, "metadata", None)
         regs, spills = getattr(k, "n_regs", None), getattr(k, "n_spills", None)

@@ -68,31 +68,6 @@ def _loop_body(sass: str) -> list[str]:
     return [x for x in ins if best[0] <= int(is_ins.match(x).group(1), 16) <= best[1]]
 
 
-def unconditional(r: dict) -> list[str]:
-    """``count``'s K loop without what its forward branches skip (``@P BRA `(.L_x_n)`` to a later label): the
-    instructions every iteration runs, e.g. outside a block that runs once a chunk."""
-    addr = re.compile(r"/\*([0-9a-f]{4,})\*/")
-    lines = r["sass"].split("\n")
-    target = {}  # label -> the address of the instruction after it
-    for i, line in enumerate(lines):
-        if line.strip().startswith(".L_x_") and line.strip().endswith(":"):
-            nxt = next((m for m in (addr.search(x) for x in lines[i + 1:]) if m), None)
-            target[line.strip()[:-1]] = int(nxt.group(1), 16) if nxt else None
-    out, skip_until = [], None
-    for line in r["loop"]:
-        m = addr.search(line)
-        at = int(m.group(1), 16) if m else None
-        if skip_until is not None and at is not None and at < skip_until:
-            continue
-        skip_until = None
-        label = re.search(r"BRA `\((\.L_x_\d+)\)", line)
-        if label and target.get(label.group(1)) is not None and at is not None and target[label.group(1)] > at:
-            skip_until = target[label.group(1)]
-            continue
-        out.append(line)
-    return out
-
-
 def missing_tools(kernel_module) -> str | None:
     """Why this machine cannot count ``kernel_module``'s kernels (None when it can): Gluon absent from the
     installed Triton (modules with an ``available()``: the Gluon ones), or a Triton wheel without ``nvdisasm``.

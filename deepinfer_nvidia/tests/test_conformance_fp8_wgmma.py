@@ -72,25 +72,6 @@ def test_wgmma_gemv_swizzled_ring_is_bit_equal(t, n, k, knobs):
     assert torch.equal(out, gg.gemv_wgmma(xc, qc, sc, sc.shape[1], 32, 32, 132, swizzle=False, **knobs))
 
 
-@pytest.mark.parametrize("xc", [2, 4])
-@pytest.mark.parametrize("t", [1, 4, 16])
-@pytest.mark.parametrize("n,k", [(32768, 1280), (5120, 8192), (64, 128)])
-@pytest.mark.parametrize("knobs", [{}, {"pdl": True}, {"programs": 1}])
-def test_wgmma_gemv_x_chunks_are_bit_equal(xc, t, n, k, knobs, monkeypatch):
-    """``GEMV_X_CHUNK`` (opt-in): the x tiles XC at a time into two buffers, the fence once a chunk; the same copies,
-    decode and wgmma order, so the one-tile-a-slot launch's bits, with and without PDL, split or not (chunks past a
-    program's K range zero-filled)."""
-    from deepinfer_nvidia.kernels import gluon_fp8_gemv as gg
-
-    x, q, s = _operands(t, n, k, (32, 32), 13 * t + n + xc)
-    poison()
-    xc_, qc, sc = x.cuda(), q.cuda(), s.view(torch.uint8).contiguous().cuda()
-    want = gg.gemv_wgmma(xc_, qc, sc, sc.shape[1], 32, 32, 132, **knobs)
-    monkeypatch.setattr(gg, "GEMV_X_CHUNK", xc)
-    poison()
-    assert torch.equal(gg.gemv_wgmma(xc_, qc, sc, sc.shape[1], 32, 32, 132, **knobs), want)
-
-
 @pytest.mark.parametrize("t", [1, 3, 16])
 @pytest.mark.parametrize("block", [(32, 32), (128, 128)])
 def test_wgmma_gemv_extreme_scales_exact_decode(t, block):

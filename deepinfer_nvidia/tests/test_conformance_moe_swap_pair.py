@@ -1,8 +1,7 @@
 """The swap experts on two warpgroups a program (``gluon_swap_pair``, SM90 only) against the reference on the GPU:
 odd and even K-tile counts (the second warpgroup's last tile masked or not), 1-17 tokens including every pair on
 one expert (several 8-pair blocks), both decodes, graph replays with fresh inputs, V4.1's widths against the
-one-warpgroup kernel, the default policy (1 token takes it, 64 do not), and the x tiles in chunks (``PAIR_X_CHUNK``:
-the same bits as one a ring slot). Outputs are poisoned with NaN first."""
+one-warpgroup kernel, and the default policy (1 token takes it, 64 do not). Outputs are poisoned with NaN first."""
 from __future__ import annotations
 
 import pytest
@@ -110,35 +109,3 @@ def test_swap_pair_default_policy(monkeypatch):
     ids, w = (a.cuda() for a in _routing(1, 6, e, "rand", g))
     sw.swap_mxfp4(x, w, ids, *ws, 1.0)
     assert calls == []
-
-
-@pytest.mark.parametrize("xc", [(2, 2), (3, 3), (3, 9)])
-@pytest.mark.parametrize("d,f,t,route", [(640, 384, 1, "rand"), (512, 256, 3, "skew"), (640, 384, 17, "rand"),
-                                         (5120, 2304, 1, "rand"), (5120, 2304, 2, "rand")])
-def test_swap_pair_x_chunks_are_bit_equal(monkeypatch, xc, d, f, t, route):
-    """``PAIR_X_CHUNK`` / ``PAIR_X_CHUNK_DOWN`` (opt-in): the x tiles XC steps at a time into two buffers, the fence
-    and CTA barriers once a chunk (9: the whole of V4.1's down launch, chunks past K at the small widths). The same copies, decode and wgmma order, so the output equals the one-tile-a-slot launches bit for bit,
-    at odd and even K-tile counts, chunks past K (zero-filled), several 8-pair blocks, V4.1's widths; and a graph
-    replay on fresh inputs equals an eager call."""
-    sw = _swap()
-    from deepinfer_nvidia.kernels import gluon_swap_pair as gp
-
-    _, cu = _case(2900 + d + t, t, 6, route, 16, d, f)
-    poison()
-    want = sw.swap_mxfp4(*cu, 1.0, paired=True)
-    monkeypatch.setattr(gp, "PAIR_X_CHUNK", xc[0])
-    monkeypatch.setattr(gp, "PAIR_X_CHUNK_DOWN", xc[1])
-    poison()
-    got = sw.swap_mxfp4(*cu, 1.0, paired=True)
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
-    x, w, ids = (a.clone() for a in cu[:3])
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y = sw.swap_mxfp4(x, w, ids, *cu[3:], 1.0, paired=True)
-    g = _gen(2950 + t)
-    for _ in range(2):
-        x.copy_(torch.randn(t, d, generator=g).bfloat16())
-        y.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        torch.testing.assert_close(y, sw.swap_mxfp4(x, w, ids, *cu[3:], 1.0, paired=True), rtol=0, atol=0)

@@ -11,7 +11,7 @@ import pytest
 triton = pytest.importorskip("triton")
 gg = pytest.importorskip("deepinfer_nvidia.kernels.gluon_fp8_gemv")
 
-from deepinfer_nvidia.tests.sass_count import count, missing_tools, opcodes, unconditional  # noqa: E402
+from deepinfer_nvidia.tests.sass_count import count, missing_tools, opcodes  # noqa: E402
 
 if missing_tools(gg):
     pytest.skip(missing_tools(gg), allow_module_level=True)
@@ -147,44 +147,3 @@ def test_swizzled_ring_reads_the_same_fragments(pdl):
         return {line.split("[")[1].split("]")[0].split("+")[0] for line in r["loop"] if "LDS.128" in line}
 
     assert len(bases(plain)) == 1 and len(bases(swz)) == 2, (bases(plain), bases(swz))
-
-
-def test_the_tile_fence_is_one_cta_membar_and_the_probe_drops_it():
-    """The async-proxy fence a K tile lowers to one ``MEMBAR.ALL.CTA`` + ``FENCE.VIEW.ASYNC.S`` in the loop; the
-    diagnostic ``NO_FENCE`` build (``probe_gemv_fence``) has neither under Triton 3.6 (the device's; 3.9 fences the
-    wgmma's shared operand on its own) and otherwise the same loop: the same ``HGMMA``, copies and barriers."""
-    consts = {"BN_BLK": 32, "BK_BLK": 32, "SPLIT": 4, "BLOCK_M": 8, "STAGES": 3, "SAFE": 0, "PDL": 1, "TMA": 0,
-              "q_desc": None, "num_warps": 4, "SWIZZLE": int(gg.GEMV_SWIZZLE)}
-    div16 = frozenset({"N", "K", "stride_x", "k_per_split"})
-    fenced, bare = (count(gg._wgmma_gemv_kernel, SIG, dict(consts, NO_FENCE=nf), warps=4, div16=div16)
-                    for nf in (0, 1))
-    loop_f = [op.split(".")[0] + ("." + op.split(".")[1] if op.startswith(("MEMBAR", "FENCE")) else "")
-              for op in opcodes(fenced["loop"])]
-    assert loop_f.count("MEMBAR.ALL") == 1 and loop_f.count("FENCE.VIEW") == 1, loop_f
-    loop_b = [op.split(".")[0] for op in opcodes(bare["loop"])]
-    if "MEMBAR" in loop_b:
-        pytest.skip(f"Triton {triton.__version__} fences the wgmma's shared operand itself (3.6, the H200's, does not)")
-    assert "FENCE" not in loop_b
-    for name in ("HGMMA", "LDGSTS", "BAR"):
-        assert loop_b.count(name) == [op.split(".")[0] for op in opcodes(fenced["loop"])].count(name), name
-
-
-@pytest.mark.parametrize("block_m,xc,pdl", [(8, 2, 1), (16, 2, 0), (16, 4, 1)])
-def test_x_chunks_fence_once_a_chunk(block_m, xc, pdl):
-    """``GEMV_X_CHUNK`` (opt-in): the x tiles XC at a time into two buffers. The loop keeps its ``HGMMA`` and no
-    spill; a K tile that starts no chunk runs no ``MEMBAR`` (Triton 3.6, the device's; 3.9 fences every wgmma's
-    shared operand on its own) and the same three CTA barriers (the weight tiles are copied and read by different
-    threads, so those stay)."""
-    consts = {"BN_BLK": 32, "BK_BLK": 32, "SPLIT": 4, "BLOCK_M": block_m, "STAGES": 3, "SAFE": 0, "PDL": pdl,
-              "TMA": 0, "q_desc": None, "num_warps": 4, "SWIZZLE": int(gg.GEMV_SWIZZLE)}
-    div16 = frozenset({"N", "K", "stride_x", "k_per_split"})
-    base, r = (count(gg._wgmma_gemv_kernel, SIG, dict(consts, XC=v), warps=4, div16=div16) for v in (0, xc))
-    assert not any(o.startswith(("STL", "LDL")) for o in opcodes(r["sass"])), "a spill"
-    ops = [op.split(".")[0] for op in opcodes(r["loop"])]
-    assert ops.count("HGMMA") == [op.split(".")[0] for op in opcodes(base["loop"])].count("HGMMA") == 8
-    plain = [op.split(".")[0] for op in opcodes(unconditional(r))]
-    if "MEMBAR" in [op.split(".")[0] for op in opcodes(
-            count(gg._wgmma_gemv_kernel, SIG, dict(consts, NO_FENCE=1), warps=4, div16=div16)["loop"])]:
-        pytest.skip(f"Triton {triton.__version__} fences the wgmma's shared operand itself (3.6, the H200's, does not)")
-    assert "MEMBAR" not in plain and plain.count("BAR") == 3, plain
-    assert ops.count("MEMBAR") == 1  # the chunk start's

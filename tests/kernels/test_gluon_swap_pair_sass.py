@@ -11,14 +11,13 @@ The kernel exists to put twice the warps of the one-warpgroup kernel on an SM at
 """
 from __future__ import annotations
 
-
 import pytest
 
 triton = pytest.importorskip("triton")
 gp = pytest.importorskip("deepinfer_nvidia.kernels.gluon_swap_pair")
 gms = pytest.importorskip("deepinfer_nvidia.kernels.gluon_moe_swap")
 
-from deepinfer_nvidia.tests.sass_count import count, missing_tools, opcodes, unconditional  # noqa: E402
+from deepinfer_nvidia.tests.sass_count import count, missing_tools, opcodes  # noqa: E402
 
 if missing_tools(gms) or not gp._GLUON:
     pytest.skip(missing_tools(gms) or "no Gluon", allow_module_level=True)
@@ -29,9 +28,9 @@ SIG = {"x_ptr": "*bf16", "pair_ptr": "*i32", "bexp_ptr": "*i32", "wa_ptr": "*u8"
 DIV16 = frozenset({"N", "K", "row_bytes", "stride_x"})
 
 
-def _pair(up: int, pdl: int = 1, safe: int = 0, stages: int = 3, no_fence: int = 0, xc: int = 0):
+def _pair(up: int, pdl: int = 1, safe: int = 0, stages: int = 3):
     consts = {"TOPK": 6, "UP": up, "BLOCK_M": gp.PAIR_BLOCK_M, "STAGES": stages, "SAFE": safe, "PDL": pdl,
-              "SKIP_PAD": 1 - up, "KT_PAD": 32, "num_warps": 8, "NO_FENCE": no_fence, "XC": xc}
+              "SKIP_PAD": 1 - up, "KT_PAD": 32, "num_warps": 8}
     return count(gp._swap_pair_kernel, dict(SIG, out_ptr="*bf16" if up else "*fp32"), consts, warps=8, div16=DIV16,
                  maxnreg=gp.PAIR_MAXNREG)
 
@@ -93,44 +92,3 @@ def test_policy_takes_one_token_only(monkeypatch):
     assert not gp.takes(216, 132, 640, 288) and not gp.takes(216, 132, 5120, 2320)
     monkeypatch.setattr(gp, "PAIR_WARPGROUPS", False)
     assert not gp.takes(216, 132, 5120, 2304)
-
-
-@pytest.mark.parametrize("up", [1, 0])
-def test_the_step_fence_is_one_cta_membar_and_the_probe_drops_it(up):
-    """The async-proxy fence a step lowers to ``MEMBAR.ALL.CTA`` + ``FENCE.VIEW.ASYNC.S`` in the K loop (once); the
-    diagnostic ``NO_FENCE`` build (``probe_down_cap --fences 1,0``) has neither under Triton 3.6 (the device's; 3.9
-    inserts the fence on its own, so the probe means nothing there) and otherwise the same loop: the
-    same ``HGMMA``, copies and barriers, within six instructions (the fence also brings four never-executed
-    ``@!PT LDS`` that ptxas pairs with the MEMBAR)."""
-    fenced, bare = _pair(up), _pair(up, no_fence=1)
-    loop_f = [op.split(".")[0] + ("." + op.split(".")[1] if op.startswith(("MEMBAR", "FENCE")) else "")
-              for op in opcodes(fenced["loop"])]
-    loop_b = [op.split(".")[0] for op in opcodes(bare["loop"])]
-    assert loop_f.count("MEMBAR.ALL") == 1 and loop_f.count("FENCE.VIEW") == 1, loop_f
-    if "MEMBAR" in loop_b:  # Triton 3.9 inserts the fence itself before a wgmma reads generic-proxy writes
-        pytest.skip(f"Triton {triton.__version__} fences the wgmma's shared operand itself (3.6, the H200's, does not)")
-    assert "FENCE" not in loop_b
-    for name in ("HGMMA", "LDGSTS", "BAR"):
-        assert loop_b.count(name) == [op.split(".")[0] for op in opcodes(fenced["loop"])].count(name), name
-    assert len(fenced["loop"]) - 6 <= len(bare["loop"]) <= len(fenced["loop"]), (len(fenced["loop"]),
-                                                                                 len(bare["loop"]))
-
-
-@pytest.mark.parametrize("up,xc", [(1, 2), (1, 3), (0, 2), (0, 3), (0, 9)])
-def test_x_chunks_fence_once_a_chunk(up, xc):
-    """``PAIR_X_CHUNK`` (opt-in): still two programs an SM (registers <= 128, shared memory with its reservation
-    <= 114 KB), no spills in the K loop, the same ``HGMMA`` count; the ``MEMBAR`` of the fence and all but the
-    barriers Triton's own analysis adds (after the ring's wait, before its refill) sit behind the chunk-start
-    branch, so a step that starts no chunk runs no fence and at most two CTA barriers (the default: four). The
-    fence part holds under Triton 3.6 (the device's): 3.9 adds a fence before every wgmma of its own."""
-    base, r = _pair(up), _pair(up, xc=xc)
-    assert r["registers"] <= 128 and r["shared"] + 1024 <= 114 * 1024, (r["registers"], r["shared"])
-    ops = [op.split(".")[0] for op in opcodes(r["loop"])]
-    assert "LDL" not in ops and "STL" not in ops
-    assert ops.count("HGMMA") == [op.split(".")[0] for op in opcodes(base["loop"])].count("HGMMA")
-    plain = [op.split(".")[0] for op in opcodes(unconditional(r))]
-    plain_base = [op.split(".")[0] for op in opcodes(unconditional(base))]
-    if "MEMBAR" in [op.split(".")[0] for op in opcodes(_pair(up, no_fence=1)["loop"])]:
-        pytest.skip(f"Triton {triton.__version__} fences every wgmma's shared operand itself (3.6, the H200's, does not)")
-    assert "MEMBAR" not in plain and plain.count("BAR") <= 2, plain
-    assert plain_base.count("MEMBAR") == 1 and plain_base.count("BAR") == 4, plain_base
