@@ -55,12 +55,6 @@ CANDIDATES_KERNEL = True
 # 15.5 -> 10.0 us at 1024 scores, 30.4 -> 24.1 at 8192; device tests 40 passed).
 # ``DEEPINFER_NV_TOPK_EARLY_EXIT=0``: all 32 passes.
 EARLY_EXIT = os.environ.get("DEEPINFER_NV_TOPK_EARLY_EXIT", "1") == "1"
-# The threshold by four 8-bit digits, each found from one ``tl.histogram`` of the keys that share the digits above it
-# (``DEEPINFER_NV_TOPK_HIST=1``; opt-in until measured): 4 passes instead of the bisection's ~11-20 (one count and
-# one block reduction each, ~0.5-1 us a pass at batch 1 on the H200: 10.0 us at 1024 scores, 24.1 at 8192). The
-# same threshold (the k-th largest key), so the same set. Predicted at batch 1, k 512: 1024-4096 scores ~10-17 ->
-# 4-7 us a call; the V4.1 slice's 5 index selects a step -30 to -50 us.
-HIST_SELECT = os.environ.get("DEEPINFER_NV_TOPK_HIST", "0") == "1"
 # Warps of an ``index.topk`` program (``DEEPINFER_NV_TOPK_WARPS``; 0: 8 for blocks of >= 4096 scores, else 4).
 TOPK_WARPS = int(os.environ.get("DEEPINFER_NV_TOPK_WARPS", "0"))
 
@@ -111,27 +105,8 @@ def _count_ge_each(s_ptr, row, N, cand, key0, valid0, BLOCK: tl.constexpr, SINGL
 
 
 @triton.jit
-def _digit_hist(s_ptr, row, N, lo, shift, key0, valid0, BLOCK: tl.constexpr, SINGLE: tl.constexpr):
-    """[256] int32: of the valid keys in [lo, lo + 2^(shift + 8)) (those whose bits above ``shift + 8`` are lo's;
-    lo's lower bits are zero), how many have each value of the 8 bits at ``shift``."""
-    if SINGLE:
-        u = key0 - lo
-        d = u >> shift  # (256 << shift would not fit 32 bits at shift 24)
-        hist = tl.histogram(d.to(tl.int32), 256, mask=valid0 & (u >= 0) & (d < 256))
-    else:
-        hist = tl.zeros([256], tl.int32)
-        for c0 in range(0, N, BLOCK):
-            key, valid = _keys(s_ptr, row, c0 + tl.arange(0, BLOCK), N)
-            u = key - lo
-            d = u >> shift
-            hist += tl.histogram(d.to(tl.int32), 256, mask=valid & (u >= 0) & (d < 256))
-    return hist
-
-
-@triton.jit
 def _topk_kernel(s_ptr, out_ptr, N, K, stride_s, BLOCK: tl.constexpr, SINGLE: tl.constexpr,
-                 BLOCK_K: tl.constexpr, BITS: tl.constexpr, PDL: tl.constexpr = 0, EARLY: tl.constexpr = 1,
-                 HIST: tl.constexpr = 0):
+                 BLOCK_K: tl.constexpr, BITS: tl.constexpr, PDL: tl.constexpr = 0, EARLY: tl.constexpr = 1):
     pdl_enter(PDL)
     r = tl.program_id(0).to(tl.int64)
     row = r * stride_s
@@ -142,18 +117,7 @@ def _topk_kernel(s_ptr, out_ptr, N, K, stride_s, BLOCK: tl.constexpr, SINGLE: tl
     # the largest t with count(key >= t) >= K (only meaningful when nvalid > K), BITS bits a pass from the top:
     # count(key >= lo) >= K holds before each pass, and the digit is the last candidate that keeps it
     lo = tl.full([], -2147483648, tl.int64)
-    if HIST:  # four 8-bit digits from the top, each the last whose count(key >= lo + d 2^shift) keeps >= K
-        bins = tl.arange(0, 256)
-        above = tl.zeros([], tl.int32)  # valid keys >= lo + 2^(shift + 8): above the digits left to find
-        if nvalid > K:
-            for p in tl.static_range(4):
-                shift = 24 - 8 * p
-                h = _digit_hist(s_ptr, row, N, lo, shift, key0, valid0, BLOCK, SINGLE)
-                at_or_above = tl.sum(h, axis=0) - tl.cumsum(h, axis=0) + h  # [d]: keys of digit >= d
-                d = tl.sum((above + at_or_above >= K).to(tl.int32), axis=0) - 1
-                above += tl.sum(tl.where(bins > d, h, 0), axis=0)
-                lo = lo + (d.to(tl.int64) << shift)
-    elif BITS == 1:  # bisection
+    if BITS == 1:  # bisection
         # a row with at most K valid scores keeps them all: no pass at all. A pass whose count is exactly K ends
         # the search: {key >= mid} is then the set, so thr = mid - 1 with no ties to keep (``need`` below is 0).
         # Random fp32 rows end after 11 passes instead of 32 at N 1024, k 512, and after 19 at N 8192 (a CPU model
@@ -227,7 +191,7 @@ def topk_positions_triton(scores: torch.Tensor, k: int, force_kernel: bool = Fal
     bits = _bits_for(block)
     warps = warps or TOPK_WARPS or (8 if block >= 4096 or block << bits >= 8192 else 4)
     _topk_kernel[(t,)](s, out, n, kk, s.stride(0), BLOCK=block, SINGLE=single, BLOCK_K=min(1024, next_pow2(kk)),
-                       BITS=bits, EARLY=int(EARLY_EXIT), HIST=int(HIST_SELECT), num_warps=warps, **pdl_launch())
+                       BITS=bits, EARLY=int(EARLY_EXIT), num_warps=warps, **pdl_launch())
     return out
 
 

