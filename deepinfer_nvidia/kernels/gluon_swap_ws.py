@@ -163,20 +163,6 @@ if _GLUON:
         sums.slice(64 * h, 64, 0).store(acc_a)
 
     @gluon.jit
-    def _even(x_ptr, pair_ptr, wa_ptr, sa_ptr, wb_ptr, sb_ptr, sums, e64, tile, blk, P, N, K, row_bytes, stride_x,
-              TOPK: gl.constexpr, UP: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-              SAFE: gl.constexpr, SKIP_PAD: gl.constexpr, KT_PAD: gl.constexpr):
-        _half(0, x_ptr, pair_ptr, wa_ptr, sa_ptr, wb_ptr, sb_ptr, sums, e64, tile, blk, P, N, K, row_bytes,
-              stride_x, TOPK, UP, BLOCK_M, STAGES, SAFE, SKIP_PAD, KT_PAD)
-
-    @gluon.jit
-    def _odd(x_ptr, pair_ptr, wa_ptr, sa_ptr, wb_ptr, sb_ptr, sums, e64, tile, blk, P, N, K, row_bytes, stride_x,
-             TOPK: gl.constexpr, UP: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-             SAFE: gl.constexpr, SKIP_PAD: gl.constexpr, KT_PAD: gl.constexpr):
-        _half(1, x_ptr, pair_ptr, wa_ptr, sa_ptr, wb_ptr, sb_ptr, sums, e64, tile, blk, P, N, K, row_bytes,
-              stride_x, TOPK, UP, BLOCK_M, STAGES, SAFE, SKIP_PAD, KT_PAD)
-
-    @gluon.jit
     def _swap_ws_kernel(x_ptr, pair_ptr, bexp_ptr, wa_ptr, sa_ptr, wb_ptr, sb_ptr, wt_ptr, out_ptr, P, E, N, K,
                         row_bytes, stride_x, limit, NT, TOPK: gl.constexpr, UP: gl.constexpr,
                         BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SAFE: gl.constexpr,
@@ -199,11 +185,11 @@ if _GLUON:
         # fp32 sums [64, BLOCK_M] by (matrix, warpgroup): rows 64 (2 m + h)
         sums = gl.allocate_shared_memory(gl.float32, [256 if UP else 128, BLOCK_M],
                                          gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-        gl.warp_specialize([(_even, (x_ptr, pair_ptr, wa_ptr, sa_ptr, wb_ptr, sb_ptr, sums, e64, tile, blk, P, N, K,
-                                     row_bytes, stride_x, TOPK, UP, BLOCK_M, STAGES, SAFE, SKIP_PAD, KT_PAD)),
-                            (_odd, (x_ptr, pair_ptr, wa_ptr, sa_ptr, wb_ptr, sb_ptr, sums, e64, tile, blk, P, N, K,
-                                    row_bytes, stride_x, TOPK, UP, BLOCK_M, STAGES, SAFE, SKIP_PAD, KT_PAD))],
-                           [4], [WORKER_REGS])
+        gl.warp_specialize([(_half, (0, x_ptr, pair_ptr, wa_ptr, sa_ptr, wb_ptr, sb_ptr, sums, e64, tile, blk, P, N,
+                                     K, row_bytes, stride_x, TOPK, UP, BLOCK_M, STAGES, SAFE, SKIP_PAD, KT_PAD)),
+                            (_half, (1, x_ptr, pair_ptr, wa_ptr, sa_ptr, wb_ptr, sb_ptr, sums, e64, tile, blk, P, N,
+                                     K, row_bytes, stride_x, TOPK, UP, BLOCK_M, STAGES, SAFE, SKIP_PAD, KT_PAD))],
+                           [4], [WORKER_REGS])  # warpgroup 0: the default partition; 1: the worker
         rn = tile * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, LO))
         rows = blk * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, LO))
         nmask = gl.expand_dims(rn < N, 1)
