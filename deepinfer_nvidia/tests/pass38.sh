@@ -53,10 +53,11 @@ PY
 fi
 if has stalls; then
   stamp stalls
-  probe="python3 -m deepinfer_nvidia.tests.probe_down_cap --caps 128 --tokens 1 --eager 3"
+  # STALLS_WS=1: the warp-specialized form's launches (``gluon_swap_ws``) instead of the paired kernel's
+  probe="python3 -m deepinfer_nvidia.tests.probe_down_cap --caps 128 --tokens 1 --eager 3 --ws ${STALLS_WS:-0}"
   rep=/tmp/pair_stalls
   # launches: 3 eager calls x (up, down); skip the first call's two (compiles), keep the second call's two
-  DEEPINFER_NV_PDL=0 timeout "${NCU_S:-200}" ncu --clock-control none --kernel-name regex:_swap_pair_kernel \
+  DEEPINFER_NV_PDL=0 timeout "${NCU_S:-200}" ncu --clock-control none --kernel-name regex:"_swap_(pair|ws)_kernel" \
     --launch-skip 2 --launch-count 2 --section WarpStateStats --section SourceCounters --section SchedulerStats \
     --section LaunchStats --import-source no -f -o "$rep" $probe > "$OUT/stalls_run.txt" 2>&1
   echo "ncu rc=$?"

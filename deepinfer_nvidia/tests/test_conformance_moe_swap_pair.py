@@ -52,26 +52,33 @@ def test_swap_pair_against_reference(t, k, route, d, f, safe):
     close(out, ref, 3e-2, 3e-2)
 
 
-def test_swap_pair_graph_replay():
-    """Captured once, replayed on fresh inputs and routings: each replay matches an eager call bit for bit."""
-    sw = _swap()
-    ref, cu = _case(2600, 1, 6, "rand", 16, 640, 384)
+def _replays_match_eager(sw, cu: list, t: int, d: int, e: int, seed: int, replays: int = 3) -> None:
+    """Capture ``swap_mxfp4(paired=True)`` on copies of ``cu``'s x, weights and ids once, then replay it on fresh
+    inputs and routings (``t`` tokens of width ``d`` over ``e`` experts): each replay equals an eager call bit for
+    bit."""
     x, w, ids = (a.clone() for a in cu[:3])
     sw.swap_mxfp4(x, w, ids, *cu[3:], 1.0, paired=True)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         y = sw.swap_mxfp4(x, w, ids, *cu[3:], 1.0, paired=True)
-    g = _gen(2601)
-    for _ in range(3):
-        x.copy_(torch.randn(1, 640, generator=g).bfloat16())
-        nid, nw = _routing(1, 6, 16, "rand", g)
+    g = _gen(seed)
+    for _ in range(replays):
+        x.copy_(torch.randn(t, d, generator=g).bfloat16())
+        nid, nw = _routing(t, ids.shape[1], e, "rand", g)
         ids.copy_(nid)
         w.copy_(nw)
         y.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
         torch.testing.assert_close(y, sw.swap_mxfp4(x, w, ids, *cu[3:], 1.0, paired=True), rtol=0, atol=0)
+
+
+def test_swap_pair_graph_replay():
+    """Captured once, replayed on fresh inputs and routings: each replay matches an eager call bit for bit."""
+    sw = _swap()
+    _, cu = _case(2600, 1, 6, "rand", 16, 640, 384)
+    _replays_match_eager(sw, cu, 1, 640, 16, 2601)
 
 
 @pytest.mark.parametrize("t", [1, 2])
@@ -131,16 +138,5 @@ def test_swap_ws_equals_pair(monkeypatch, d, f, t, route, safe):
     got = sw.swap_mxfp4(*cu, 1.0, safe=safe, paired=True)
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     close(got, ref, 3e-2, 3e-2)
-    if t > 2 or safe:
-        return
-    x, w, ids = (a.clone() for a in cu[:3])
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y = sw.swap_mxfp4(x, w, ids, *cu[3:], 1.0, paired=True)
-    g = _gen(3350 + t)
-    for _ in range(2):
-        x.copy_(torch.randn(t, d, generator=g).bfloat16())
-        y.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        torch.testing.assert_close(y, sw.swap_mxfp4(x, w, ids, *cu[3:], 1.0, paired=True), rtol=0, atol=0)
+    if t <= 2 and not safe:
+        _replays_match_eager(sw, cu, t, d, 16, 3350 + t, replays=2)
