@@ -82,7 +82,7 @@ from deepinfer_nvidia.kernels import triton_moe_scaled as _sc
 from deepinfer_nvidia.kernels import triton_moe_segments as _seg
 from deepinfer_nvidia.kernels import triton_moe_splitk as _splitk
 from deepinfer_nvidia.kernels._common import dot_precision, hand_off, next_pow2, on_cuda
-from deepinfer_nvidia.kernels.triton_moe_splitk import _expert_block, _swiglu
+from deepinfer_nvidia.kernels.triton_moe_common import _expert_block, _swiglu
 from deepinfer_nvidia.kernels.triton_gemm import _ue8m0, gemm_dense_bi, gemm_fp8_block, gemm_fp8_block_bi, sum_slices
 
 

@@ -32,7 +32,7 @@ import triton.language as tl
 from deepinfer_core.kernels.ops.quant import QuantFormatError, fp8_block_scale_shape
 from deepinfer_nvidia.kernels._common import dot_precision, next_pow2
 from deepinfer_nvidia.kernels.triton_gemm import _ue8m0, sum_slices
-from deepinfer_nvidia.kernels.triton_moe_splitk import _expert_block, _swiglu
+from deepinfer_nvidia.kernels.triton_moe_common import _expert_block, _swiglu
 
 # (block_n, num_warps, num_stages, widest K tile) per BLOCK_M. H200, V4-Flash widths (256 experts, D 4096,
 # F 2048, fp32 [128, 128] scales), one CUDA graph per call (bench_moe_fp8, pass18a, docs/performance.md

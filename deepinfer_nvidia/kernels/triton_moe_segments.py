@@ -23,13 +23,8 @@ import triton
 import triton.language as tl
 
 from deepinfer_nvidia.kernels.triton_gemm import _ue8m0
-from deepinfer_nvidia.kernels.triton_moe_splitk import (
-    _act_kernel,
-    _finish_kernel,
-    _nibble_pair,
-    _swiglu,
-    split_for,
-)
+from deepinfer_nvidia.kernels.triton_moe_common import _swiglu
+from deepinfer_nvidia.kernels.triton_moe_splitk import _act_kernel, _finish_kernel, _nibble_pair, split_for
 
 # Pairs per program (R) and the smallest pair count from which ``moe.experts_mxfp4`` (provider triton) takes
 # this path instead of the per-pair one (up to ``triton_moe_splitk.SPLITK_PAIRS``); R = 1 disables it.

@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from deepinfer_nvidia.kernels.triton_gemm import _ue8m0
+from deepinfer_nvidia.kernels.triton_moe_common import _swiglu
 
 # (block_n, groups of 32 K elements per iteration, warps, stages, programs to aim for with split-K, asm: the
 # fp16 pair -> 2 x fp32 conversion as inline PTX (0: the same decode in plain Triton ops, also what the
@@ -117,17 +118,6 @@ def _planes(row_ptr, plane, rg, gmask):
 
 
 @triton.jit
-def _expert_block(pair_ptr, pid_b, pid_n, P, n_out, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """A grouped kernel's tile: block ``pid_b`` of the aligned pair slots (one expert's ``BLOCK_M`` slots, pads hold
-    pair ids >= P) and output columns ``pid_n``. Returns rows [BLOCK_M] (slot indices), pair [BLOCK_M] int32,
-    valid (pair < P), rn [BLOCK_N] and nmask (rn < n_out)."""
-    rows = pid_b * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(pair_ptr + rows)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    return rows, pair, pair < P, rn, rn < n_out
-
-
-@triton.jit
 def _pair_expert(order_ptr, se_ptr, pid_p, SORTED: tl.constexpr):
     """The (token, slot) pair and expert of program ``pid_p`` (int64 both): the ``pid_p``-th of the pairs sorted by
     expert (``order``, with ``se`` the sorted experts), or with SORTED off the pairs in routing order (``se`` is
@@ -137,15 +127,6 @@ def _pair_expert(order_ptr, se_ptr, pid_p, SORTED: tl.constexpr):
     else:
         pair = pid_p.to(tl.int64)
     return pair, tl.load(se_ptr + pid_p).to(tl.int64)
-
-
-@triton.jit
-def _swiglu(a1, a3, limit, dtype: tl.constexpr):
-    """The reference's clamped SwiGLU on fp32 gate / up sums: silu(min(g, L)) * clamp(u, -L, L), roundings to dtype."""
-    g = tl.minimum(a1.to(dtype).to(tl.float32), limit).to(dtype).to(tl.float32)
-    s = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
-    u = tl.minimum(tl.maximum(a3.to(dtype).to(tl.float32), -limit), limit).to(dtype).to(tl.float32)
-    return (s * u).to(dtype)
 
 
 @triton.jit
