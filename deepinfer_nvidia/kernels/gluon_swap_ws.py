@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import triton
 
-from deepinfer_nvidia.kernels import gluon_moe_swap as _swap
+from deepinfer_nvidia.kernels import gluon_moe_swap as _swap, gluon_swap_pair as _pair
 from deepinfer_nvidia.kernels.triton_pdl import pdl_launch
 
 _GLUON = _swap.available()
@@ -28,7 +28,6 @@ _GLUON = _swap.available()
 if _GLUON:
     from deepinfer_nvidia.kernels.gluon_api import (
         async_copy,
-        cp_async as _cp_async,
         cta_barrier as _barrier,
         fence_async_shared,
         gl,
@@ -46,6 +45,8 @@ if _GLUON:
     _word_buffers = _swap._word_buffers
     _staged = _swap._staged
     _FRAG = _swap._FRAG_BYTES  # [64, 4, 16] packed bytes of one warpgroup's fragment rows
+    # one step's copies: this warpgroup's K tile 2j + h (h is in the offsets: ``woff3``, ``gcol3``, ``xk``)
+    _issue_pair = _pair._issue_pair
 
     @gluon.jit
     def _stage_half_scales(s_ptr, e64, N, KW, tile, n_s, h: gl.constexpr, KT_PAD: gl.constexpr):
@@ -59,18 +60,6 @@ if _GLUON:
         words = gl.load(s_ptr + e64 * N * KW + rn.to(gl.int64) * KW + kt, mask=(st < n_s) & (kt < KW) & (rn < N),
                         other=0x7F7F7F7F)
         return _word_buffers(words, KT_PAD, 64)
-
-    @gluon.jit
-    def _issue(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, gcol3, xoff, vx, xk, KG, K, j, stage,
-               h: gl.constexpr, UP: gl.constexpr):
-        """cp.async of this warpgroup's K tile 2j + h (64 bytes of each weight row, 128 x columns of its pairs) into
-        ring slot ``stage``; groups and columns past K zero-filled; one commit group."""
-        gm = j * 8 + gcol3 < KG
-        _cp_async(ring_a.index(stage), wa_ptr + woff3 + j * 128, mask=nm3 & gm)
-        if UP:
-            _cp_async(ring_b.index(stage), wb_ptr + woff3 + j * 128, mask=nm3 & gm)
-        _cp_async(ring_x.index(stage), x_ptr + xoff + j * 256, mask=vx & (j * 256 + xk < K))
-        async_copy.commit_group()
 
     @gluon.jit
     def _half(h: gl.constexpr, x_ptr, pair_ptr, wa_ptr, sa_ptr, wb_ptr, sb_ptr, sums, e64, tile, blk, P, N, K,
@@ -121,8 +110,8 @@ if _GLUON:
         else:
             ring_b = ring_a
         for jp in gl.static_range(STAGES - 1):
-            _issue(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, gcol3, xoff, vx, xk, KG, K, jp, jp,
-                   h, UP)
+            _issue_pair(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, gcol3, xoff, vx, xk, KG, K, jp, jp,
+                        UP)
         ss_a = _stage_half_scales(sa_ptr, e64, N, KG // 4, tile, n_s, h, KT_PAD)
         ss_b = _stage_half_scales(sb_ptr, e64, N, KG // 4, tile, n_s, h, KT_PAD) if UP else ss_a
         _barrier()  # (the partition's barrier) every warp's words are stored before any warp reads them
@@ -136,8 +125,8 @@ if _GLUON:
                 acc_a = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a,))
             _barrier()  # this warpgroup's wgmma of step i-1 is done: its ring slot may be refilled
             j = i + STAGES - 1
-            _issue(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, gcol3, xoff, vx, xk, KG, K, j,
-                   j % STAGES, h, UP)
+            _issue_pair(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, gcol3, xoff, vx, xk, KG, K, j,
+                        j % STAGES, UP)
             nca = _staged(ss_a, gl.minimum(i + 1, KT_PAD - 1), rg3, LS)  # the last step's read is unused
             if UP:
                 ncb = _staged(ss_b, gl.minimum(i + 1, KT_PAD - 1), rg3, LS)
