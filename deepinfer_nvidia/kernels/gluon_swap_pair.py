@@ -136,19 +136,22 @@ if _GLUON:
         gl.inline_asm_elementwise(asm, "=r,l,r", [pf_ptr + j * 128, live], dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
-    def _stage_pair_scales(s_ptr, e64, N, KW, tile, n_s, KT_PAD: gl.constexpr, num_warps: gl.constexpr):
-        """Every step's scale words of this program -> shared int32 [KT_PAD, 128]: word [i, 64h + r] is row r's 4
-        UE8M0 bytes of K tile 2i + h (``s_ptr``: the stack as int32 [E, N, KW = K/128]). Staged once, so no step
-        waits on a global load for its scales (``gluon_moe_swap.SWAP_SCALES_SMEM``'s idea in the pair order).
-        Masked words are 0x7f7f7f7f (scale 1.0; their weights are zero-filled)."""
+    def _stage_pair_scales(s_ptr, e64, N, KW, tile, n_s, KT_PAD: gl.constexpr, num_warps: gl.constexpr,
+                           H0: gl.constexpr = 0, HN: gl.constexpr = 2):
+        """Every step's scale words of this program's warpgroups H0 .. H0 + HN - 1 -> shared int32 [KT_PAD, 64 HN]:
+        word [i, 64 (h - H0) + r] is row r's 4 UE8M0 bytes of K tile 2i + h (``s_ptr``: the stack as int32 [E, N,
+        KW = K/128]). Staged once, so no step waits on a global load for its scales (``gluon_moe_swap
+        .SWAP_SCALES_SMEM``'s idea in the pair order). Both warpgroups (HN 2) for this kernel; one (``H0`` = h,
+        HN 1) for each partition of ``gluon_swap_ws``. Masked words are 0x7f7f7f7f (scale 1.0; their weights are
+        zero-filled)."""
         LR: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])
         st = gl.expand_dims(gl.arange(0, KT_PAD, layout=gl.SliceLayout(1, LR)), 1)
-        q = gl.expand_dims(gl.arange(0, 128, layout=gl.SliceLayout(0, LR)), 0)
+        q = gl.expand_dims(gl.arange(0, 64 * HN, layout=gl.SliceLayout(0, LR)), 0)
         rn = tile * 64 + q % 64
-        kt = 2 * st + q // 64
+        kt = 2 * st + H0 + q // 64
         words = gl.load(s_ptr + e64 * N * KW + rn.to(gl.int64) * KW + kt, mask=(st < n_s) & (kt < KW) & (rn < N),
                         other=0x7F7F7F7F)
-        return _word_buffers(words, KT_PAD, 128)
+        return _word_buffers(words, KT_PAD, 64 * HN)
 
     @gluon.jit
     def _fold(acc, BLOCK_M: gl.constexpr, LO: gl.constexpr):

@@ -37,29 +37,7 @@ if _GLUON:
         warpgroup_mma_wait,
     )
 
-    _decode_fragment = _swap._decode_fragment
-    _frag128 = _swap._frag128
-    _up_finish = _swap._up_finish
-    _down_finish = _swap._down_finish
-    _grid_dependency = _swap._grid_dependency
-    _word_buffers = _swap._word_buffers
-    _staged = _swap._staged
     _FRAG = _swap._FRAG_BYTES  # [64, 4, 16] packed bytes of one warpgroup's fragment rows
-    # one step's copies: this warpgroup's K tile 2j + h (h is in the offsets: ``woff3``, ``gcol3``, ``xk``)
-    _issue_pair = _pair._issue_pair
-
-    @gluon.jit
-    def _stage_half_scales(s_ptr, e64, N, KW, tile, n_s, h: gl.constexpr, KT_PAD: gl.constexpr):
-        """Warpgroup h's scale words -> shared int32 [KT_PAD, 64]: word [i, r] is row r's 4 UE8M0 bytes of K tile
-        2i + h (``s_ptr``: int32 [E, N, KW = K/128]); masked words 0x7f7f7f7f (scale 1.0, zero-filled weights)."""
-        LR: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [4, 1], [1, 0])
-        st = gl.expand_dims(gl.arange(0, KT_PAD, layout=gl.SliceLayout(1, LR)), 1)
-        r = gl.expand_dims(gl.arange(0, 64, layout=gl.SliceLayout(0, LR)), 0)
-        rn = tile * 64 + r
-        kt = 2 * st + h
-        words = gl.load(s_ptr + e64 * N * KW + rn.to(gl.int64) * KW + kt, mask=(st < n_s) & (kt < KW) & (rn < N),
-                        other=0x7F7F7F7F)
-        return _word_buffers(words, KT_PAD, 64)
 
     @gluon.jit
     def _half(h: gl.constexpr, x_ptr, pair_ptr, wa_ptr, sa_ptr, wb_ptr, sb_ptr, sums, e64, tile, blk, P, N, K,
@@ -110,14 +88,15 @@ if _GLUON:
         else:
             ring_b = ring_a
         for jp in gl.static_range(STAGES - 1):
-            _issue_pair(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, gcol3, xoff, vx, xk, KG, K, jp, jp,
-                        UP)
-        ss_a = _stage_half_scales(sa_ptr, e64, N, KG // 4, tile, n_s, h, KT_PAD)
-        ss_b = _stage_half_scales(sb_ptr, e64, N, KG // 4, tile, n_s, h, KT_PAD) if UP else ss_a
+            # this warpgroup's K tile 2j + h: h is in the offsets (woff3, gcol3, xk)
+            _pair._issue_pair(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, gcol3, xoff, vx, xk, KG, K,
+                              jp, jp, UP)
+        ss_a = _pair._stage_pair_scales(sa_ptr, e64, N, KG // 4, tile, n_s, KT_PAD, 4, h, 1)
+        ss_b = _pair._stage_pair_scales(sb_ptr, e64, N, KG // 4, tile, n_s, KT_PAD, 4, h, 1) if UP else ss_a
         _barrier()  # (the partition's barrier) every warp's words are stored before any warp reads them
-        ca = _staged(ss_a, 0, rg3, LS)
+        ca = _swap._staged(ss_a, 0, rg3, LS)
         if UP:
-            cb = _staged(ss_b, 0, rg3, LS)
+            cb = _swap._staged(ss_b, 0, rg3, LS)
         for i in range(n_s):
             if UP:
                 acc_a, acc_b = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a, acc_b))
@@ -125,17 +104,17 @@ if _GLUON:
                 acc_a = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a,))
             _barrier()  # this warpgroup's wgmma of step i-1 is done: its ring slot may be refilled
             j = i + STAGES - 1
-            _issue_pair(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, gcol3, xoff, vx, xk, KG, K, j,
-                        j % STAGES, UP)
-            nca = _staged(ss_a, gl.minimum(i + 1, KT_PAD - 1), rg3, LS)  # the last step's read is unused
+            _pair._issue_pair(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, gcol3, xoff, vx, xk, KG, K,
+                              j, j % STAGES, UP)
+            nca = _swap._staged(ss_a, gl.minimum(i + 1, KT_PAD - 1), rg3, LS)  # the last step's read is unused
             if UP:
-                ncb = _staged(ss_b, gl.minimum(i + 1, KT_PAD - 1), rg3, LS)
+                ncb = _swap._staged(ss_b, gl.minimum(i + 1, KT_PAD - 1), rg3, LS)
             async_copy.wait_group(STAGES - 1)
             si = i % STAGES
             xs = ring_x.index(si).permute((1, 0))
-            da = gl.convert_layout(_decode_fragment(ring_a.index(si).load(L3), ca, 64, SAFE), AOP)
+            da = gl.convert_layout(_swap._decode_fragment(ring_a.index(si).load(L3), ca, 64, SAFE), AOP)
             if UP:
-                db = gl.convert_layout(_decode_fragment(ring_b.index(si).load(L3), cb, 64, SAFE), AOP)
+                db = gl.convert_layout(_swap._decode_fragment(ring_b.index(si).load(L3), cb, 64, SAFE), AOP)
             fence_async_shared()
             _barrier()  # every thread's x copies of this step landed and are fenced for the wgmma
             acc_a = warpgroup_mma(da, xs, acc_a, is_async=True)
@@ -160,8 +139,8 @@ if _GLUON:
         """``gluon_swap_pair._swap_pair_kernel``'s arguments and outputs; 4 warps here (warpgroup 0, the default
         partition) and a 4-warp worker (warpgroup 1) with ``WORKER_REGS`` registers a thread."""
         if PDL:  # programmatic dependent launch (triton_pdl): wait for the previous kernel, release the next
-            _grid_dependency(True)
-            _grid_dependency(False)
+            _swap._grid_dependency(True)
+            _swap._grid_dependency(False)
         gl.static_assert(num_warps == 4)
         LO: gl.constexpr = gl.BlockedLayout([1, 1], [32 // BLOCK_M, BLOCK_M], [4, 1], [1, 0])
         pid = gl.program_id(0)
@@ -185,14 +164,14 @@ if _GLUON:
         ya = sums.slice(0, 64, 0).load(LO) + sums.slice(64, 64, 0).load(LO)  # even tiles' sum + odd tiles'
         if UP:
             yb = sums.slice(128, 64, 0).load(LO) + sums.slice(192, 64, 0).load(LO)
-            hoff = gl.expand_dims(rows.to(gl.int64) * N, 0) + gl.expand_dims(_frag128(rn), 1)
-            _up_finish(ya, yb, out_ptr, hoff, nmask, limit)
+            hoff = gl.expand_dims(rows.to(gl.int64) * N, 0) + gl.expand_dims(_swap._frag128(rn), 1)
+            _swap._up_finish(ya, yb, out_ptr, hoff, nmask, limit)
         else:
             pair = gl.load(pair_ptr + rows)
             valid = pair < P
             ym = gl.expand_dims(valid, 0) & nmask
             yoff = gl.expand_dims(pair.to(gl.int64) * N, 0) + gl.expand_dims(rn, 1)
-            _down_finish(ya, out_ptr, wt_ptr, pair, valid, yoff, ym)
+            _swap._down_finish(ya, out_ptr, wt_ptr, pair, valid, yoff, ym)
 
 
 # Registers a thread of each partition: two programs (16 warps) an SM need <= 128.
