@@ -38,6 +38,7 @@ if _GLUON:
     )
 
     _FRAG = _swap._FRAG_BYTES  # [64, 4, 16] packed bytes of one warpgroup's fragment rows
+    _grid_dependency = _swap._grid_dependency  # the PDL prologue's form every kernel shares (test_pdl_sass)
 
     @gluon.jit
     def _half(h: gl.constexpr, x_ptr, pair_ptr, wa_ptr, sa_ptr, wb_ptr, sb_ptr, sums, e64, tile, blk, P, N, K,
@@ -139,8 +140,8 @@ if _GLUON:
         """``gluon_swap_pair._swap_pair_kernel``'s arguments and outputs; 4 warps here (warpgroup 0, the default
         partition) and a 4-warp worker (warpgroup 1) with ``WORKER_REGS`` registers a thread."""
         if PDL:  # programmatic dependent launch (triton_pdl): wait for the previous kernel, release the next
-            _swap._grid_dependency(True)
-            _swap._grid_dependency(False)
+            _grid_dependency(True)
+            _grid_dependency(False)
         gl.static_assert(num_warps == 4)
         LO: gl.constexpr = gl.BlockedLayout([1, 1], [32 // BLOCK_M, BLOCK_M], [4, 1], [1, 0])
         pid = gl.program_id(0)
