@@ -54,9 +54,12 @@ PAIR_DOWN_MAXNREG = PAIR_MAXNREG
 # its bytes in L2. 0 (the default): off. Measured slower on an H100 at one token (65.5 -> 70.5 us by lines, 65.8 ->
 # 99.5 by bulk requests; docs/performance.md, thirty-fourth pass). ``DEEPINFER_NV_SWAP_L2_PREFETCH``.
 PAIR_L2_PREFETCH = int(os.environ.get("DEEPINFER_NV_SWAP_L2_PREFETCH", "0"))
-# Each warpgroup in its own warp-specialized partition (``gluon_swap_ws``): its own ring and barriers, so the two
-# stop meeting three times a step. Bit-equal to this kernel; opt-in until measured (``DEEPINFER_NV_SWAP_PAIR_WS=1``).
-PAIR_WS = os.environ.get("DEEPINFER_NV_SWAP_PAIR_WS", "0") == "1"
+# Each warpgroup in its own Gluon warp-specialized partition (its own ring, scale words and named barrier, m64n8
+# wgmma; the halves added after the join) was bit-equal and slower on an H100 at one token: up 38.7 -> 41.4-41.7 us,
+# down 21.5 -> 22.0-22.1, 4 tokens 115 -> 128-130 (docs/performance.md, thirty-ninth pass), so it was removed.
+# The weights loaded straight into registers a step ahead, the activations held in shared memory, no barrier in the
+# K loop (``gluon_swap_regs``): the same bits; opt-in until measured (``DEEPINFER_NV_SWAP_PAIR_REGS=1``).
+PAIR_REGS = os.environ.get("DEEPINFER_NV_SWAP_PAIR_REGS", "0") == "1"
 _GLUON = _swap.available()
 
 if _GLUON:
@@ -136,22 +139,19 @@ if _GLUON:
         gl.inline_asm_elementwise(asm, "=r,l,r", [pf_ptr + j * 128, live], dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
-    def _stage_pair_scales(s_ptr, e64, N, KW, tile, n_s, KT_PAD: gl.constexpr, num_warps: gl.constexpr,
-                           H0: gl.constexpr = 0, HN: gl.constexpr = 2):
-        """Every step's scale words of this program's warpgroups H0 .. H0 + HN - 1 -> shared int32 [KT_PAD, 64 HN]:
-        word [i, 64 (h - H0) + r] is row r's 4 UE8M0 bytes of K tile 2i + h (``s_ptr``: the stack as int32 [E, N,
-        KW = K/128]). Staged once, so no step waits on a global load for its scales (``gluon_moe_swap
-        .SWAP_SCALES_SMEM``'s idea in the pair order). Both warpgroups (HN 2) for this kernel; one (``H0`` = h,
-        HN 1) for each partition of ``gluon_swap_ws``. Masked words are 0x7f7f7f7f (scale 1.0; their weights are
-        zero-filled)."""
+    def _stage_pair_scales(s_ptr, e64, N, KW, tile, n_s, KT_PAD: gl.constexpr, num_warps: gl.constexpr):
+        """Every step's scale words of this program -> shared int32 [KT_PAD, 128]: word [i, 64h + r] is row r's 4
+        UE8M0 bytes of K tile 2i + h (``s_ptr``: the stack as int32 [E, N, KW = K/128]). Staged once, so no step
+        waits on a global load for its scales (``gluon_moe_swap.SWAP_SCALES_SMEM``'s idea in the pair order).
+        Masked words are 0x7f7f7f7f (scale 1.0; their weights are zero-filled)."""
         LR: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])
         st = gl.expand_dims(gl.arange(0, KT_PAD, layout=gl.SliceLayout(1, LR)), 1)
-        q = gl.expand_dims(gl.arange(0, 64 * HN, layout=gl.SliceLayout(0, LR)), 0)
+        q = gl.expand_dims(gl.arange(0, 128, layout=gl.SliceLayout(0, LR)), 0)
         rn = tile * 64 + q % 64
-        kt = 2 * st + H0 + q // 64
+        kt = 2 * st + q // 64
         words = gl.load(s_ptr + e64 * N * KW + rn.to(gl.int64) * KW + kt, mask=(st < n_s) & (kt < KW) & (rn < N),
                         other=0x7F7F7F7F)
-        return _word_buffers(words, KT_PAD, 64 * HN)
+        return _word_buffers(words, KT_PAD, 128)
 
     @gluon.jit
     def _fold(acc, BLOCK_M: gl.constexpr, LO: gl.constexpr):
@@ -310,12 +310,14 @@ def launch(up: bool, grid: int, x, pair, bexp, w, s, wb, sb, wt, out, p: int, ne
     prefetch = PAIR_L2_PREFETCH if prefetch is None else prefetch
     prefetch = prefetch if prefetch > stages - 1 else 0
     words = [a.view(torch.int32) for a in (s, sb)]  # a row's 4 scale bytes of a 128-column tile as one word
-    if PAIR_WS:
-        from deepinfer_nvidia.kernels import gluon_swap_ws
+    if PAIR_REGS:
+        from deepinfer_nvidia.kernels import gluon_swap_regs
 
-        gluon_swap_ws.launch(up, grid, x, pair, bexp, words[0], wb, words[1], w, wt, out, p, ne, n, k, stride_x,
-                             limit, nt, topk, safe, skip_pad, stages, PAIR_BLOCK_M)
-        return
+        if gluon_swap_regs.fits(k):
+            gluon_swap_regs.launch(up, grid, x, pair, bexp, w, words[0], wb, words[1], wt, out, p, ne, n, k, stride_x,
+                                   limit, nt, topk, safe, skip_pad, PAIR_BLOCK_M,
+                                   PAIR_MAXNREG if up else PAIR_DOWN_MAXNREG)
+            return
     _swap_pair_kernel[(grid,)](x, pair, bexp, w, words[0], wb, words[1], wt, out, p, ne, n, k, k // 2, stride_x,
                                float(limit), nt,
                                TOPK=topk, UP=int(up), BLOCK_M=PAIR_BLOCK_M, STAGES=stages, SAFE=int(safe),

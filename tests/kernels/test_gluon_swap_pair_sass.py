@@ -92,31 +92,3 @@ def test_policy_takes_one_token_only(monkeypatch):
     assert not gp.takes(216, 132, 640, 288) and not gp.takes(216, 132, 5120, 2320)
     monkeypatch.setattr(gp, "PAIR_WARPGROUPS", False)
     assert not gp.takes(216, 132, 5120, 2304)
-
-
-def _ws(up: int):
-    from deepinfer_nvidia.kernels import gluon_swap_ws as ws
-
-    consts = {"TOPK": 6, "UP": up, "BLOCK_M": gp.PAIR_BLOCK_M, "STAGES": 3, "SAFE": 0, "PDL": 1,
-              "SKIP_PAD": 1 - up, "KT_PAD": 32, "WORKER_REGS": ws.WS_REGS, "num_warps": 4}
-    return count(ws._swap_ws_kernel, dict(SIG, out_ptr="*bf16" if up else "*fp32"), consts, warps=4, div16=DIV16,
-                 maxnreg=ws.WS_REGS)
-
-
-@pytest.mark.parametrize("up", [1, 0])
-def test_warp_specialized_form_fits_and_syncs_each_warpgroup_alone(up):
-    """``gluon_swap_ws`` (``PAIR_WS``): two programs of 8 warps still fit an SM (at most 128 registers a thread, no
-    spill, at most half the shared memory), and every barrier inside the partitions is a 128-thread named barrier
-    (the warpgroup's own), so the two warpgroups no longer meet each step; the only CTA-wide ones are the join."""
-    r = _ws(up)
-    assert r["registers"] is not None and r["registers"] <= 128, r["registers"]
-    assert r["shared"] + 1024 <= 114 * 1024, r["shared"]
-    ops = {op.split(".")[0] for op in opcodes(r["sass"])}
-    assert not {"LDL", "STL"} & ops, "the kernel spills registers"
-    bars = [line for line in r["sass"].splitlines() if "BAR.SYNC" in line]
-    named = [b for b in bars if b.rstrip(" ;").endswith("0x80")]
-    assert len(named) >= 6, bars  # each partition: the staging, the loop's two, the sums' stores
-    assert all(b.rstrip(" ;").endswith(("0x80", "0x1")) for b in bars), bars
-    # each partition's step: one m64n8k16 group of 8 (a 128-column tile) a matrix; no others anywhere
-    assert sum(op.startswith("HGMMA.64x8x16") for op in opcodes(r["sass"])) == (32 if up else 16)
-    assert sum(op.startswith("HGMMA") for op in opcodes(r["sass"])) == (32 if up else 16)
