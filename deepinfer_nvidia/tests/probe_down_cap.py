@@ -8,7 +8,8 @@ For each cap (``gluon_swap_pair.PAIR_DOWN_MAXNREG``, read at launch) the V4.1-sh
 order, then each compiled ``_swap_pair_kernel`` variant's registers, spills and shared memory, and the programs
 an SM those allow (256 threads a program, 64K registers and 228 KB an SM), so a flat timing can be told from a cap that never applied.
 ``--variants``: for each, every cap in turn: ``ring`` (the paired kernel's ``cp.async`` ring), ``regs`` (the weights
-loaded into registers, ``gluon_swap_pair.PAIR_REGS``, at the default depths) or ``regs:UP:DOWN`` (its depths).
+loaded into registers, ``gluon_swap_pair.PAIR_REGS``, at the default depths) or ``regs:UP:DOWN`` (its depths;
+``regs:UP:DOWN:ca``: with L1-allocating loads instead of ``.cg``).
 """
 from __future__ import annotations
 
@@ -54,7 +55,8 @@ def main() -> None:
             gp.PAIR_DOWN_MAXNREG = cap
             gp.PAIR_REGS = var.startswith("regs")
             parts = var.split(":")
-            gr.REGS_DEPTH_UP, gr.REGS_DEPTH_DOWN = (int(parts[1]), int(parts[2])) if len(parts) == 3 else depths0
+            gr.REGS_DEPTH_UP, gr.REGS_DEPTH_DOWN = (int(parts[1]), int(parts[2])) if len(parts) >= 3 else depths0
+            gr.REGS_CG = not var.endswith(":ca")  # regs:UP:DOWN:ca: the default (L1-allocating) loads
             if args.eager:
                 for _ in range(args.eager):
                     sw.swap_mxfp4(x, w, ids, *ws, 10.0, paired=True)

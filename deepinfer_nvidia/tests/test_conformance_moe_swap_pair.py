@@ -159,3 +159,38 @@ def test_swap_regs_model_width(monkeypatch, t):
     poison()
     got = sw.swap_mxfp4(x, w, ids, *ws, 1.0, paired=True)
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("t", [1, 3])
+def test_swap_down_early_weights_replay(monkeypatch, t):
+    """``PAIR_EARLY_WEIGHTS`` under PDL: the down launch asks for its first weight tiles, scale words, expert ids and
+    pair rows before its wait. Captured once at V4.1's widths and replayed on fresh activations and routings (so
+    every replay's ids are new when the down launch reads them early): each replay equals an eager call without
+    the early requests bit for bit."""
+    sw = _swap()
+    from deepinfer_nvidia.kernels import gluon_swap_pair as gp
+    from deepinfer_nvidia.kernels.triton_pdl import pdl_launch
+
+    if not pdl_launch():
+        pytest.skip("programmatic dependent launch is off (DEEPINFER_NV_PDL=0)")
+    x0, w0, ids0, ws = _model_width(3500 + t, t)
+    x, w, ids = x0.clone(), w0.clone(), ids0.clone()
+    monkeypatch.setattr(gp, "PAIR_EARLY_WEIGHTS", True)
+    sw.swap_mxfp4(x, w, ids, *ws, 1.0, paired=True)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = sw.swap_mxfp4(x, w, ids, *ws, 1.0, paired=True)
+    g = _gen(3600 + t)
+    for _ in range(3):
+        x.copy_(torch.randn(t, x.shape[1], generator=g).bfloat16())
+        nid, nw = _routing(t, 6, 16, "rand", g)
+        ids.copy_(nid)
+        w.copy_(nw)
+        y.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        monkeypatch.setattr(gp, "PAIR_EARLY_WEIGHTS", False)
+        want = sw.swap_mxfp4(x, w, ids, *ws, 1.0, paired=True)
+        monkeypatch.setattr(gp, "PAIR_EARLY_WEIGHTS", True)
+        torch.testing.assert_close(y, want, rtol=0, atol=0)

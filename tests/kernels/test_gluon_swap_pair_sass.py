@@ -78,6 +78,25 @@ def test_pdl_waits_then_releases_before_any_load():
     assert not {"ACQBULK", "PREEXIT"} & set(opcodes(_pair(1, pdl=0)["sass"]))
 
 
+def test_down_launch_asks_for_weights_before_its_wait_only_when_early():
+    """``PAIR_EARLY_WEIGHTS`` (``EARLY_W``, the down launch under PDL): the ring's first weight copies (``LDGSTS``)
+    and the id, pair and scale loads come before the wait (``ACQBULK``), then the release; without it nothing is
+    loaded before the wait, and the K loop is the same length within 2%."""
+    def before_wait(early):
+        consts = {"TOPK": 6, "UP": 0, "BLOCK_M": gp.PAIR_BLOCK_M, "STAGES": 3, "SAFE": 0, "PDL": 1, "SKIP_PAD": 1,
+                  "KT_PAD": 32, "num_warps": 8, "EARLY_W": early}
+        r = count(gp._swap_pair_kernel, dict(SIG, out_ptr="*fp32"), consts, warps=8, div16=DIV16,
+                  maxnreg=gp.PAIR_MAXNREG)
+        ops = opcodes(r["sass"])
+        acq = ops.index("ACQBULK")
+        assert ops.count("ACQBULK") == 1 and acq < ops.index("PREEXIT")
+        return sum(o.startswith("LDGSTS") for o in ops[:acq]), sum(o.startswith("LDG") for o in ops[:acq]), r
+    copies, loads, early = before_wait(1)
+    assert copies >= 2 and loads > copies, (copies, loads)
+    assert before_wait(0)[:2] == (0, 0)
+    assert abs(len(early["loop"]) - len(before_wait(0)[2]["loop"])) <= 0.02 * len(early["loop"])
+
+
 def test_exact_decode_compiles():
     r = _pair(1, safe=1)
     assert _has(r["ops"], "HGMMA") and _has(r["ops"], "HMUL2") == 128, r["ops"]
