@@ -57,14 +57,14 @@ PAIR_L2_PREFETCH = int(os.environ.get("DEEPINFER_NV_SWAP_L2_PREFETCH", "0"))
 # Each warpgroup in its own Gluon warp-specialized partition (its own ring, scale words and named barrier, m64n8
 # wgmma; the halves added after the join) was bit-equal and slower on an H100 at one token: up 38.7 -> 41.4-41.7 us,
 # down 21.5 -> 22.0-22.1, 4 tokens 115 -> 128-130 (docs/performance.md, thirty-ninth pass), so it was removed.
-# The weights loaded straight into registers a step ahead, the activations held in shared memory, no barrier in the
-# K loop (``gluon_swap_regs``): the same bits; opt-in until measured (``DEEPINFER_NV_SWAP_PAIR_REGS=1``).
-PAIR_REGS = os.environ.get("DEEPINFER_NV_SWAP_PAIR_REGS", "0") == "1"
+# The weights loaded as int32 words straight into registers a step ahead, every step's activations held in shared
+# memory, no ring and no barrier in the K loop: bit-equal, slower at one token (up 38.5 -> 57.0 us, down 21.4 ->
+# 24.5; L2-only loads the same), so it was removed too (docs/performance.md, thirty-ninth pass).
 # Under PDL, the down launch asks for its ring's first weight tiles and its scale words before its wait (only h, the
 # up launch's output, after it), so they stream while the up launch ends, as the FP8 GEMV does with its weights.
-# The same bytes into the same slots (bit-equal by construction). Opt-in until measured
-# (``DEEPINFER_NV_SWAP_EARLY_WEIGHTS=1``).
-PAIR_EARLY_WEIGHTS = os.environ.get("DEEPINFER_NV_SWAP_EARLY_WEIGHTS", "0") == "1"
+# The same bytes into the same slots (bit-equal by construction; device replay test). On since the thirty-ninth pass
+# (H100, V4.1 batch 1 pipelined 2.33 / 2.30 -> 2.28 / 2.27 ms, alternated); ``DEEPINFER_NV_SWAP_EARLY_WEIGHTS=0``: off.
+PAIR_EARLY_WEIGHTS = os.environ.get("DEEPINFER_NV_SWAP_EARLY_WEIGHTS", "1") == "1"
 _GLUON = _swap.available()
 
 if _GLUON:
@@ -339,14 +339,6 @@ def launch(up: bool, grid: int, x, pair, bexp, w, s, wb, sb, wt, out, p: int, ne
     prefetch = PAIR_L2_PREFETCH if prefetch is None else prefetch
     prefetch = prefetch if prefetch > stages - 1 else 0
     words = [a.view(torch.int32) for a in (s, sb)]  # a row's 4 scale bytes of a 128-column tile as one word
-    if PAIR_REGS:
-        from deepinfer_nvidia.kernels import gluon_swap_regs
-
-        if gluon_swap_regs.fits(k):
-            gluon_swap_regs.launch(up, grid, x, pair, bexp, w, words[0], wb, words[1], wt, out, p, ne, n, k, stride_x,
-                                   limit, nt, topk, safe, skip_pad, PAIR_BLOCK_M,
-                                   PAIR_MAXNREG if up else PAIR_DOWN_MAXNREG)
-            return
     _swap_pair_kernel[(grid,)](x, pair, bexp, w, words[0], wb, words[1], wt, out, p, ne, n, k, k // 2, stride_x,
                                float(limit), nt,
                                TOPK=topk, UP=int(up), BLOCK_M=PAIR_BLOCK_M, STAGES=stages, SAFE=int(safe),

@@ -10,22 +10,19 @@ import torch
 _PAIR_SHIFTS = ((6, False, 12), (2, False, 8), (2, True, 4), (6, True, 0))
 
 
-def _pair_asm(shift_a: int, right: bool, shift_b: int, out: int, safe: bool, scale: int = 5) -> str:
-    """PTX for one output register: nibbles j and j+4 of word $4 -> bf16x2 (exact) times the scale ``$scale``."""
+def _pair_asm(shift_a: int, right: bool, shift_b: int, out: int, safe: bool) -> str:
+    """PTX for one output register: nibbles j and j+4 of word $4 -> bf16x2 (exact) times the scale $5."""
     a = f"shr.b32 a, $4, {shift_a}; " if right else f"shl.b32 a, $4, {shift_a}; "
     b = f"shl.b32 b, $4, {shift_b}; " if shift_b else "mov.b32 b, $4; "
-    mul = (f"mul.rn.bf16x2 a, a, c; mul.rn.bf16x2 ${out}, a, ${scale}; " if safe
-           else f"mul.rn.bf16x2 ${out}, a, ${scale}; ")
-    return a + b + "and.b32 b, b, 0x80008000; lop3.b32 a, a, 0x01C001C0, b, 0xEA; " + mul
+    scale = f"mul.rn.bf16x2 a, a, c; mul.rn.bf16x2 ${out}, a, $5; " if safe else f"mul.rn.bf16x2 ${out}, a, $5; "
+    return a + b + "and.b32 b, b, 0x80008000; lop3.b32 a, a, 0x01C001C0, b, 0xEA; " + scale
 
 
-def _word_asm(safe: bool, scale: int = 5) -> str:
+def _word_asm(safe: bool) -> str:
     """4 packed bytes (8 e2m1 nibbles) -> registers (e0,e4) (e1,e5) | (e2,e6) (e3,e7) as scaled bf16x2.
-    Nibble j sits at bits 4j..4j+3: its magnitude goes to bits 6-8 and its sign to bit 15 (j+4: 22-24, 31).
-    Operands: outputs $0-$3, the word $4, the bf16x2 scale ``$scale`` (5; 6 where the word comes twice, as in
-    ``gluon_swap_regs``'s two-element packs)."""
+    Nibble j sits at bits 4j..4j+3: its magnitude goes to bits 6-8 and its sign to bit 15 (j+4: 22-24, 31)."""
     head = "{ .reg .b32 a, b, c; mov.b32 c, 0x7E807E80; "  # c = 2^126 in both bf16 halves
-    return head + "".join(_pair_asm(*shifts, out, safe, scale) for out, shifts in enumerate(_PAIR_SHIFTS)) + "}"
+    return head + "".join(_pair_asm(*shifts, out, safe) for out, shifts in enumerate(_PAIR_SHIFTS)) + "}"
 
 
 def _bf16x2_mul(x: int, y: int) -> int:

@@ -1,15 +1,11 @@
 """Diagnostic (not a pytest file): does the paired swap's down launch change with its register cap at one token?
 
     python -m deepinfer_nvidia.tests.probe_down_cap [--caps 128,64,128,64] [--tokens 1] [--eager N]
-        [--variants ring,regs,regs:1:2]
 
 For each cap (``gluon_swap_pair.PAIR_DOWN_MAXNREG``, read at launch) the V4.1-shaped MXFP4 experts call
 (``swap_mxfp4(paired=True)``) is replayed from a CUDA graph under torch.profiler: per-kernel GPU times in launch
 order, then each compiled ``_swap_pair_kernel`` variant's registers, spills and shared memory, and the programs
 an SM those allow (256 threads a program, 64K registers and 228 KB an SM), so a flat timing can be told from a cap that never applied.
-``--variants``: for each, every cap in turn: ``ring`` (the paired kernel's ``cp.async`` ring), ``regs`` (the weights
-loaded into registers, ``gluon_swap_pair.PAIR_REGS``, at the default depths) or ``regs:UP:DOWN`` (its depths;
-``regs:UP:DOWN:ca``: with L1-allocating loads instead of ``.cg``).
 """
 from __future__ import annotations
 
@@ -35,13 +31,9 @@ def main() -> None:
     ap.add_argument("--caps", default="128,64,128,64")
     ap.add_argument("--tokens", default="1")
     ap.add_argument("--eager", type=int, default=0, help="N plain calls a cap, nothing timed (for ncu)")
-    ap.add_argument("--variants", default="ring", help="ring, regs or regs:UP:DOWN, each with every cap")
     args = ap.parse_args()
     import deepinfer_nvidia.kernels.gluon_moe_swap as sw
     import deepinfer_nvidia.kernels.gluon_swap_pair as gp
-    import deepinfer_nvidia.kernels.gluon_swap_regs as gr
-
-    depths0 = (gr.REGS_DEPTH_UP, gr.REGS_DEPTH_DOWN)
 
     g = torch.Generator(device="cuda").manual_seed(0)
     E, K, D, F = 384, 6, 5120, 2304
@@ -51,24 +43,20 @@ def main() -> None:
         ids = torch.rand(t, E, generator=g, device="cuda").topk(K, dim=1).indices
         w = torch.rand(t, K, generator=g, device="cuda")
         ref = None
-        for var, cap in [(v, int(c)) for v in args.variants.split(",") for c in args.caps.split(",")]:
+        for cap in [int(v) for v in args.caps.split(",")]:
             gp.PAIR_DOWN_MAXNREG = cap
-            gp.PAIR_REGS = var.startswith("regs")
-            parts = var.split(":")
-            gr.REGS_DEPTH_UP, gr.REGS_DEPTH_DOWN = (int(parts[1]), int(parts[2])) if len(parts) >= 3 else depths0
-            gr.REGS_CG = not var.endswith(":ca")  # regs:UP:DOWN:ca: the default (L1-allocating) loads
             if args.eager:
                 for _ in range(args.eager):
                     sw.swap_mxfp4(x, w, ids, *ws, 10.0, paired=True)
                 torch.cuda.synchronize()
-                print(f"T={t} cap {cap} {var}: {args.eager} calls (up, down launches each)", flush=True)
+                print(f"T={t} cap {cap}: {args.eager} calls (up, down launches each)", flush=True)
                 continue
             out = sw.swap_mxfp4(x, w, ids, *ws, 10.0, paired=True)
             ref = out if ref is None else ref
             same = torch.equal(out, ref)
-            print(f"== T={t} down cap {cap} {var}: output bit-equal to the first setting's: {same}", flush=True)
-            _profile_kernels(lambda: sw.swap_mxfp4(x, w, ids, *ws, 10.0, paired=True), f"T={t} cap={cap} {var}")
-    for k in _compiled_variants(gp._swap_pair_kernel) + _compiled_variants(gr._swap_regs_kernel):
+            print(f"== T={t} down cap {cap}: output bit-equal to the first cap's: {same}", flush=True)
+            _profile_kernels(lambda: sw.swap_mxfp4(x, w, ids, *ws, 10.0, paired=True), f"T={t} cap={cap}")
+    for k in _compiled_variants(gp._swap_pair_kernel):
         md = getattr(k, "metadata", None)
         regs, spills = getattr(k, "n_regs", None), getattr(k, "n_spills", None)
         shared = getattr(md, "shared", None)
@@ -78,7 +66,7 @@ def main() -> None:
             by_regs = 65536 // (regs * 256)
             by_smem = (228 * 1024) // (shared + 1024)
             occ = min(by_regs, by_smem, 8)
-        print(f"compiled {getattr(md, 'name', '?')}: maxnreg {maxnreg} registers {regs} spills {spills} shared {shared}"
+        print(f"compiled _swap_pair_kernel: maxnreg {maxnreg} registers {regs} spills {spills} shared {shared}"
               f" -> programs an SM by registers/shared: {occ}")
 
 

@@ -1,8 +1,8 @@
 """The swap experts on two warpgroups a program (``gluon_swap_pair``, SM90 only) against the reference on the GPU:
 odd and even K-tile counts (the second warpgroup's last tile masked or not), 1-17 tokens including every pair on
 one expert (several 8-pair blocks), both decodes, graph replays with fresh inputs, V4.1's widths against the
-one-warpgroup kernel, and the default policy (1 token takes it, 64 do not); the register-loading form
-(``PAIR_REGS``, ``gluon_swap_regs``) against the paired kernel bit for bit. Outputs are poisoned with NaN first."""
+one-warpgroup kernel, the default policy (1 token takes it, 64 do not), and the down launch's early weight requests
+under PDL (``PAIR_EARLY_WEIGHTS``) in graph replays. Outputs are poisoned with NaN first."""
 from __future__ import annotations
 
 import pytest
@@ -52,14 +52,9 @@ def test_swap_pair_against_reference(t, k, route, d, f, safe):
     close(out, ref, 3e-2, 3e-2)
 
 
-@pytest.mark.parametrize("regs", [False, True])
-def test_swap_pair_graph_replay(monkeypatch, regs):
-    """Captured once, replayed on fresh inputs and routings: each replay matches an eager call bit for bit (the
-    ring kernel and the register-loading one, ``PAIR_REGS``)."""
+def test_swap_pair_graph_replay():
+    """Captured once, replayed on fresh inputs and routings: each replay matches an eager call bit for bit."""
     sw = _swap()
-    from deepinfer_nvidia.kernels import gluon_swap_pair as gp
-
-    monkeypatch.setattr(gp, "PAIR_REGS", regs)
     ref, cu = _case(2600, 1, 6, "rand", 16, 640, 384)
     x, w, ids = (a.clone() for a in cu[:3])
     sw.swap_mxfp4(x, w, ids, *cu[3:], 1.0, paired=True)  # compile outside the capture
@@ -115,50 +110,6 @@ def test_swap_pair_default_policy(monkeypatch):
     ids, w = (a.cuda() for a in _routing(1, 6, e, "rand", g))
     sw.swap_mxfp4(x, w, ids, *ws, 1.0)
     assert calls == []
-
-
-def _regs_modules(monkeypatch, depths: tuple[int, int]):
-    from deepinfer_nvidia.kernels import gluon_swap_pair as gp, gluon_swap_regs as gr
-
-    monkeypatch.setattr(gr, "REGS_DEPTH_UP", depths[0])
-    monkeypatch.setattr(gr, "REGS_DEPTH_DOWN", depths[1])
-    return gp
-
-
-@pytest.mark.parametrize("d,f,t,route", [(640, 384, 1, "rand"), (512, 256, 3, "skew"), (640, 384, 17, "rand"),
-                                         (512, 256, 8, "one")])
-@pytest.mark.parametrize("safe", [None, True])
-@pytest.mark.parametrize("depths", [(1, 1), (1, 2), (2, 2)])
-def test_swap_regs_equals_pair(monkeypatch, d, f, t, route, safe, depths):
-    """``PAIR_REGS``: the weights loaded into registers 1-2 steps ahead, the activations held in shared memory, no
-    barrier in the K loop. The same decode, wgmma K order and fold as the ring kernel, so the output is its bits
-    (odd and even K-tile counts, several 8-pair blocks, both decodes), and within the reference's tolerance."""
-    sw = _swap()
-    gp = _regs_modules(monkeypatch, depths)
-    ref, cu = _case(3300 + d + t, t, 6, route, 16, d, f)
-    poison()
-    want = sw.swap_mxfp4(*cu, 1.0, safe=safe, paired=True)
-    monkeypatch.setattr(gp, "PAIR_REGS", True)
-    poison()
-    got = sw.swap_mxfp4(*cu, 1.0, safe=safe, paired=True)
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
-    close(got, ref, 3e-2, 3e-2)
-
-
-@pytest.mark.parametrize("t", [1, 2, 4])
-def test_swap_regs_model_width(monkeypatch, t):
-    """V4.1's widths (D 5120: 20 steps of activations, 80 KB; F 2304: 9 steps), the default depths: the ring
-    kernel's bits."""
-    sw = _swap()
-    from deepinfer_nvidia.kernels import gluon_swap_pair as gp
-
-    x, w, ids, ws = _model_width(3400 + t, t)
-    poison()
-    want = sw.swap_mxfp4(x, w, ids, *ws, 1.0, paired=True)
-    monkeypatch.setattr(gp, "PAIR_REGS", True)
-    poison()
-    got = sw.swap_mxfp4(x, w, ids, *ws, 1.0, paired=True)
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("t", [1, 3])
