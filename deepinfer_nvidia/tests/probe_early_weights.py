@@ -1,0 +1,50 @@
+"""Diagnostic (not a pytest file): the paired swap call at V4.1's widths under PDL, with and without the down
+launch's early weight requests (``gluon_swap_pair.PAIR_EARLY_WEIGHTS``).
+
+    python -m deepinfer_nvidia.tests.probe_early_weights [--tokens 1] [--order 0,1,0,1,0,1] [--calls 8]
+
+Each setting: ``--calls`` back-to-back calls in one CUDA graph (so each up launch follows a down launch and each
+down launch an up launch, as in a decode step), replayed by ``graph_timing.graph_us`` (median), us a call; the
+outputs are compared with the first setting's bit for bit. A whole decode step's rows move by 10-30 us between
+readings; this isolates the one boundary the early requests change.
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from deepinfer_nvidia.tests.bench_swap import _packed
+from deepinfer_nvidia.tests.graph_timing import graph_us
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", default="1")
+    ap.add_argument("--order", default="0,1,0,1,0,1")
+    ap.add_argument("--calls", type=int, default=8)
+    args = ap.parse_args()
+    import deepinfer_nvidia.kernels.gluon_moe_swap as sw
+    import deepinfer_nvidia.kernels.gluon_swap_pair as gp
+    from deepinfer_nvidia.kernels.triton_pdl import pdl_launch
+
+    print(f"PDL launch options: {pdl_launch()}", flush=True)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    E, K, D, F = 384, 6, 5120, 2304
+    ws = (*_packed(E, F, D, g), *_packed(E, F, D, g), *_packed(E, D, F, g))
+    for t in [int(v) for v in args.tokens.split(",")]:
+        x = torch.randn(t, D, generator=g, device="cuda").to(torch.bfloat16)
+        ids = torch.rand(t, E, generator=g, device="cuda").topk(K, dim=1).indices
+        w = torch.rand(t, K, generator=g, device="cuda")
+        ref = None
+        for v in [int(s) for s in args.order.split(",")]:
+            gp.PAIR_EARLY_WEIGHTS = bool(v)
+            out = sw.swap_mxfp4(x, w, ids, *ws, 10.0, paired=True)
+            ref = out if ref is None else ref
+            us = graph_us(lambda: sw.swap_mxfp4(x, w, ids, *ws, 10.0, paired=True), calls=args.calls, rep=200)
+            print(f"[early T={t} early={v}] {us:.2f} us a call; bit-equal to the first: {torch.equal(out, ref)}",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
