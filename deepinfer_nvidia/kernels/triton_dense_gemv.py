@@ -29,6 +29,7 @@ from deepinfer_core.kernels.ops.gemm import _check_x, check_dense_wide, dense, d
 from deepinfer_nvidia.kernels._common import FLOATS, hand_off, next_pow2
 from deepinfer_nvidia.kernels.aten_ops import gemm_dense as cublas_dense
 from deepinfer_nvidia.kernels.aten_ops import supports_dense  # the same operands: the kernel's or cuBLAS's
+from deepinfer_nvidia.kernels.l2_prefetch import prefetch_asm
 from deepinfer_nvidia.kernels.triton_pdl import pdl_enter, pdl_launch
 
 # rows served (``DEEPINFER_NV_DENSE_GEMV_ROWS=0`` hands every call to cuBLAS, for A/B runs)
@@ -38,6 +39,12 @@ BLOCK_N = 16
 TILE_ELEMS = 8192  # BLOCK_M x BLOCK_N x BLOCK_K products a tile: 64 a thread of 4 warps (BLOCK_K 512 at 1 row)
 MAX_SPLIT = 16  # the last program adds at most this many partials (an unrolled loop of independent loads)
 PROGRAMS = 4  # programs per SM to aim for with the K split
+# Under PDL, each program asks L2 for its first weight tile (``prefetch.global.L2``, one 128-byte line a request)
+# before its wait, so the weights stream while the kernel before it runs (at one row the router's 7.9 MB are one
+# tile a program). A prefetch returns nothing and L2 is coherent, so the result cannot change. Opt-in until measured
+# (``DEEPINFER_NV_DENSE_EARLY_L2=1``; ``probe_early_weights --router``).
+EARLY_L2 = os.environ.get("DEEPINFER_NV_DENSE_EARLY_L2", "0") == "1"
+_PF_LINE = tl.constexpr(prefetch_asm(0))
 
 
 @triton.jit
@@ -69,6 +76,20 @@ def _split_products(x_ptr, w_ptr, M, N, K, stride_x, stride_w, k_per_split, BLOC
 
 
 @triton.jit
+def _prefetch_first_tile(w_ptr, N, K, stride_w, k_per_split, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Ask L2 for the 128-byte lines of this program's first K tile of w (rows ``rn``, BLOCK_K columns of its split)."""
+    EB: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
+    PER: tl.constexpr = 128 // EB  # elements a line
+    LINES: tl.constexpr = BLOCK_K // PER if BLOCK_K >= PER else 1
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_lo = tl.program_id(1) * k_per_split
+    cols = k_lo + tl.arange(0, LINES) * PER
+    ok = (rn[:, None] < N) & (cols[None, :] < tl.minimum(k_lo + k_per_split, K))
+    ptr = w_ptr + rn[:, None].to(tl.int64) * stride_w + cols[None, :]
+    tl.inline_asm_elementwise(_PF_LINE, "=r,l,r", [ptr, ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _split_total(part_ptr, out, omask, M, N, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """The SPLIT fp32 partials [SPLIT, M, N] of a tile added in split order (whichever program arrived last), read
     from L2 (``.cg``: other programs wrote them)."""
@@ -81,11 +102,14 @@ def _split_total(part_ptr, out, omask, M, N, SPLIT: tl.constexpr, BLOCK_M: tl.co
 @triton.jit
 def _dense_gemv_kernel(x_ptr, w_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, stride_x, stride_w, k_per_split,
                        SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       PDL: tl.constexpr = 0, WIDEN: tl.constexpr = 0):
+                       PDL: tl.constexpr = 0, WIDEN: tl.constexpr = 0, EARLY: tl.constexpr = 0):
     """Program (row tile of BLOCK_N weight rows, K split): ``y[m, n] = sum_k x[m, k] * w[n, k]`` over this split's
     K range, m < M <= BLOCK_M. x [M, K] (row stride ``stride_x``), w [N, K] (row stride ``stride_w``), y [M, N] in
     x's dtype (WIDEN: in w's dtype, x widened to it instead of w rounded to x's); part [SPLIT, M, N] fp32 and cnt
-    (zeroed int32 per row tile, reset here) when SPLIT > 1."""
+    (zeroed int32 per row tile, reset here) when SPLIT > 1. EARLY (under PDL, ``EARLY_L2``): the first weight tile
+    asked of L2 before the wait."""
+    if PDL and EARLY:  # weights: requested while the kernel before runs (a prefetch writes nothing)
+        _prefetch_first_tile(w_ptr, N, K, stride_w, k_per_split, BLOCK_N, BLOCK_K)
     pdl_enter(PDL)
     pid_n = tl.program_id(0)
     acc, rn, nmask, out, omask = _split_products(x_ptr, w_ptr, M, N, K, stride_x, stride_w, k_per_split, BLOCK_M,
@@ -139,7 +163,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, sms: int, widen: bool = False, out_dt
     cnt = _counters(x.device, tiles) if split > 1 else part
     _dense_gemv_kernel[(tiles, split)](x, w, y, part, cnt, m, n, k, x.stride(0), w.stride(0), k_per, SPLIT=split,
                                        BLOCK_M=bm, BLOCK_N=BLOCK_N, BLOCK_K=bk, num_warps=4, WIDEN=int(widen),
-                                       **pdl_launch())
+                                       EARLY=int(EARLY_L2), **pdl_launch())
     return y
 
 

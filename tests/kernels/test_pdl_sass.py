@@ -67,6 +67,10 @@ def test_every_pdl_kernel_waits_first_and_every_launch_passes_the_option():
             if name == "_swap_pair_kernel":  # EARLY_W: its down launch asks for weights before the wait (its own
                 # SASS test: test_gluon_swap_pair_sass.py); otherwise the same first statement
                 forms.append("if PDL and (not EARLY_W):\n    _grid_dependency(True)\n    _grid_dependency(False)")
+            body = _body_without_docstring(fn)
+            if name == "_dense_gemv_kernel":  # EARLY: an L2 prefetch of its weights, then the wait (SASS test below)
+                assert ast.unparse(body[0]).startswith("if PDL and EARLY:\n    _prefetch_first_tile("), (fname, name)
+                first = ast.unparse(body[1])
             assert first in forms, (fname, name, first)
             launches = [c for c in ast.walk(tree) if isinstance(c, ast.Call) and isinstance(c.func, ast.Subscript)
                         and ast.unparse(c.func.value) == name]
@@ -164,3 +168,25 @@ def test_wait_then_release_before_any_global_access(case):
     assert ops.count("ACQBULK") == 1 and ops.count("PREEXIT") == 1, ops
     first_access = min(i for i, o in enumerate(ops) if o.startswith(("LDG", "STG", "LD.", "ST.")))
     assert ops.index("ACQBULK") < ops.index("PREEXIT") < first_access, ops[:first_access + 1]
+
+
+def test_dense_gemv_asks_l2_for_its_weights_before_the_wait_only_when_early():
+    """``triton_dense_gemv.EARLY_L2``: line prefetches (``CCTL``) of the program's first weight tile come before the
+    wait (``ACQBULK``) under PDL; without EARLY nothing is asked before it."""
+    from deepinfer_nvidia.kernels import triton_dense_gemv as dg
+    from deepinfer_nvidia.tests.sass_count import count, missing_tools, opcodes
+
+    if missing_tools(dg):
+        pytest.skip(missing_tools(dg))
+    sig = {"x_ptr": "*bf16", "w_ptr": "*fp32", "y_ptr": "*fp32", "part_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32",
+           "N": "i32", "K": "i32", "stride_x": "i32", "stride_w": "i32", "k_per_split": "i32"}
+    consts = {"SPLIT": 10, "BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 512, "PDL": 1, "WIDEN": 1}
+
+    def before_wait(early):
+        ops = opcodes(count(dg._dense_gemv_kernel, sig, dict(consts, EARLY=early), warps=4)["sass"])
+        acq = ops.index("ACQBULK")
+        assert ops.count("ACQBULK") == 1 and acq < ops.index("PREEXIT")
+        return [o for o in ops[:acq] if o.startswith(("CCTL", "LDG", "STG"))]
+    early = before_wait(1)
+    assert early and all(o.startswith("CCTL") for o in early), early
+    assert before_wait(0) == []
