@@ -15,6 +15,12 @@ that waits for it also waits for every kernel before. Kernels without PDL (torch
 overlap but not the correctness: a PDL launch after them is an ordinary launch, and they start after a PDL
 kernel completes.
 
+The exceptions read, before their wait, only what no kernel in the chain is still writing: the wgmma GEMVs
+request their first weight tiles; the swap experts' down launch (``gluon_swap_pair`` ``EARLY_W``) its weight tiles,
+scale words and the ids written by the align launch two kernels back, which was complete before the up launch's
+wait returned; the dense GEMV (``triton_dense_gemv`` ``EARLY``) asks L2 for weight lines, a request that returns
+nothing. ``tests/kernels/test_pdl_sass.py`` holds every other kernel to the rule.
+
 ``_common.PDL`` (on by default; ``DEEPINFER_NV_PDL=0`` turns it off) switches it for the launches that pass
 ``**pdl_launch()`` (the wgmma GEMV takes its default from it too); the interpreter (CPU tests) and devices before
 SM90 never get the launch option.
