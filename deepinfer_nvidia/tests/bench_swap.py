@@ -35,6 +35,20 @@ def _packed(e, n, k, g, scale_lo=None, scale_hi=None):
     return w, s.view(torch.float8_e8m0fnu)
 
 
+def v41_cases(tokens: str, seed: int = 0):
+    """V4.1's routed experts on the GPU (MXFP4 stacks of 384 experts, D 5120, F 2304: w1, w3, w2 with scales) and,
+    for each token count of the comma-separated ``tokens``, random (t, x [t, D] bf16, weights [t, 6], ids [t, 6]):
+    yields ``(t, x, w, ids, stacks)``. The probes' common case."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    e, k, d, f = 384, 6, 5120, 2304
+    stacks = (*_packed(e, f, d, g), *_packed(e, f, d, g), *_packed(e, d, f, g))
+    for t in [int(v) for v in tokens.split(",")]:
+        x = torch.randn(t, d, generator=g, device="cuda").to(torch.bfloat16)
+        ids = torch.rand(t, e, generator=g, device="cuda").topk(k, dim=1).indices
+        w = torch.rand(t, k, generator=g, device="cuda")
+        yield t, x, w, ids, stacks
+
+
 def _rel(a, b):
     a, b = a.float(), b.float()
     if not torch.isfinite(a).all():

@@ -13,7 +13,7 @@ import argparse
 
 import torch
 
-from deepinfer_nvidia.tests.bench_swap import _packed, _profile_kernels
+from deepinfer_nvidia.tests.bench_swap import _profile_kernels, v41_cases
 
 
 def _compiled_variants(fn) -> list:
@@ -35,13 +35,7 @@ def main() -> None:
     import deepinfer_nvidia.kernels.gluon_moe_swap as sw
     import deepinfer_nvidia.kernels.gluon_swap_pair as gp
 
-    g = torch.Generator(device="cuda").manual_seed(0)
-    E, K, D, F = 384, 6, 5120, 2304
-    ws = (*_packed(E, F, D, g), *_packed(E, F, D, g), *_packed(E, D, F, g))
-    for t in [int(v) for v in args.tokens.split(",")]:
-        x = torch.randn(t, D, generator=g, device="cuda").to(torch.bfloat16)
-        ids = torch.rand(t, E, generator=g, device="cuda").topk(K, dim=1).indices
-        w = torch.rand(t, K, generator=g, device="cuda")
+    for t, x, w, ids, ws in v41_cases(args.tokens):
         ref = None
         for cap in [int(v) for v in args.caps.split(",")]:
             gp.PAIR_DOWN_MAXNREG = cap

@@ -16,7 +16,7 @@ import argparse
 
 import torch
 
-from deepinfer_nvidia.tests.bench_swap import _packed
+from deepinfer_nvidia.tests.bench_swap import v41_cases
 from deepinfer_nvidia.tests.graph_timing import graph_us
 
 
@@ -34,13 +34,7 @@ def main() -> None:
     from deepinfer_nvidia.kernels.triton_pdl import pdl_launch
 
     print(f"PDL launch options: {pdl_launch()}", flush=True)
-    g = torch.Generator(device="cuda").manual_seed(0)
-    E, K, D, F = 384, 6, 5120, 2304
-    ws = (*_packed(E, F, D, g), *_packed(E, F, D, g), *_packed(E, D, F, g))
-    for t in [int(v) for v in args.tokens.split(",")]:
-        x = torch.randn(t, D, generator=g, device="cuda").to(torch.bfloat16)
-        ids = torch.rand(t, E, generator=g, device="cuda").topk(K, dim=1).indices
-        w = torch.rand(t, K, generator=g, device="cuda")
+    for t, x, w, ids, ws in v41_cases(args.tokens):
         ref = None
         for v in [int(s) for s in args.order.split(",")]:
             gp.PAIR_EARLY_WEIGHTS = bool(v)
