@@ -560,12 +560,9 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
         pair_path.launch(True, nb * nt1, xp, pair, bexp, u8[0], u8[1], u8[2], u8[3], wt, h, p, ne, f, d,
                          xp.stride(0), limit, nt1, k, safe, False, stages)
         y = torch.empty(p, d, dtype=torch.float32, device=x.device)
-        fused = pair_path.PAIR_SUM_IN_DOWN and t * nt2 <= (1 << 16)  # the shared counters cover 65536 tiles
-        sums = torch.empty(t, d, dtype=x.dtype, device=x.device) if fused else None
         pair_path.launch(False, nb * nt2, h, pair, bexp, u8[4], u8[5], u8[4], u8[5], wt, y, p, ne, d, f, f,
-                         limit, nt2, k, safe, SWAP_DOWN_SKIP_PAD, stages, sums=sums,
-                         cnt=_counters(x.device, t * nt2) if fused else None)
-        return sums if fused else sum_slices(y, t, d, k, d, k * d, x.dtype)
+                         limit, nt2, k, safe, SWAP_DOWN_SKIP_PAD, stages)
+        return sum_slices(y, t, d, k, d, k * d, x.dtype)
     if split is None:  # programs that can hold pairs: at most min(E, P) + P // BLOCK_M blocks (num_blocks - 1)
         live = max(1, nb - 1)
         split = (policy.split_for(live * nt1, kt1, _sm_count(x.device)), 1)

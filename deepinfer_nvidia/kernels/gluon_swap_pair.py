@@ -65,11 +65,9 @@ PAIR_L2_PREFETCH = int(os.environ.get("DEEPINFER_NV_SWAP_L2_PREFETCH", "0"))
 # The same bytes into the same slots (bit-equal by construction; device replay test). On since the thirty-ninth pass
 # (H100, V4.1 batch 1 pipelined 2.33 / 2.30 -> 2.28 / 2.27 ms, alternated); ``DEEPINFER_NV_SWAP_EARLY_WEIGHTS=0``: off.
 PAIR_EARLY_WEIGHTS = os.environ.get("DEEPINFER_NV_SWAP_EARLY_WEIGHTS", "1") == "1"
-# The slot sum (``sum_slices``, one launch a layer after the down launch) done by the down launch's programs: the
-# one that stores a token's last pair row of a 64-column tile adds the token's rows in slot order (the same bits).
-# One launch fewer on the batch-1 chain for an acquire-release count and a few L2 reads in some programs' tails.
-# Opt-in until measured (``DEEPINFER_NV_SWAP_SUM_IN_DOWN=1``; ``probe_early_weights --sum``).
-PAIR_SUM_IN_DOWN = os.environ.get("DEEPINFER_NV_SWAP_SUM_IN_DOWN", "0") == "1"
+# The slot sum (``sum_slices``) done inside the down launch by the program that stores a token's last pair row of a
+# tile (acquire-release counts, the same bits) was slower: one token's call 60.3 -> 61.7 us, two 114.6 -> 117.8
+# (H100, docs/performance.md, thirty-ninth pass), so the launch stays.
 _GLUON = _swap.available()
 
 if _GLUON:
@@ -181,40 +179,18 @@ if _GLUON:
         return even + odd
 
     @gluon.jit
-    def _sum_tokens(y_ptr, sum_ptr, cnt_ptr, pair_ptr, blk, tile, rn, P, N, NT, TOPK: gl.constexpr,
-                    BLOCK_M: gl.constexpr, LO: gl.constexpr):
-        """``sum_slices`` inside the down launch: after this program's y rows [BLOCK_M pairs, 64 columns ``rn``] are
-        stored, each of its real pairs (p = t * TOPK + s) counts one arrival for (token t, this tile) in ``cnt_ptr``
-        ([T, NT] int32, zero, reset here); the arrival that completes TOPK adds the token's TOPK fp32 rows of the
-        tile in slot order (``sum_slices``' sum, so the same bits) and stores them in ``sum_ptr`` [T, N] (its
-        dtype). The rows of other programs are read from L2 (``.cg``) after the acquiring count."""
-        _cta_barrier()  # every warp's y rows are stored before the arrival is counted
-        for m in gl.static_range(BLOCK_M):
-            p = gl.load(pair_ptr + blk * BLOCK_M + m)
-            if p < P:
-                t = p // TOPK
-                if gl.atomic_add(cnt_ptr + t * NT + tile, 1, sem="acq_rel") == TOPK - 1:
-                    acc = gl.zeros([64], gl.float32, layout=gl.SliceLayout(1, LO))
-                    for sl in gl.static_range(TOPK):
-                        acc += gl.load(y_ptr + (t * TOPK + sl).to(gl.int64) * N + rn, mask=rn < N, other=0.0,
-                                       cache_modifier=".cg")
-                    gl.store(sum_ptr + t.to(gl.int64) * N + rn, acc.to(sum_ptr.dtype.element_ty), mask=rn < N)
-                    gl.atomic_xchg(cnt_ptr + t * NT + tile, 0)
-
-    @gluon.jit
     def _swap_pair_kernel(x_ptr, pair_ptr, bexp_ptr, wa_ptr, sa_ptr, wb_ptr, sb_ptr, wt_ptr, out_ptr, P, E, N, K,
                           row_bytes, stride_x, limit, NT, TOPK: gl.constexpr, UP: gl.constexpr,
                           BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SAFE: gl.constexpr,
                           SKIP_PAD: gl.constexpr, KT_PAD: gl.constexpr, num_warps: gl.constexpr,
                           PDL: gl.constexpr = 0, PREFETCH: gl.constexpr = 0, PF_LINE: gl.constexpr = 1,
-                          EARLY_W: gl.constexpr = 0, SUM: gl.constexpr = 0, sum_ptr=None, cnt_ptr=None):
+                          EARLY_W: gl.constexpr = 0):
         """One (expert block, 64-row tile) of ``gluon_moe_swap._swap_kernel`` (AREG 2, no split; the same
         arguments, layouts and outputs; the scale stacks as int32 words) on two warpgroups, each taking every other
         128-column K tile. ``KT_PAD``: a power of 2 >= the steps, cdiv(K / 128, 2). ``PREFETCH`` (> STAGES - 1):
         steps asked of L2 ahead of the ring (``PAIR_L2_PREFETCH``). ``EARLY_W`` (the down launch under PDL,
         ``PAIR_EARLY_WEIGHTS``): the ring's first weight tiles and the scale words are requested before the wait, the
-        activations (the up launch's ``h``) after it. ``SUM`` (the down launch, ``PAIR_SUM_IN_DOWN``): the program
-        that stores a token's last pair row of a tile also adds that token's TOPK rows (``_sum_tokens``)."""
+        activations (the up launch's ``h``) after it."""
         if PDL and not EARLY_W:  # programmatic dependent launch (triton_pdl): wait for the previous kernel, release
             _grid_dependency(True)  # the next
             _grid_dependency(False)
@@ -348,8 +324,6 @@ if _GLUON:
             ym = gl.expand_dims(valid, 0) & nmask
             yoff = gl.expand_dims(pair.to(gl.int64) * N, 0) + gl.expand_dims(rn, 1)
             _down_finish(y, out_ptr, wt_ptr, pair, valid, yoff, ym)
-            if SUM:
-                _sum_tokens(out_ptr, sum_ptr, cnt_ptr, pair_ptr, blk, tile, rn, P, N, NT, TOPK, BLOCK_M, LO)
 
 
 def takes(programs: int, sms: int, d: int, f: int) -> bool:
@@ -361,12 +335,10 @@ def takes(programs: int, sms: int, d: int, f: int) -> bool:
 
 def launch(up: bool, grid: int, x, pair, bexp, w, s, wb, sb, wt, out, p: int, ne: int, n: int, k: int,
            stride_x: int, limit: float, nt: int, topk: int, safe: bool, skip_pad: bool, stages: int,
-           prefetch: int | None = None, sums=None, cnt=None) -> None:
+           prefetch: int | None = None) -> None:
     """One launch of ``_swap_pair_kernel`` (the arguments of ``gluon_moe_swap._swap_kernel``'s, byte stacks
     ``w`` and UE8M0 bytes ``s`` (``wb``/``sb``: w3 for the up launch, else repeated)), ``stages`` deep;
-    ``prefetch``: steps asked of L2 ahead (default ``PAIR_L2_PREFETCH``; 0 or at most ``stages - 1``: none).
-    ``sums`` [T, n] and ``cnt`` (zeroed int32, >= T * nt; the down launch only): each token's pair rows of ``out``
-    added in slot order into ``sums`` by the launch itself (``PAIR_SUM_IN_DOWN``)."""
+    ``prefetch``: steps asked of L2 ahead (default ``PAIR_L2_PREFETCH``; 0 or at most ``stages - 1``: none)."""
     prefetch = PAIR_L2_PREFETCH if prefetch is None else prefetch
     prefetch = prefetch if prefetch > stages - 1 else 0
     words = [a.view(torch.int32) for a in (s, sb)]  # a row's 4 scale bytes of a 128-column tile as one word
@@ -375,5 +347,4 @@ def launch(up: bool, grid: int, x, pair, bexp, w, s, wb, sb, wt, out, p: int, ne
                                TOPK=topk, UP=int(up), BLOCK_M=PAIR_BLOCK_M, STAGES=stages, SAFE=int(safe),
                                SKIP_PAD=int(skip_pad), KT_PAD=triton.next_power_of_2(triton.cdiv(k // 128, 2)),
                                num_warps=8, maxnreg=PAIR_MAXNREG if up else PAIR_DOWN_MAXNREG, PREFETCH=prefetch,
-                               PF_LINE=int(_l2.LINE), EARLY_W=int(PAIR_EARLY_WEIGHTS and not up),
-                               SUM=int(sums is not None), sum_ptr=sums, cnt_ptr=cnt, **pdl_launch())
+                               PF_LINE=int(_l2.LINE), EARLY_W=int(PAIR_EARLY_WEIGHTS and not up), **pdl_launch())

@@ -4,9 +4,6 @@ V4.1 router's GEMV ([384, 5120] fp32 weights, ``gemm.dense_wide``) with and with
 (``triton_dense_gemv.EARLY_L2``).
 
     python -m deepinfer_nvidia.tests.probe_early_weights [--tokens 1] [--order 0,1,0,1,0,1] [--calls 8] [--router]
-        [--sum]
-
-``--sum`` toggles ``gluon_swap_pair.PAIR_SUM_IN_DOWN`` (the slot sum done by the down launch) instead.
 
 Each setting: ``--calls`` back-to-back calls in one CUDA graph (so each up launch follows a down launch and each
 down launch an up launch, as in a decode step), replayed by ``graph_timing.graph_us`` (median), us a call; the
@@ -29,7 +26,6 @@ def main() -> None:
     ap.add_argument("--order", default="0,1,0,1,0,1")
     ap.add_argument("--calls", type=int, default=8)
     ap.add_argument("--router", action="store_true", help="the router GEMV after an RMSNorm instead of the experts")
-    ap.add_argument("--sum", action="store_true", help="toggle PAIR_SUM_IN_DOWN (the slot sum in the down launch)")
     args = ap.parse_args()
     if args.router:
         return _router(args)
@@ -41,12 +37,11 @@ def main() -> None:
     for t, x, w, ids, ws in v41_cases(args.tokens):
         ref = None
         for v in [int(s) for s in args.order.split(",")]:
-            setattr(gp, "PAIR_SUM_IN_DOWN" if args.sum else "PAIR_EARLY_WEIGHTS", bool(v))
+            gp.PAIR_EARLY_WEIGHTS = bool(v)
             out = sw.swap_mxfp4(x, w, ids, *ws, 10.0, paired=True)
             ref = out if ref is None else ref
             us = graph_us(lambda: sw.swap_mxfp4(x, w, ids, *ws, 10.0, paired=True), calls=args.calls, rep=200)
-            print(f"[{'sum' if args.sum else 'early'} T={t} on={v}] {us:.2f} us a call; bit-equal to the first: "
-                  f"{torch.equal(out, ref)}",
+            print(f"[early T={t} early={v}] {us:.2f} us a call; bit-equal to the first: {torch.equal(out, ref)}",
                   flush=True)
 
 

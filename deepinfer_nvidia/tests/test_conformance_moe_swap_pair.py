@@ -145,37 +145,3 @@ def test_swap_down_early_weights_replay(monkeypatch, t):
         want = sw.swap_mxfp4(x, w, ids, *ws, 1.0, paired=True)
         monkeypatch.setattr(gp, "PAIR_EARLY_WEIGHTS", True)
         torch.testing.assert_close(y, want, rtol=0, atol=0)
-
-
-@pytest.mark.parametrize("t,route", [(1, "rand"), (3, "rand"), (8, "one")])
-def test_swap_sum_in_down_equals_slot_sum(monkeypatch, t, route):
-    """``PAIR_SUM_IN_DOWN``: the down launch's programs add each token's slot rows themselves (the last arrival of a
-    tile, counted with acquire-release atomics) instead of the ``sum_slices`` launch: the same bits, eagerly and in
-    graph replays over fresh routings (so the counters are reused and must come back to zero)."""
-    sw = _swap()
-    from deepinfer_nvidia.kernels import gluon_swap_pair as gp
-
-    ref, cu = _case(3700 + t, t, 6, route, 16, 640, 384)
-    want = sw.swap_mxfp4(*cu, 1.0, paired=True)
-    monkeypatch.setattr(gp, "PAIR_SUM_IN_DOWN", True)
-    poison()
-    got = sw.swap_mxfp4(*cu, 1.0, paired=True)
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
-    close(got, ref, 3e-2, 3e-2)
-    x, w, ids = (a.clone() for a in cu[:3])
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y = sw.swap_mxfp4(x, w, ids, *cu[3:], 1.0, paired=True)
-    g = _gen(3800 + t)
-    for _ in range(3):
-        x.copy_(torch.randn(t, 640, generator=g).bfloat16())
-        nid, nw = _routing(t, 6, 16, route, g)
-        ids.copy_(nid)
-        w.copy_(nw)
-        y.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        monkeypatch.setattr(gp, "PAIR_SUM_IN_DOWN", False)
-        want = sw.swap_mxfp4(x, w, ids, *cu[3:], 1.0, paired=True)
-        monkeypatch.setattr(gp, "PAIR_SUM_IN_DOWN", True)
-        torch.testing.assert_close(y, want, rtol=0, atol=0)
