@@ -42,7 +42,7 @@ PROGRAMS = 4  # programs per SM to aim for with the K split
 # Under PDL, each program asks L2 for its first weight tile (``prefetch.global.L2``, one 128-byte line a request)
 # before its wait, so the weights stream while the kernel before it runs (at one row the router's 7.9 MB are one
 # tile a program). A prefetch returns nothing and L2 is coherent, so the result cannot change. On since the
-# thirty-ninth pass (H100, ``probe_early_weights --router``: an RMSNorm and the router GEMV 9.67 -> 9.10 us, bit-equal;
+# thirty-ninth pass (H100, ``probe_early_weights --router``: an RMSNorm and the router GEMV 9.69 -> 9.12 us, bit-equal;
 # 4 rows 17.52 -> 16.89); ``DEEPINFER_NV_DENSE_EARLY_L2=0``: off.
 EARLY_L2 = os.environ.get("DEEPINFER_NV_DENSE_EARLY_L2", "1") == "1"
 _PF_LINE = tl.constexpr(prefetch_asm(0))
