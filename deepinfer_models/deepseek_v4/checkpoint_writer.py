@@ -103,33 +103,35 @@ def master_value(name: str, shape: tuple[int, ...], cfg: DeepseekV4Config, g: to
     raise AssertionError(f"no initialiser for {name} {shape}")  # layout and writer out of sync
 
 
-def _spec_base(name: str) -> str:
-    return name[: -len(".weight")] if name.endswith(".weight") else name
+def quantised_tensors(specs: dict[str, TensorSpec], plain: dict[str, TensorSpec], value_of, seed: int,
+                      quantisers: dict) -> dict[str, torch.Tensor]:
+    """The writers' shared loop: for each tensor of the unquantised layout ``plain``, its master value
+    (``value_of(name, shape, generator)``, the generator seeded from ``(seed, name)``), stored as the quantised
+    layout ``specs`` says: a role in ``quantisers`` (role -> value -> (q, scale)) writes ``name`` and its ``.scale``
+    (``.weight`` dropped), any other the value in the spec's first dtype. Raises if the result is not exactly
+    ``specs``' names (writer and layout out of sync)."""
+    out: dict[str, torch.Tensor] = {}
+    for name, pspec in plain.items():
+        g = torch.Generator().manual_seed(tensor_seed(seed, name))
+        value = value_of(name, pspec.shape, g)
+        spec = specs[name]
+        quantise = quantisers.get(spec.role)
+        if quantise is not None:
+            base = name[: -len(".weight")] if name.endswith(".weight") else name
+            out[name], out[base + ".scale"] = quantise(value)
+        else:
+            out[name] = value.to(spec.dtypes[0]).contiguous()
+    if set(out) != set(specs):  # the writer must store exactly the documented layout
+        raise AssertionError(f"writer/layout mismatch: {sorted(set(out) ^ set(specs))[:5]}")
+    return out
 
 
 def make_tensors(cfg: DeepseekV4Config, seed: int = 0) -> dict[str, torch.Tensor]:
     """All checkpoint tensors for ``cfg`` (quantised per ``cfg.quant``), keyed by native name."""
-    specs = expected_tensors(cfg)
-    plain = expected_tensors(dataclasses.replace(cfg, quant=QuantConfig()))
     block = tuple(cfg.quant.weight_block_size)
-    out: dict[str, torch.Tensor] = {}
-    for name, pspec in plain.items():
-        g = torch.Generator().manual_seed(tensor_seed(seed, name))
-        value = master_value(name, pspec.shape, cfg, g)
-        spec: TensorSpec = specs[name]
-        if spec.role == "fp8_weight":
-            q, s = quant_fp8_block(value, block, cfg.quant.scale_fmt)
-            out[name], out[_spec_base(name) + ".scale"] = q, s
-        elif spec.role == "mxfp4_weight":
-            packed, s = quant_mxfp4(value)
-            out[name], out[_spec_base(name) + ".scale"] = packed, s
-        elif value.is_floating_point():
-            out[name] = value.to(spec.dtypes[0]).contiguous()
-        else:
-            out[name] = value.to(spec.dtypes[0])
-    if set(out) != set(specs):  # the writer must store exactly the documented layout
-        raise AssertionError(f"writer/layout mismatch: {sorted(set(out) ^ set(specs))[:5]}")
-    return out
+    quantisers = {"fp8_weight": lambda v: quant_fp8_block(v, block, cfg.quant.scale_fmt), "mxfp4_weight": quant_mxfp4}
+    return quantised_tensors(expected_tensors(cfg), expected_tensors(dataclasses.replace(cfg, quant=QuantConfig())),
+                             lambda name, shape, g: master_value(name, shape, cfg, g), seed, quantisers)
 
 
 def _tensor_bytes(t: torch.Tensor) -> int:
@@ -207,9 +209,17 @@ def write_tiny_v4_checkpoint(out_dir: str | Path, cfg: DeepseekV4Config | None =
     copy ``tokenizer.json`` / ``tokenizer_config.json`` (needs the real vocab).
     """
     cfg = dataclasses.replace(cfg or tiny_v4_config(), quant=resolve_quant(quant, QUANT_PRESETS))
+    return write_checkpoint(out_dir, cfg, make_tensors(cfg, seed), shard_max_bytes, tokenizer)
+
+
+def write_checkpoint(out_dir: str | Path, cfg, tensors: dict[str, torch.Tensor], shard_max_bytes: int | None = None,
+                     tokenizer: bool = True) -> Path:
+    """The writers' shared tail: validate ``cfg``, then ``out_dir`` with its ``config.json``, the ``tensors`` as
+    safetensors (sharded above ``shard_max_bytes``, with an index) and, with ``tokenizer``, the DeepSeek tokenizer
+    files. Returns ``out_dir`` as a Path."""
     cfg.validate()
     out = prepare_checkpoint_dir(out_dir, cfg.to_dict())
-    save_safetensors(make_tensors(cfg, seed), out, shard_max_bytes)
+    save_safetensors(tensors, out, shard_max_bytes)
     if tokenizer:
         src = tokenizer_dir()
         for f in TOKENIZER_FILES:

@@ -43,18 +43,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from deepinfer_models.deepseek_v4.checkpoint_writer import (
-    TOKENIZER_FILES,
-    prepare_checkpoint_dir,
-    save_safetensors,
-    tokenizer_dir,
-)
+from deepinfer_models.deepseek_v4.checkpoint_writer import write_checkpoint
 from deepinfer_models.deepseek_v41.checkpoint_writer import QUANT_PRESETS, make_tensors, tiny_v41_config
 
 OUT_SCALE = 1e-3  # residual-stream writers of every target layer
@@ -204,12 +198,8 @@ def write_agreeing_v41_checkpoint(out_dir: str | Path, agree_fraction: float = 0
     lang = make_language(num_tokens, agree_fraction, seed)
     config_overrides.setdefault("dspark_markov_rank", num_tokens + 1)
     cfg = dataclasses.replace(tiny_v41_config(topology, **config_overrides), quant=QUANT_PRESETS["none"])
-    cfg.validate()
-    out = prepare_checkpoint_dir(out_dir, cfg.to_dict())
-    save_safetensors(agreeing_tensors(cfg, lang, seed), out, None)
-    src = tokenizer_dir()
-    for f in TOKENIZER_FILES:
-        shutil.copyfile(src / f, out / f)
+    cfg.validate()  # before the tensors are made
+    write_checkpoint(out_dir, cfg, agreeing_tensors(cfg, lang, seed))
     return lang
 
 

@@ -21,20 +21,17 @@ name)``, so the none/fp8/fp4 variants of one seed hold the same underlying weigh
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from pathlib import Path
 
 import torch
 
 from deepinfer_core.kernels.ops.quant import quant_fp8_block, quant_mxfp4
 from deepinfer_models.deepseek_v4.checkpoint_writer import (
-    TOKENIZER_FILES,
     master_value,
-    prepare_checkpoint_dir,
+    quantised_tensors,
     resolve_quant,
-    save_safetensors,
-    tensor_seed,
     tokenizer_dir,
+    write_checkpoint,
 )
 from deepinfer_models.deepseek_v4.config import QuantConfig
 from deepinfer_models.deepseek_v41.config import DeepseekV41Config
@@ -131,27 +128,12 @@ def _all_specs(cfg: DeepseekV41Config) -> dict:
 
 def make_tensors(cfg: DeepseekV41Config, seed: int = 0) -> dict[str, torch.Tensor]:
     """All checkpoint tensors for ``cfg`` (quantised per ``cfg.quant``), keyed by native name."""
-    specs = _all_specs(cfg)
-    plain = _all_specs(dataclasses.replace(cfg, quant=QuantConfig()))
     block = tuple(cfg.quant.weight_block_size)
-    out: dict[str, torch.Tensor] = {}
-    for name, pspec in plain.items():
-        g = torch.Generator().manual_seed(tensor_seed(seed, name))
-        value = _value(name, pspec.shape, cfg, g)
-        spec = specs[name]
-        base = name[: -len(".weight")] if name.endswith(".weight") else name
-        if spec.role == "fp8_weight":
-            out[name], out[base + ".scale"] = quant_fp8_block(value, block, "ue8m0")
-        elif spec.role == "mxfp4_weight":
-            out[name], out[base + ".scale"] = quant_mxfp4(value)
-        elif spec.role == "engram_table" and cfg.quant.quantized:
-            # FP8 rows with one UE8M0 scale per 32 values = a [1, 32]-block quantisation
-            out[name], out[base + ".scale"] = quant_fp8_block(value, (1, 32), "ue8m0")
-        else:
-            out[name] = value.to(spec.dtypes[0]).contiguous()
-    if set(out) != set(specs):  # the writer must store exactly the documented layout
-        raise AssertionError(f"writer/layout mismatch: {sorted(set(out) ^ set(specs))[:5]}")
-    return out
+    quantisers = {"fp8_weight": lambda v: quant_fp8_block(v, block, "ue8m0"), "mxfp4_weight": quant_mxfp4}
+    if cfg.quant.quantized:  # FP8 table rows with one UE8M0 scale per 32 values = a [1, 32]-block quantisation
+        quantisers["engram_table"] = lambda v: quant_fp8_block(v, (1, 32), "ue8m0")
+    return quantised_tensors(_all_specs(cfg), _all_specs(dataclasses.replace(cfg, quant=QuantConfig())),
+                             lambda name, shape, g: _value(name, shape, cfg, g), seed, quantisers)
 
 
 def write_tiny_v41_checkpoint(out_dir: str | Path, cfg: DeepseekV41Config | None = None,
@@ -165,14 +147,7 @@ def write_tiny_v41_checkpoint(out_dir: str | Path, cfg: DeepseekV41Config | None
     tensors into shards plus an index; ``tokenizer`` copies the DeepSeek tokenizer files.
     """
     cfg = dataclasses.replace(cfg or tiny_v41_config(), quant=resolve_quant(quant, QUANT_PRESETS))
-    cfg.validate()
-    out = prepare_checkpoint_dir(out_dir, cfg.to_dict())
-    save_safetensors(make_tensors(cfg, seed), out, shard_max_bytes)
-    if tokenizer:
-        src = tokenizer_dir()
-        for f in TOKENIZER_FILES:
-            shutil.copyfile(src / f, out / f)
-    return out
+    return write_checkpoint(out_dir, cfg, make_tensors(cfg, seed), shard_max_bytes, tokenizer)
 
 
 __all__ = ["tiny_v41_config", "write_tiny_v41_checkpoint", "make_tensors", "QUANT_PRESETS", "TOPOLOGIES",
