@@ -15,6 +15,7 @@ import torch
 from deepinfer_core.runner.executor import PagedExecutor
 from deepinfer_core.runner.simple_driver import run_requests
 from deepinfer_models.deepseek_v41.loading import load_deepseek_v41
+from tests.models.paged_checks import batched_decode_matches_full
 from tests.models.v41_helpers import full_logits, prompt, tiny_ckpt
 from tests.oracle.v41_reference import RefV41
 
@@ -41,19 +42,10 @@ def test_paged_decode_and_batching_match_full_forward(case):
     """Prefill k tokens, then decode one at a time; every k in the same steps (batched)."""
     _, model = case
     ids = prompt(300, seed=7)
-    full = full_logits(model, ids)
-    ks = [1, 2, 5, 16, 17, 33, 130, 280]
     n_decode = 8
-    requests = [ids[: k + n_decode] for k in ks]
-    schedule = [[(i, k) for i, k in enumerate(ks)]] + [[(i, 1) for i in range(len(ks))] for _ in range(n_decode)]
-    ex = PagedExecutor(model, num_blocks=512, max_num_seqs=len(ks))
-    hidden = run_requests(ex, requests, schedule)
-    for i, k in enumerate(ks):
-        got = model.compute_logits(hidden[i])
-        diff = (got - full[: k + n_decode]).abs().max().item()
-        assert diff < 1e-4, f"k={k}: max |logit diff| {diff:.3g}"
+    hidden = batched_decode_matches_full(model, ids, [1, 2, 5, 16, 17, 33, 130, 280], n_decode)
     # batched == alone, bit for bit: the k=130 request on its own, same chunking
-    alone = run_requests(PagedExecutor(model, num_blocks=512, max_num_seqs=1), [requests[6]],
+    alone = run_requests(PagedExecutor(model, num_blocks=512, max_num_seqs=1), [ids[: 130 + n_decode]],
                          [[(0, 130)]] + [[(0, 1)]] * n_decode)[0]
     assert torch.equal(alone, hidden[6])
 

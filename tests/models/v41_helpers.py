@@ -14,9 +14,8 @@ from pathlib import Path
 
 import torch
 
-from deepinfer_core.runner.executor import PagedExecutor
-from deepinfer_core.runner.simple_driver import run_requests
 from deepinfer_models.deepseek_v41.checkpoint_writer import tiny_v41_config, write_tiny_v41_checkpoint
+from tests.models.paged_checks import full_logits, prompt
 
 torch.set_num_threads(1)
 
@@ -31,12 +30,4 @@ def tiny_ckpt(topology: str = "flash", quant: str = "none", seed: int = 1) -> Pa
                                      seed=seed)
 
 
-def prompt(n: int, seed: int = 0) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(3, 129000, (n,), generator=g).tolist()
-
-
-def full_logits(model, ids: list[int]) -> torch.Tensor:
-    """Teacher-forced logits of one sequence, prefilled in a single step through the paged path."""
-    ex = PagedExecutor(model, num_blocks=256, max_num_seqs=2)
-    return model.compute_logits(run_requests(ex, [ids], [[(0, len(ids))]])[0])
+__all__ = ["tiny_ckpt", "prompt", "full_logits"]  # prompt and full_logits: paged_checks', for the V4.1 tests
