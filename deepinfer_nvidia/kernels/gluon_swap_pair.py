@@ -107,13 +107,19 @@ if _GLUON:
             _cp_async(ring_b.index(stage), wb_ptr + woff3 + j * 128, mask=nm3 & gm)
 
     @gluon.jit
+    def _issue_x(ring_x, x_ptr, xoff, vx, xk, K, j, stage):
+        """cp.async of step ``j``'s 256 activation columns (K tiles 2j and 2j + 1) into ring slot ``stage``, columns
+        past K zero-filled, then one commit group (which also takes the weight copies issued since the last)."""
+        _cp_async(ring_x.index(stage), x_ptr + xoff + j * 256, mask=vx & (j * 256 + xk < K))
+        async_copy.commit_group()
+
+    @gluon.jit
     def _issue_pair(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, gcol3, xoff, vx, xk, KG, K, j, stage,
                     UP: gl.constexpr):
         """cp.async of step ``j`` (K tiles 2j and 2j + 1: 128 bytes of each weight row, 256 activation columns)
         into ring slot ``stage``; groups and columns past K are masked (zero-filled), then one commit group."""
         _issue_weights(ring_a, ring_b, wa_ptr, wb_ptr, woff3, nm3, gcol3, KG, j, stage, UP)
-        _cp_async(ring_x.index(stage), x_ptr + xoff + j * 256, mask=vx & (j * 256 + xk < K))
-        async_copy.commit_group()
+        _issue_x(ring_x, x_ptr, xoff, vx, xk, K, j, stage)
 
     @gluon.jit
     def _prefetch_rows(wa_ptr, wb_ptr, e64, tile, N, row_bytes, UP: gl.constexpr, LINE: gl.constexpr,
@@ -261,8 +267,7 @@ if _GLUON:
             _grid_dependency(True)
             _grid_dependency(False)
             for jp in gl.static_range(STAGES - 1):
-                _cp_async(ring_x.index(jp), x_ptr + xoff + jp * 256, mask=vx & (jp * 256 + xk < K))
-                async_copy.commit_group()
+                _issue_x(ring_x, x_ptr, xoff, vx, xk, K, jp, jp)
         else:
             for jp in gl.static_range(STAGES - 1):
                 _issue_pair(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, gcol3, xoff, vx, xk, KG, K,

@@ -52,26 +52,33 @@ def test_swap_pair_against_reference(t, k, route, d, f, safe):
     close(out, ref, 3e-2, 3e-2)
 
 
-def test_swap_pair_graph_replay():
-    """Captured once, replayed on fresh inputs and routings: each replay matches an eager call bit for bit."""
-    sw = _swap()
-    ref, cu = _case(2600, 1, 6, "rand", 16, 640, 384)
-    x, w, ids = (a.clone() for a in cu[:3])
-    sw.swap_mxfp4(x, w, ids, *cu[3:], 1.0, paired=True)  # compile outside the capture
+def _replays_match(sw, x, w, ids, stacks, seed: int, eager, e: int = 16) -> None:
+    """Capture ``swap_mxfp4(paired=True)`` on ``x``, ``w``, ``ids`` (updated in place) once, then replay it three times
+    on fresh activations and routings (over ``e`` experts): each replay must equal ``eager(x, w, ids)`` bit for bit."""
+    t, d = x.shape
+    sw.swap_mxfp4(x, w, ids, *stacks, 1.0, paired=True)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        y = sw.swap_mxfp4(x, w, ids, *cu[3:], 1.0, paired=True)
-    g = _gen(2601)
+        y = sw.swap_mxfp4(x, w, ids, *stacks, 1.0, paired=True)
+    g = _gen(seed)
     for _ in range(3):
-        x.copy_(torch.randn(1, 640, generator=g).bfloat16())
-        nid, nw = _routing(1, 6, 16, "rand", g)
+        x.copy_(torch.randn(t, d, generator=g).bfloat16())
+        nid, nw = _routing(t, ids.shape[1], e, "rand", g)
         ids.copy_(nid)
         w.copy_(nw)
         y.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        torch.testing.assert_close(y, sw.swap_mxfp4(x, w, ids, *cu[3:], 1.0, paired=True), rtol=0, atol=0)
+        torch.testing.assert_close(y, eager(x, w, ids), rtol=0, atol=0)
+
+
+def test_swap_pair_graph_replay():
+    """Captured once, replayed on fresh inputs and routings: each replay matches an eager call bit for bit."""
+    sw = _swap()
+    _, cu = _case(2600, 1, 6, "rand", 16, 640, 384)
+    x, w, ids = (a.clone() for a in cu[:3])
+    _replays_match(sw, x, w, ids, cu[3:], 2601, lambda *a: sw.swap_mxfp4(*a, *cu[3:], 1.0, paired=True))
 
 
 @pytest.mark.parametrize("t", [1, 2])
@@ -125,23 +132,13 @@ def test_swap_down_early_weights_replay(monkeypatch, t):
     if not pdl_launch():
         pytest.skip("programmatic dependent launch is off (DEEPINFER_NV_PDL=0)")
     x0, w0, ids0, ws = _model_width(3500 + t, t)
-    x, w, ids = x0.clone(), w0.clone(), ids0.clone()
     monkeypatch.setattr(gp, "PAIR_EARLY_WEIGHTS", True)
-    sw.swap_mxfp4(x, w, ids, *ws, 1.0, paired=True)  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y = sw.swap_mxfp4(x, w, ids, *ws, 1.0, paired=True)
-    g = _gen(3600 + t)
-    for _ in range(3):
-        x.copy_(torch.randn(t, x.shape[1], generator=g).bfloat16())
-        nid, nw = _routing(t, 6, 16, "rand", g)
-        ids.copy_(nid)
-        w.copy_(nw)
-        y.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
+
+    def plain(*a):  # the same call without the early requests
         monkeypatch.setattr(gp, "PAIR_EARLY_WEIGHTS", False)
-        want = sw.swap_mxfp4(x, w, ids, *ws, 1.0, paired=True)
+        out = sw.swap_mxfp4(*a, *ws, 1.0, paired=True)
         monkeypatch.setattr(gp, "PAIR_EARLY_WEIGHTS", True)
-        torch.testing.assert_close(y, want, rtol=0, atol=0)
+        return out
+
+    _replays_match(sw, x0.clone(), w0.clone(), ids0.clone(), ws, 3600 + t, plain)
+
