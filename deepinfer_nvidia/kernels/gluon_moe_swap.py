@@ -46,7 +46,7 @@ import torch
 import triton
 
 from deepinfer_nvidia.kernels import gluon_swap_split as policy
-from deepinfer_nvidia.kernels.mxfp4_word_decode import _word_asm
+from deepinfer_nvidia.kernels.mxfp4_word_decode import _packed_word_asm, _word_asm
 from deepinfer_nvidia.kernels.gluon_swap_layout import _weight_descs, block_m_for, permute_k, tma_fits
 from deepinfer_nvidia.kernels.scale_checks import scales_allow_fast
 from deepinfer_nvidia.kernels.triton_pdl import gluon_grid_dependency as _grid_dependency, pdl_launch
@@ -127,28 +127,31 @@ if _GLUON:
     _FRAG_BYTES = gl.constexpr(_fragment_bytes_layout(64))
     _ASM_SAFE = gl.constexpr(_word_asm(True))
     _ASM_FAST = gl.constexpr(_word_asm(False))
+    _ASM_PACKED_SAFE = gl.constexpr(_packed_word_asm(True))
+    _ASM_PACKED_FAST = gl.constexpr(_packed_word_asm(False))
 
     @gluon.jit
-    def _decode_halves(b, sc, SAFE: gl.constexpr):
+    def _decode_halves(b, sc, SAFE: gl.constexpr, PACKED: gl.constexpr = 0):
         """The inline-PTX decode of packed bytes ``b`` (scales ``sc`` broadcast along the last dim): two bf16
-        tensors shaped like ``b``; per 4 bytes, o0 packs nibbles (0, 4, 1, 5) and o1 (2, 6, 3, 7)."""
+        tensors shaped like ``b``; per 4 bytes, o0 packs nibbles (0, 4, 1, 5) and o1 (2, 6, 3, 7). ``PACKED``: the
+        bytes are in the word layout (``mxfp4_word_decode.pack_words``), decoded to the same values."""
         s16 = sc.to(gl.int16)
         if SAFE:  # 2^(s-127) as bf16 bits (s = 0: the subnormal 2^-127)
             bits = gl.where(s16 == 0, 64, s16 << 7)
-            asm: gl.constexpr = _ASM_SAFE
+            asm: gl.constexpr = _ASM_PACKED_SAFE if PACKED else _ASM_SAFE
         else:  # 2^(s-1) = scale * 2^126, valid for s <= 128 (checked by the wrapper)
             bits = (s16 + 126) << 7
-            asm: gl.constexpr = _ASM_FAST
+            asm: gl.constexpr = _ASM_PACKED_FAST if PACKED else _ASM_FAST
         scale = gl.broadcast(bits.to(gl.bfloat16, bitcast=True), b)[0]
         return gl.inline_asm_elementwise(asm, "=r,=r,=r,=r,r,r,r", [b, scale], dtype=(gl.bfloat16, gl.bfloat16),
                                          is_pure=True, pack=4)
 
     @gluon.jit
-    def _decode(b, sc, BN: gl.constexpr, BK: gl.constexpr, SAFE: gl.constexpr):
+    def _decode(b, sc, BN: gl.constexpr, BK: gl.constexpr, SAFE: gl.constexpr, PACKED: gl.constexpr = 0):
         """``b [BN, G, 16]`` uint8 (one MXFP4 group per thread), ``sc [BN, G, 1]`` UE8M0 -> ``[BN, BK]`` bf16 in
         the register K order: within each 8 elements, logical k' = 4*p1 + 2*s + p0 holds natural 4*p0 + p1 + 2*s."""
         G: gl.constexpr = BK // 32
-        o0, o1 = _decode_halves(b, sc, SAFE)
+        o0, o1 = _decode_halves(b, sc, SAFE, PACKED)
         # o_s[4q + 2*p1 + p0] = natural element 8q + 4*p0 + p1 + 2*s; keep each register pair (p0) whole
         j = gl.join(o0.reshape([BN, G, 4, 2, 2]), o1.reshape([BN, G, 4, 2, 2]))
         return j.permute(0, 1, 2, 3, 5, 4).reshape([BN, BK])
@@ -159,21 +162,22 @@ if _GLUON:
         return (n & -8) | ((n & 1) << 2) | (n & 2) | ((n >> 2) & 1)
 
     @gluon.jit
-    def _decode_fragment(b, sc, BN: gl.constexpr, SAFE: gl.constexpr):
+    def _decode_fragment(b, sc, BN: gl.constexpr, SAFE: gl.constexpr, PACKED: gl.constexpr = 0):
         """``_decode`` for the fragment layout: ``b [BN, 4 (c), 16]`` -> ``[BN, 128]`` bf16 whose logical K index
         k = 32q + 16S + 8p + 2c + e holds physical element 32c + 8q + 4e + 2S + p (``frag_order``): thread c then
         holds K pairs 2c, 2c+1 (+8, +16 ...), the A fragment's columns."""
-        o0, o1 = _decode_halves(b, sc, SAFE)
+        o0, o1 = _decode_halves(b, sc, SAFE, PACKED)
         j = gl.join(o0, o1).reshape([BN, 4, 4, 2, 2, 2])  # (c, q, p, e, S)
         return j.permute(0, 2, 5, 3, 1, 4).reshape([BN, 128])  # (q, S, p, c, e)
 
     @gluon.jit
-    def _decode_regs(b, sc, BN: gl.constexpr, BK: gl.constexpr, SAFE: gl.constexpr, AREG: gl.constexpr):
+    def _decode_regs(b, sc, BN: gl.constexpr, BK: gl.constexpr, SAFE: gl.constexpr, AREG: gl.constexpr,
+                     PACKED: gl.constexpr = 0):
         """The A tile for a register-operand wgmma: ``_decode_fragment`` (AREG 2) or ``_decode`` (AREG 1)."""
         if AREG == 2:
-            return _decode_fragment(b, sc, BN, SAFE)
+            return _decode_fragment(b, sc, BN, SAFE, PACKED)
         else:
-            return _decode(b, sc, BN, BK, SAFE)
+            return _decode(b, sc, BN, BK, SAFE, PACKED)
 
     @gluon.jit
     def _frag128(n):
@@ -251,7 +255,8 @@ if _GLUON:
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
                      SAFE: gl.constexpr, AREG: gl.constexpr, PROBE: gl.constexpr, SPLIT: gl.constexpr,
                      TMA: gl.constexpr, wa_desc, wb_desc, num_warps: gl.constexpr, PDL: gl.constexpr = 0,
-                     SKIP_PAD: gl.constexpr = 0, SCALES_SMEM: gl.constexpr = 0, KT_PAD: gl.constexpr = 1):
+                     SKIP_PAD: gl.constexpr = 0, SCALES_SMEM: gl.constexpr = 0, KT_PAD: gl.constexpr = 1,
+                     PACKED: gl.constexpr = 0):
         """One (expert block, K split, N tile) of ``out = act(x_rows) @ W^T``, W [E, N, K/2] packed e2m1.
         UP: x rows are the pairs' tokens of ``x_ptr`` (K order already bit-reversed), W = w1 (``wa``) and w3
         (``wb``), out = h [R = blocks*BLOCK_M, N] = clamped SwiGLU, written in the bit-reversed K order of the
@@ -386,10 +391,11 @@ if _GLUON:
             _cta_barrier()
             xs = ring_x.index(si).permute((1, 0))
             if AREG:  # A from registers (2: decoded straight into the fragment order, 1: the compiler converts)
-                da = gl.convert_layout(_decode_regs(ring_a.index(si).load(L3), ca, BLOCK_N, BLOCK_K, SAFE, AREG), AOP)
+                da = gl.convert_layout(_decode_regs(ring_a.index(si).load(L3), ca, BLOCK_N, BLOCK_K, SAFE, AREG,
+                                                     PACKED), AOP)
                 if UP:
-                    db = gl.convert_layout(_decode_regs(ring_b.index(si).load(L3), cb, BLOCK_N, BLOCK_K, SAFE, AREG),
-                                           AOP)
+                    db = gl.convert_layout(_decode_regs(ring_b.index(si).load(L3), cb, BLOCK_N, BLOCK_K, SAFE, AREG,
+                                                         PACKED), AOP)
                 # the decode writes no shared memory: only x needs the fence and a barrier (fencing before the
                 # decode instead, with no barrier here, measured no faster: twenty-second pass)
                 if (PROBE & 1) == 0:
@@ -400,9 +406,9 @@ if _GLUON:
                     acc_b = warpgroup_mma(db, xs, acc_b, is_async=True)
             else:
                 if (PROBE & 4) == 0:
-                    dec_a.store(_decode(ring_a.index(si).load(L3), ca, BLOCK_N, BLOCK_K, SAFE))
+                    dec_a.store(_decode(ring_a.index(si).load(L3), ca, BLOCK_N, BLOCK_K, SAFE, PACKED))
                     if UP:
-                        dec_b.store(_decode(ring_b.index(si).load(L3), cb, BLOCK_N, BLOCK_K, SAFE))
+                        dec_b.store(_decode(ring_b.index(si).load(L3), cb, BLOCK_N, BLOCK_K, SAFE, PACKED))
                 if (PROBE & 1) == 0:
                     fence_async_shared()
                 _cta_barrier()
@@ -508,14 +514,15 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
                block_n: int | None = None, block_k: int | None = None, warps: int | None = None,
                stages: int | None = None, safe: bool | None = None, areg: int | None = None,
                probe: int = 0, split: tuple[int, int] | None = None, tma: bool | None = None,
-               maxnreg: int | None = None, paired: bool | None = None) -> torch.Tensor:
+               maxnreg: int | None = None, paired: bool | None = None, packed: bool = False) -> torch.Tensor:
     """x [T, D] bf16; weights [T, k] float; ids [T, k] int; w1, w3 [E, F, D/2] uint8 + UE8M0 [E, F, D/32];
     w2 [E, D, F/2] + [E, D, F/32] -> [T, D] bf16. No host synchronisation after the first call per weight
     stack (CUDA-graph safe). D and F must be multiples of 32; the stacks must already be checked.
     ``split``: (up, down) K splits (default: ``policy.split_for`` of the up launch, the down one unsplit). ``tma``:
     weight tiles by TMA (default ``SWAP_TMA``; only where ``tma_fits``). ``maxnreg``: the up kernel's register
     cap (default ``gluon_swap_split.UP_MAXNREG``). ``paired``: both launches on two warpgroups a program
-    (``gluon_swap_pair``; default: where its ``takes`` holds and no tile knob is given)."""
+    (``gluon_swap_pair``; default: where its ``takes`` holds and no tile knob is given). ``packed``: the three
+    byte stacks are in the word layout (``mxfp4_word_decode.pack_words``), the scales as they are."""
     from deepinfer_nvidia.kernels import gluon_swap_pair as pair_path  # lazy: it imports this module
     from deepinfer_nvidia.kernels.triton_fp8_gemv import _counters
     from deepinfer_nvidia.kernels.triton_gemm import _sm_count, sum_slices
@@ -558,10 +565,10 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
     wt = weights.reshape(-1).float().contiguous()
     if paired:
         pair_path.launch(True, nb * nt1, xp, pair, bexp, u8[0], u8[1], u8[2], u8[3], wt, h, p, ne, f, d,
-                         xp.stride(0), limit, nt1, k, safe, False, stages)
+                         xp.stride(0), limit, nt1, k, safe, False, stages, packed=packed)
         y = torch.empty(p, d, dtype=torch.float32, device=x.device)
         pair_path.launch(False, nb * nt2, h, pair, bexp, u8[4], u8[5], u8[4], u8[5], wt, y, p, ne, d, f, f,
-                         limit, nt2, k, safe, SWAP_DOWN_SKIP_PAD, stages)
+                         limit, nt2, k, safe, SWAP_DOWN_SKIP_PAD, stages, packed=packed)
         return sum_slices(y, t, d, k, d, k * d, x.dtype)
     if split is None:  # programs that can hold pairs: at most min(E, P) + P // BLOCK_M blocks (num_blocks - 1)
         live = max(1, nb - 1)
@@ -582,7 +589,8 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
                                     d // 2, xp.stride(0), float(limit), nt1, r, triton.cdiv(kt1, sp1), TOPK=k, UP=1,
                                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages, SAFE=int(safe), AREG=areg,
                                     PROBE=probe, SPLIT=sp1, TMA=int(tma), wa_desc=d1[0], wb_desc=d1[1],
-                                    num_warps=warps, SCALES_SMEM=int(staged), KT_PAD=kp1, **pdl_launch(),
+                                    num_warps=warps, SCALES_SMEM=int(staged), KT_PAD=kp1, PACKED=int(packed),
+                                    **pdl_launch(),
                                     **policy.up_options(maxnreg))
     y = torch.empty(p, d, dtype=torch.float32, device=x.device)
     part2 = torch.empty(sp2, p, d, dtype=torch.float32, device=x.device) if sp2 > 1 else wt
@@ -591,5 +599,5 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
                                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages, SAFE=int(safe), AREG=areg,
                                     PROBE=probe, SPLIT=sp2, TMA=int(tma), wa_desc=d2[0], wb_desc=d2[1],
                                     num_warps=warps, SKIP_PAD=int(SWAP_DOWN_SKIP_PAD), SCALES_SMEM=int(staged),
-                                    KT_PAD=kp2, **pdl_launch())
+                                    KT_PAD=kp2, PACKED=int(packed), **pdl_launch())
     return sum_slices(y, t, d, k, d, k * d, x.dtype)

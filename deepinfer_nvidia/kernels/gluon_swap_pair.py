@@ -190,7 +190,7 @@ if _GLUON:
                           BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SAFE: gl.constexpr,
                           SKIP_PAD: gl.constexpr, KT_PAD: gl.constexpr, num_warps: gl.constexpr,
                           PDL: gl.constexpr = 0, PREFETCH: gl.constexpr = 0, PF_LINE: gl.constexpr = 1,
-                          EARLY_W: gl.constexpr = 0):
+                          EARLY_W: gl.constexpr = 0, PACKED: gl.constexpr = 0):
         """One (expert block, 64-row tile) of ``gluon_moe_swap._swap_kernel`` (AREG 2, no split; the same
         arguments, layouts and outputs; the scale stacks as int32 words) on two warpgroups, each taking every other
         128-column K tile. ``KT_PAD``: a power of 2 >= the steps, cdiv(K / 128, 2). ``PREFETCH`` (> STAGES - 1):
@@ -301,9 +301,9 @@ if _GLUON:
             si = i % STAGES
             _cta_barrier()
             xs = ring_x.index(si).permute((1, 0))
-            da = gl.convert_layout(_decode_fragment(ring_a.index(si).load(L3), ca, 128, SAFE), AOP)
+            da = gl.convert_layout(_decode_fragment(ring_a.index(si).load(L3), ca, 128, SAFE, PACKED), AOP)
             if UP:
-                db = gl.convert_layout(_decode_fragment(ring_b.index(si).load(L3), cb, 128, SAFE), AOP)
+                db = gl.convert_layout(_decode_fragment(ring_b.index(si).load(L3), cb, 128, SAFE, PACKED), AOP)
             fence_async_shared()
             _cta_barrier()
             acc_a = warpgroup_mma(da, xs, acc_a, is_async=True)
@@ -340,10 +340,11 @@ def takes(programs: int, sms: int, d: int, f: int) -> bool:
 
 def launch(up: bool, grid: int, x, pair, bexp, w, s, wb, sb, wt, out, p: int, ne: int, n: int, k: int,
            stride_x: int, limit: float, nt: int, topk: int, safe: bool, skip_pad: bool, stages: int,
-           prefetch: int | None = None) -> None:
+           prefetch: int | None = None, packed: bool = False) -> None:
     """One launch of ``_swap_pair_kernel`` (the arguments of ``gluon_moe_swap._swap_kernel``'s, byte stacks
     ``w`` and UE8M0 bytes ``s`` (``wb``/``sb``: w3 for the up launch, else repeated)), ``stages`` deep;
-    ``prefetch``: steps asked of L2 ahead (default ``PAIR_L2_PREFETCH``; 0 or at most ``stages - 1``: none)."""
+    ``prefetch``: steps asked of L2 ahead (default ``PAIR_L2_PREFETCH``; 0 or at most ``stages - 1``: none).
+    ``packed``: ``w``/``wb`` are in the word layout (``mxfp4_word_decode.pack_words``)."""
     prefetch = PAIR_L2_PREFETCH if prefetch is None else prefetch
     prefetch = prefetch if prefetch > stages - 1 else 0
     words = [a.view(torch.int32) for a in (s, sb)]  # a row's 4 scale bytes of a 128-column tile as one word
@@ -352,4 +353,5 @@ def launch(up: bool, grid: int, x, pair, bexp, w, s, wb, sb, wt, out, p: int, ne
                                TOPK=topk, UP=int(up), BLOCK_M=PAIR_BLOCK_M, STAGES=stages, SAFE=int(safe),
                                SKIP_PAD=int(skip_pad), KT_PAD=triton.next_power_of_2(triton.cdiv(k // 128, 2)),
                                num_warps=8, maxnreg=PAIR_MAXNREG if up else PAIR_DOWN_MAXNREG, PREFETCH=prefetch,
-                               PF_LINE=int(_l2.LINE), EARLY_W=int(PAIR_EARLY_WEIGHTS and not up), **pdl_launch())
+                               PF_LINE=int(_l2.LINE), EARLY_W=int(PAIR_EARLY_WEIGHTS and not up),
+                               PACKED=int(packed), **pdl_launch())

@@ -253,3 +253,48 @@ def test_tma_wiring_of_the_swap_launches(monkeypatch, f, tma):
     assert up["wa_desc"].base.data_ptr() == ws[0].data_ptr() and up["wb_desc"].base.data_ptr() == ws[2].data_ptr()
     assert list(up["wa_desc"].shape) == [e * f, d // 32, 16] and list(down["wa_desc"].shape) == [e * d, f // 32, 16]
     assert down["wb_desc"] is down["wa_desc"]
+
+
+def _packed_word(word: int) -> int:
+    from deepinfer_nvidia.kernels.mxfp4_word_decode import pack_words
+
+    packed = pack_words(torch.tensor(list(word.to_bytes(4, "little")), dtype=torch.uint8))
+    return int.from_bytes(bytes(packed.tolist()), "little")
+
+
+def test_word_layout_decodes_to_the_same_registers():
+    """The word layout's decode (15 instructions) gives the checkpoint decode's registers, bit for bit, for every
+    code in every slot and random words, with both multiply forms."""
+    from deepinfer_nvidia.kernels.mxfp4_word_decode import decode_packed_word_reference
+
+    rng = random.Random(1)
+    words = [sum(((i + j) % 16) << (4 * j) for j in range(8)) for i in range(16)] + [rng.getrandbits(32)
+                                                                                   for _ in range(64)]
+    for s in (0, 1, 64, 126, 127, 128):
+        for w in words:
+            p = _packed_word(w)
+            for safe in (True, False):
+                op = _scale_operand(s, safe)
+                assert decode_packed_word_reference(p, op, safe) == decode_word_reference(w, op, safe), (hex(w), s)
+    for s in (129, 200, 254):  # the exact form over the rest of the range
+        for w in words[:16]:
+            op = _scale_operand(s, True)
+            assert decode_packed_word_reference(_packed_word(w), op, True) == _expected(w, s)
+
+
+def test_word_layout_is_a_bit_permutation_with_an_inverse():
+    from deepinfer_nvidia.kernels.mxfp4_word_decode import _packed_word_asm, _word_positions, pack_words, unpack_words
+
+    cells = sorted(b for mag, sign in _word_positions() for b in (mag, mag + 1, mag + 2, sign))
+    assert cells == list(range(32))  # every bit of the word is one element's bit, once
+    g = torch.Generator().manual_seed(0)
+    w = torch.randint(0, 256, (3, 5, 64), generator=g, dtype=torch.uint8)
+    p = pack_words(w)
+    assert p.shape == w.shape and p.dtype == torch.uint8 and not torch.equal(p, w)
+    assert torch.equal(unpack_words(p), w)
+    with pytest.raises(ValueError, match="whole 4-byte words"):
+        pack_words(torch.zeros(2, 6, dtype=torch.uint8))
+    # 15 instructions a word in the fast form (the twenty-seventh pass's search), 19 in the checkpoint's
+    import re
+
+    assert len(re.findall(r"\b(shl|shr|and|lop3|mul)\.", _packed_word_asm(False))) == 15
