@@ -50,6 +50,8 @@ class MoEV4:
             self.experts.append(torch.stack([lin.weight for lin in lins[n]]).to(device))
             if self.fmt != "dense":
                 self.experts.append(torch.stack([lin.scale for lin in lins[n]]).to(device))
+        if self.fmt == "mxfp4":  # the layout the platform's expert kernels read best (the checkpoint's, or repacked)
+            self.experts = list(self.k["moe.experts_mxfp4_layout"](*self.experts))
         s1, s3, self.s2 = (make_linear(f"{p}.shared_experts.{n}") for n in ("w1", "w3", "w2"))
         # the shared expert's gate and up projections read the same x: one product where merged
         self.s13 = LinearGroup([s1, s3], _linear.MERGE_PROJECTIONS if merge_projections is None else merge_projections)

@@ -91,6 +91,8 @@ IMPLS: tuple[tuple, ...] = (
     ("moe.experts_mxfp4", "triton", f"{_K}.triton_moe:moe_experts_mxfp4", f"{_K}.triton_moe:supports"),
     ("moe.experts_fp8", "aten", f"{_K}.aten_ops:moe_experts_fp8", f"{_K}.aten_ops:supports_experts_quant"),
     ("moe.experts_mxfp4", "aten", f"{_K}.aten_ops:moe_experts_mxfp4", f"{_K}.aten_ops:supports_experts_quant"),
+    # the expert stacks in core's word layout where the Gluon swap kernels read them (mxfp4_layout)
+    ("moe.experts_mxfp4_layout", "triton", f"{_K}.mxfp4_layout:experts_mxfp4_layout", f"{_K}.mxfp4_layout:supports"),
     # their batch-invariant launches: fixed tiles, splits from the weight shape (docstrings of each module)
     ("attention.sparse_sink", "triton_bi", f"{_K}.triton_attention:sparse_sink_bi", f"{_K}.triton_attention:supports",
      True),

@@ -160,8 +160,10 @@ def moe_experts_fp8(x, weights, ids, w1, s1, w3, s3, w2, s2, block, limit):
 
 
 def moe_experts_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit):
-    """``moe.experts_mxfp4``: dequantise the routed experts' MXFP4 weights to bf16, then grouped GEMMs."""
+    """``moe.experts_mxfp4``: dequantise the routed experts' MXFP4 weights to bf16 (either layout), then grouped
+    GEMMs."""
     from deepinfer_core.kernels.ops.moe import experts_mxfp4
+    from deepinfer_core.kernels.ops.mxfp4_words import expert_bytes
     from deepinfer_core.kernels.ops.quant import dequant_mxfp4
 
     if not supports_experts_quant(x, weights, ids):
@@ -169,7 +171,7 @@ def moe_experts_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit):
                         experts_mxfp4, x, weights, ids, w1, s1, w3, s3, w2, s2, limit)
 
     def dq(used):
-        return tuple(dequant_mxfp4(w[used].flatten(0, 1), s[used].flatten(0, 1))
+        return tuple(dequant_mxfp4(expert_bytes(w[used]).flatten(0, 1), s[used].flatten(0, 1))
                      .view(len(used), w.shape[1], -1).to(torch.bfloat16) for w, s in ((w1, s1), (w3, s3), (w2, s2)))
 
     local, (d1, d3, d2) = _compact(ids, dq)

@@ -137,6 +137,8 @@ def supports_experts(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, alignment: 
     if not (on_cuda(x, weights, ids, w1, w3, w2) and x.dtype == torch.bfloat16 and x.dim() == 2
             and ids.dim() == 2 and ids.numel() > 0 and _sm100(x)):
         return False
+    if any(w.dtype == torch.int32 for w in (w1, w3, w2)):  # core's word layout: never made on SM100
+        return False
     e, f = w1.shape[0], w1.shape[1]
     return (x.shape[1] % GROUP == 0 and f % GROUP == 0
             and ids.numel() >= MOE_MIN_FILL * alignment * min(e, ids.numel()))

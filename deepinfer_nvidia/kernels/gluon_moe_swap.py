@@ -70,14 +70,12 @@ if _GLUON:  # Gluon is experimental: absent in older Triton, so the path is opti
     )
 
 # (block_n weight rows, block_k, warps, stages, areg) by BLOCK_M (pairs per block); areg 2: A decoded straight into
-# the wgmma register fragment (64 x 128 tiles, 4 warps), 1: A in registers through a layout conversion, 0: A
-# through shared memory. H200 figures in docs/performance.md (eleventh pass).
-# 128 rows with the fragment decode spill registers, so that entry keeps A in shared memory; ``block_m_for`` does
-# not pick it (64 won at 49152 pairs).
+# the wgmma register fragment (64 x 128 tiles, 4 warps), 1: A in registers through a layout conversion, 0: A through
+# shared memory (H200, eleventh pass). 128 rows with the fragment decode spill, so that entry keeps A in shared memory.
 SWAP_TUNE: dict[int, tuple[int, int, int, int, int]] = {16: (64, 128, 4, 3, 2), 32: (64, 128, 4, 3, 2),
                                                         64: (64, 128, 4, 3, 2), 128: (64, 128, 4, 2, 0)}
-# Pair counts [SWAP_MIN_PAIRS, SWAP_MAX_PAIRS] for which ``moe.experts_mxfp4`` (provider triton) takes this path
-# on SM90; SWAP_MAX_PAIRS 0 disables it. ``DEEPINFER_NV_SWAP_PAIRS=min,max`` overrides both (benchmarks, A/B runs).
+# Pair counts [SWAP_MIN_PAIRS, SWAP_MAX_PAIRS] for which ``moe.experts_mxfp4`` (provider triton) takes this path on
+# SM90; SWAP_MAX_PAIRS 0 disables it; ``DEEPINFER_NV_SWAP_PAIRS=min,max`` overrides both (benchmarks, A/B runs).
 # H200, V4.1 widths (docs/performance.md, eleventh pass): it beat the previous default (split-K GEMV up to 512
 # pairs, ``tl.dot_scaled`` above) at every measured size, 6 to 49152 pairs (1.2x at 6, 2.1-2.3x at 384-1536,
 # 1.5x at 49152); up to 98304 by extrapolation, and dequant-once (``DEQUANT_PAIRS``) keeps the largest sizes.
@@ -86,10 +84,9 @@ SWAP_MAX_PAIRS = 98304
 if os.environ.get("DEEPINFER_NV_SWAP_PAIRS"):
     SWAP_MIN_PAIRS, SWAP_MAX_PAIRS = (int(v) for v in os.environ["DEEPINFER_NV_SWAP_PAIRS"].split(","))
 # Split-K of the up launch at a few pairs and its register cap: ``gluon_swap_split`` (policy and knobs).
-# Weight tiles by TMA (one bulk copy and one mbarrier a matrix and stage) instead of 128 threads' 16-byte
-# cp.async and a CTA barrier. Bit-equal on the H200 but no faster (79.4 -> 79.2 us a layer at 1 token, 2-9% slower
-# at 2-64: docs/performance.md, twentieth pass), so off. Only where the weight rows are 16-byte aligned and N is a
-# multiple of BLOCK_N.
+# Weight tiles by TMA (one bulk copy and one mbarrier a matrix and stage) instead of 128 threads' 16-byte cp.async
+# and a CTA barrier: bit-equal on the H200 but no faster (79.4 -> 79.2 us a layer at 1 token, 2-9% slower at 2-64,
+# twentieth pass), so off. Only where the weight rows are 16-byte aligned and N is a multiple of BLOCK_N.
 SWAP_TMA = False
 # The down launch reads only the h rows of real pairs: its padding rows (pair >= P: BLOCK_M - 1 of 16 at 1 token)
 # are masked, so their cp.async copies zero-fill the ring instead of reading h. A wgmma column depends only on its
@@ -134,7 +131,7 @@ if _GLUON:
     def _decode_halves(b, sc, SAFE: gl.constexpr, PACKED: gl.constexpr = 0):
         """The inline-PTX decode of packed bytes ``b`` (scales ``sc`` broadcast along the last dim): two bf16
         tensors shaped like ``b``; per 4 bytes, o0 packs nibbles (0, 4, 1, 5) and o1 (2, 6, 3, 7). ``PACKED``: the
-        bytes are in the word layout (``mxfp4_word_decode.pack_words``), decoded to the same values."""
+        bytes are in core's word layout (``mxfp4_words``), decoded to the same values."""
         s16 = sc.to(gl.int16)
         if SAFE:  # 2^(s-127) as bf16 bits (s = 0: the subnormal 2^-127)
             bits = gl.where(s16 == 0, 64, s16 << 7)
@@ -391,11 +388,11 @@ if _GLUON:
             _cta_barrier()
             xs = ring_x.index(si).permute((1, 0))
             if AREG:  # A from registers (2: decoded straight into the fragment order, 1: the compiler converts)
-                da = gl.convert_layout(_decode_regs(ring_a.index(si).load(L3), ca, BLOCK_N, BLOCK_K, SAFE, AREG,
-                                                     PACKED), AOP)
+                da = _decode_regs(ring_a.index(si).load(L3), ca, BLOCK_N, BLOCK_K, SAFE, AREG, PACKED)
+                da = gl.convert_layout(da, AOP)
                 if UP:
-                    db = gl.convert_layout(_decode_regs(ring_b.index(si).load(L3), cb, BLOCK_N, BLOCK_K, SAFE, AREG,
-                                                         PACKED), AOP)
+                    db = _decode_regs(ring_b.index(si).load(L3), cb, BLOCK_N, BLOCK_K, SAFE, AREG, PACKED)
+                    db = gl.convert_layout(db, AOP)
                 # the decode writes no shared memory: only x needs the fence and a barrier (fencing before the
                 # decode instead, with no barrier here, measured no faster: twenty-second pass)
                 if (PROBE & 1) == 0:
@@ -522,7 +519,7 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
     weight tiles by TMA (default ``SWAP_TMA``; only where ``tma_fits``). ``maxnreg``: the up kernel's register
     cap (default ``gluon_swap_split.UP_MAXNREG``). ``paired``: both launches on two warpgroups a program
     (``gluon_swap_pair``; default: where its ``takes`` holds and no tile knob is given). ``packed``: the three
-    byte stacks are in the word layout (``mxfp4_word_decode.pack_words``), the scales as they are."""
+    byte stacks are in core's word layout (``mxfp4_words``: ``int32`` stacks viewed as bytes), scales unchanged."""
     from deepinfer_nvidia.kernels import gluon_swap_pair as pair_path  # lazy: it imports this module
     from deepinfer_nvidia.kernels.triton_fp8_gemv import _counters
     from deepinfer_nvidia.kernels.triton_gemm import _sm_count, sum_slices

@@ -344,7 +344,7 @@ def launch(up: bool, grid: int, x, pair, bexp, w, s, wb, sb, wt, out, p: int, ne
     """One launch of ``_swap_pair_kernel`` (the arguments of ``gluon_moe_swap._swap_kernel``'s, byte stacks
     ``w`` and UE8M0 bytes ``s`` (``wb``/``sb``: w3 for the up launch, else repeated)), ``stages`` deep;
     ``prefetch``: steps asked of L2 ahead (default ``PAIR_L2_PREFETCH``; 0 or at most ``stages - 1``: none).
-    ``packed``: ``w``/``wb`` are in the word layout (``mxfp4_word_decode.pack_words``)."""
+    ``packed``: ``w``/``wb`` are in core's word layout (``mxfp4_words``)."""
     prefetch = PAIR_L2_PREFETCH if prefetch is None else prefetch
     prefetch = prefetch if prefetch > stages - 1 else 0
     words = [a.view(torch.int32) for a in (s, sb)]  # a row's 4 scale bytes of a 128-column tile as one word

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from deepinfer_core.kernels.ops.mxfp4_words import WORD_PLAN
+
 # Per output register r (nibbles r and r+4 of a word): (magnitude shift, shifted right?, sign shift). The
 # magnitude bits of nibble r land on bf16 bits 6-8 (r+4: 22-24), its sign bit on 15 (r+4: 31).
 _PAIR_SHIFTS = ((6, False, 12), (2, False, 8), (2, True, 4), (6, True, 0))
@@ -47,24 +49,7 @@ def decode_word_reference(word: int, scale_bits: int, safe: bool = True) -> list
     return regs
 
 
-# -- the word layout: the expert stacks repacked once so the decode takes 15 instructions a word, not 19 ----------
-# Per output register r (elements r and r+4 of the word, as above): (magnitude shift, sign shift), each a left shift
-# (>= 0) or a right shift (< 0). Two registers need one shift or none (magnitudes and signs move together), two
-# need two: 11 shifts, masks and merges plus 4 multiplies, the cheapest layout of the twenty-seventh pass's search
-# (``deepinfer_nvidia/tests/decode_layout_search.py``), chosen among its equals for plain shifts only (no rotate).
-WORD_PLAN = ((0, 0), (3, 1), (6, 6), (-5, 5))
-
-
-def _word_positions() -> list[tuple[int, int]]:
-    """Element j (0..7) of a word -> (bit of its lowest magnitude bit, bit of its sign) in the repacked word."""
-    out = []
-    for j in range(8):
-        m, s = WORD_PLAN[j % 4]
-        half = 16 * (j // 4)
-        out.append((6 + half - m, 15 + half - s))
-    return out
-
-
+# -- the word layout (core's ``mxfp4_words``: the stacks repacked once at load) -----------------------------------
 def _shift_ptx(dst: str, shift: int) -> str:
     if shift == 0:
         return f"mov.b32 {dst}, $4; "
@@ -72,11 +57,12 @@ def _shift_ptx(dst: str, shift: int) -> str:
 
 
 def _packed_word_asm(safe: bool) -> str:
-    """PTX of the word layout's decode: repacked word $4 -> registers (e0,e4) (e1,e5) | (e2,e6) (e3,e7) times the
-    scale $5 (``_word_asm``'s outputs, bit for bit, on the same elements)."""
+    """PTX of the word layout's decode (``WORD_PLAN``): word $4 -> registers (e0,e4) (e1,e5) | (e2,e6) (e3,e7)
+    times the scale $5, the registers ``_word_asm`` gives for the same elements. Registers whose magnitudes and
+    signs move together take one shift (or none) and a mask: 15 instructions a word in the fast form."""
     text = "{ .reg .b32 a, b, c; mov.b32 c, 0x7E807E80; "
     for out, (m, s) in enumerate(WORD_PLAN):
-        if m == s:  # one shift (or none) and one mask
+        if m == s:
             text += ("and.b32 a, $4, 0x81C081C0; " if m == 0 else _shift_ptx("a", m) + "and.b32 a, a, 0x81C081C0; ")
         else:
             text += (_shift_ptx("a", m) + _shift_ptx("b", s)
@@ -86,7 +72,7 @@ def _packed_word_asm(safe: bool) -> str:
 
 
 def decode_packed_word_reference(word: int, scale_bits: int, safe: bool = True) -> list[int]:
-    """Pure-Python model of ``_packed_word_asm`` on one repacked 32-bit word: its 4 output registers."""
+    """Pure-Python model of ``_packed_word_asm`` on one word-layout 32-bit word: its 4 output registers."""
     def shifted(v: int, sh: int) -> int:
         return (v << sh) & 0xFFFFFFFF if sh >= 0 else v >> -sh
 
@@ -95,35 +81,3 @@ def decode_packed_word_reference(word: int, scale_bits: int, safe: bool = True) 
         v = (shifted(word, m) & 0x01C001C0) | (shifted(word, s) & 0x80008000)
         regs.append(_bf16x2_mul(_bf16x2_mul(v, 0x7E807E80), scale_bits) if safe else _bf16x2_mul(v, scale_bits))
     return regs
-
-
-def _as_words(w: torch.Tensor) -> torch.Tensor:
-    if w.dtype != torch.uint8 or w.shape[-1] % 4:
-        raise ValueError(f"MXFP4 stacks repack as uint8 rows of whole 4-byte words, got {w.dtype} {tuple(w.shape)}")
-    return w.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-
-
-def pack_words(w: torch.Tensor) -> torch.Tensor:
-    """Checkpoint MXFP4 bytes ``[..., K/2]`` uint8 (nibble j of each little-endian 4-byte word at bits 4j..4j+3,
-    sign on top) -> the same shape in the word layout (``WORD_PLAN``): a bit permutation inside every word."""
-    words, out = _as_words(w), None
-    for j, (mag, sign) in enumerate(_word_positions()):
-        nib = (words >> (4 * j)) & 0xF
-        part = ((nib & 7) << mag) | ((nib >> 3) << sign)
-        out = part if out is None else out | part
-    return _from_words(out, w)
-
-
-def unpack_words(w: torch.Tensor) -> torch.Tensor:
-    """The inverse of ``pack_words``: word-layout bytes back to the checkpoint's nibble order."""
-    words, out = _as_words(w), None
-    for j, (mag, sign) in enumerate(_word_positions()):
-        nib = ((words >> mag) & 7) | (((words >> sign) & 1) << 3)
-        part = nib << (4 * j)
-        out = part if out is None else out | part
-    return _from_words(out, w)
-
-
-def _from_words(words: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    signed = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
-    return signed.view(torch.uint8).reshape(like.shape)

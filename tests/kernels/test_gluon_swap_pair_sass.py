@@ -28,9 +28,9 @@ SIG = {"x_ptr": "*bf16", "pair_ptr": "*i32", "bexp_ptr": "*i32", "wa_ptr": "*u8"
 DIV16 = frozenset({"N", "K", "row_bytes", "stride_x"})
 
 
-def _pair(up: int, pdl: int = 1, safe: int = 0, stages: int = 3):
+def _pair(up: int, pdl: int = 1, safe: int = 0, stages: int = 3, packed: int = 0):
     consts = {"TOPK": 6, "UP": up, "BLOCK_M": gp.PAIR_BLOCK_M, "STAGES": stages, "SAFE": safe, "PDL": pdl,
-              "SKIP_PAD": 1 - up, "KT_PAD": 32, "num_warps": 8}
+              "SKIP_PAD": 1 - up, "KT_PAD": 32, "num_warps": 8, "PACKED": packed}
     return count(gp._swap_pair_kernel, dict(SIG, out_ptr="*bf16" if up else "*fp32"), consts, warps=8, div16=DIV16,
                  maxnreg=gp.PAIR_MAXNREG)
 
@@ -111,3 +111,15 @@ def test_policy_takes_one_token_only(monkeypatch):
     assert not gp.takes(216, 132, 640, 288) and not gp.takes(216, 132, 5120, 2320)
     monkeypatch.setattr(gp, "PAIR_WARPGROUPS", False)
     assert not gp.takes(216, 132, 5120, 2304)
+
+
+@pytest.mark.parametrize("up,cut", [(1, 64), (0, 32)])
+def test_word_layout_shortens_the_loop_by_its_decode(up, cut):
+    """Stacks in core's word layout (``PACKED``): 4 fewer instructions a decoded word (15 against 19: 16 words a
+    warp a step up, 8 down), no spill, the same copies, fragment reads and wgmma (Triton 3.6: 433 -> 369 up,
+    253 -> 221 down)."""
+    plain, words = _pair(up), _pair(up, packed=1)
+    assert len(plain["loop"]) - len(words["loop"]) == cut, (len(plain["loop"]), len(words["loop"]))
+    assert not {"LDL", "STL"} & {op.split(".")[0] for op in opcodes(words["loop"])}
+    for prefix in ("LDGSTS", "LDS", "HGMMA", "HMUL2"):
+        assert _has(words["ops"], prefix) == _has(plain["ops"], prefix), prefix

@@ -56,6 +56,8 @@ for e, d, f, cases in (
 
 # the shared harness's case (D = 64, F = 32: one K tile, narrower than the 64-column row tile)
 for args, _ in _gen_experts_mxfp4(torch.float32, "cpu", 0):
+    if args[3].dtype != torch.uint8:
+        continue  # the word-layout case: the public provider unpacks it before this path
     ref = experts_mxfp4(*args)
     out = tm.grouped_mxfp4(*args)
     assert float((out - ref).abs().max() / ref.abs().max()) < 1e-5

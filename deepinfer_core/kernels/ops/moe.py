@@ -8,6 +8,7 @@ from deepinfer_core.kernels.ops.gemm import dense_wide
 from deepinfer_core.kernels.ops.linalg import down, linear_rows, up
 from deepinfer_core.kernels.ops.quant import dequant_fp8_block, dequant_mxfp4, quant_fp8_block, quant_mxfp4
 from deepinfer_core.kernels.ops.linalg import up as _up
+from deepinfer_core.kernels.ops.mxfp4_words import expert_bytes, experts_mxfp4_layout, to_word_layout
 from deepinfer_core.kernels.spec import OpSpec, acc
 
 
@@ -106,9 +107,12 @@ def experts_mxfp4(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w1:
     """Routed experts on MXFP4 weights in the checkpoint layout (only routed experts dequantised).
 
     w1, w3 [E, F, D/2] packed e2m1 (uint8) with UE8M0 s1, s3 [E, F, D/32]; w2 [E, D, F/2] with s2 [E, D, F/32].
+    A weight stack may also come as ``int32 [E, N, K/8]`` words in the word layout (``mxfp4_words``, what a
+    platform's ``moe.experts_mxfp4_layout`` may return): each routed expert is unpacked first.
     """
     def get(e):
-        return dequant_mxfp4(w1[e], s1[e]), dequant_mxfp4(w3[e], s3[e]), dequant_mxfp4(w2[e], s2[e])
+        return (dequant_mxfp4(expert_bytes(w1[e]), s1[e]), dequant_mxfp4(expert_bytes(w3[e]), s3[e]),
+                dequant_mxfp4(expert_bytes(w2[e]), s2[e]))
 
     return _routed(x, weights, ids, get, limit)
 
@@ -175,8 +179,28 @@ def _gen_experts_mxfp4(dtype, device, seed):
         for t in (w1, w3, w2):
             q = [quant_mxfp4(t[j]) for j in range(e)]
             packs.append((torch.stack([a for a, _ in q]), torch.stack([b for _, b in q])))
-        yield (x.to(dtype).to(device), w.to(device), ids.to(device), *(t.to(device) for p in packs for t in p),
-               limit), {}
+        args = (x.to(dtype).to(device), w.to(device), ids.to(device), *(t.to(device) for p in packs for t in p),
+                limit)
+        yield args, {}
+        if w1.shape[2] % 8 == 0 and w2.shape[2] % 8 == 0:  # the same experts with the stacks in the word layout
+            yield tuple(to_word_layout(a) if i in (3, 5, 7) else a for i, a in enumerate(args)), {}
+
+
+def _gen_experts_layout(dtype, device, seed):
+    """The six MXFP4 stacks of ``_gen_experts_mxfp4``'s checkpoint-layout cases."""
+    for args, _ in _gen_experts_mxfp4(dtype, device, seed):
+        if args[3].dtype == torch.uint8:
+            yield args[3:9], {}
+
+
+def _compare_layout(out, ref, dtype) -> None:
+    """``moe.experts_mxfp4_layout``: the same scales, and weight stacks holding the same codes in either layout."""
+    assert len(out) == len(ref) == 6, (len(out), len(ref))
+    for i, (o, r) in enumerate(zip(out, ref)):
+        if i % 2:
+            assert torch.equal(o.view(torch.uint8), r.view(torch.uint8)), f"scale stack {i // 2} changed"
+        else:
+            assert torch.equal(expert_bytes(o), expert_bytes(r)), f"weight stack {i // 2} holds other codes"
 
 
 def _gen_swiglu(dtype, device, seed):
@@ -198,4 +222,6 @@ OPS = [
     OpSpec("moe.experts", experts_dense, _gen_experts, tolerances={torch.bfloat16: (3e-2, 3e-2)}),
     OpSpec("moe.experts_fp8", experts_fp8, _gen_experts_fp8, tolerances={torch.bfloat16: (3e-2, 3e-2)}),
     OpSpec("moe.experts_mxfp4", experts_mxfp4, _gen_experts_mxfp4, tolerances={torch.bfloat16: (3e-2, 3e-2)}),
+    OpSpec("moe.experts_mxfp4_layout", experts_mxfp4_layout, _gen_experts_layout, compare=_compare_layout,
+           doc="the MXFP4 expert stacks as the platform's moe.experts_mxfp4 reads them best (called once at load)"),
 ]
