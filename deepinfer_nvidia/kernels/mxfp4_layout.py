@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from deepinfer_core.kernels.ops.mxfp4_words import experts_mxfp4_layout as keep_layout, to_word_layout
+from deepinfer_core.kernels.ops.mxfp4_words import experts_mxfp4_layout as keep_layout, to_word_layout_
 
 WORD_LAYOUT = os.environ.get("DEEPINFER_NV_MXFP4_WORD_LAYOUT", "1") == "1"
 
@@ -34,10 +34,11 @@ def swap_reads_words(w: torch.Tensor) -> bool:
 
 def experts_mxfp4_layout(w1, s1, w3, s3, w2, s2):
     """``moe.experts_mxfp4_layout``: w1, w3 [E, F, D/2], w2 [E, D, F/2] uint8 -> ``int32 [E, N, K/8]`` word-layout
-    stacks where ``swap_reads_words`` holds for all three, else the stacks as given; the scales as given."""
+    stacks, repacked in place (a model near its memory has no room for a second copy: the V4.1 slice on an H100,
+    pass40c), where ``swap_reads_words`` holds for all three; else the stacks as given. The scales as given."""
     if not all(swap_reads_words(w) for w in (w1, w3, w2)):
         return keep_layout(w1, s1, w3, s3, w2, s2)
-    return to_word_layout(w1), s1, to_word_layout(w3), s3, to_word_layout(w2), s2
+    return to_word_layout_(w1), s1, to_word_layout_(w3), s3, to_word_layout_(w2), s2
 
 
 def supports(w1, s1, w3, s3, w2, s2) -> bool:

@@ -32,7 +32,7 @@ fi
 if has words; then
   stamp words
   WORKERS=4 FILE_S=240 xdist_files words_tests "$HERE/test_conformance_moe_word_layout.py" "$HERE/test_conformance.py" \
-    -k "word or (harness and mxfp4)"
+    -k "${WORDS_K:-word or (harness and mxfp4)}"
   v41_alt words_rows DEEPINFER_NV_MXFP4_WORD_LAYOUT 0 1
   for v in 0 1; do
     echo "== DEEPINFER_NV_MXFP4_WORD_LAYOUT=$v prefill"
@@ -40,6 +40,9 @@ if has words; then
       --providers triton --decode "" --prefill 8192 --skip-hf --profile-decode "" 2>&1 | grep -E "prefill L|Error"
   done | tee "$OUT/words_prefill.txt"
   rm -rf "$OUT/pf"
+  case "$GPU" in *H200*) has sweep || { stamp sweep; timeout 330 python3 benchmarks/sweep.py --arch v41 --out "$OUT/sweep" \
+    --providers triton --decode 1,8,64,256 --prefill 1024,8192 --skip-hf --graphs --reps 9 --budget-s 240 \
+    --profile-decode "" 2>&1 | quiet | tee "$OUT/sweep_v41.txt" | grep -E "pipelined|prefill|Error"; } ;; esac
 fi
 if has replay && [ $(( $(date +%s) - t0 )) -lt 420 ]; then
   stamp replay

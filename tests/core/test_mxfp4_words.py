@@ -50,7 +50,7 @@ def test_pack_is_a_bit_permutation_with_an_inverse():
 
 
 def test_to_word_layout_chunks_and_tags_with_int32(monkeypatch):
-    monkeypatch.setattr(mw, "_CHUNK_EXPERTS", 3)  # several chunks, the last one short
+    monkeypatch.setattr(mw, "_CHUNK_BYTES", 3 * 4 * 16)  # three experts a chunk: several chunks, the last one short
     g = torch.Generator().manual_seed(1)
     w = torch.randint(0, 256, (7, 4, 16), generator=g, dtype=torch.uint8)
     keep = w.clone()
@@ -59,6 +59,10 @@ def test_to_word_layout_chunks_and_tags_with_int32(monkeypatch):
     assert torch.equal(w, keep)  # the input is left as it is
     assert torch.equal(mw.expert_bytes(out), w) and mw.expert_bytes(w) is w
     assert torch.equal(mw.expert_bytes(out[2]), w[2])  # one expert of a stack
+    inplace = mw.to_word_layout_(w)  # the same words in the stack's own storage
+    assert inplace.data_ptr() == w.data_ptr() and torch.equal(inplace, out)
+    strided = keep.transpose(1, 2).contiguous().transpose(1, 2)  # not contiguous: copied, the input kept
+    assert torch.equal(mw.to_word_layout_(strided), out) and torch.equal(strided, keep)
 
 
 @pytest.mark.parametrize("bad,match", [(torch.zeros(2, 3, 6, dtype=torch.uint8), "whole 4-byte words"),

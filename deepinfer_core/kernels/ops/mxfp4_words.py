@@ -19,8 +19,9 @@ import torch
 # Per output register r (elements r and r+4 of the word): (magnitude shift, sign shift) of the decode, a left shift
 # when >= 0, else a right shift. Registers 0 and 2 take one shift (or none) and a mask; 1 and 3 two shifts.
 WORD_PLAN = ((0, 0), (3, 1), (6, 6), (-5, 5))
-# experts repacked at a time: bounds the int64 transients of ``to_word_layout`` (a V4.1 stack is 2.3 GB)
-_CHUNK_EXPERTS = 8
+# bytes of a stack repacked at a time: bounds the int64 transients (~10x a chunk) of the repacks; a V4.1 stack is
+# 2.3 GB, one expert of it 5.9 MB
+_CHUNK_BYTES = 32 << 20
 
 
 def word_positions() -> list[tuple[int, int]]:
@@ -33,10 +34,14 @@ def word_positions() -> list[tuple[int, int]]:
     return out
 
 
-def _words(w: torch.Tensor) -> torch.Tensor:
-    """uint8 ``[..., B]`` (B % 4 == 0) -> its little-endian 4-byte words as non-negative int64 ``[..., B/4]``."""
+def _check_rows(w: torch.Tensor) -> None:
     if w.dtype != torch.uint8 or w.dim() == 0 or w.shape[-1] % 4:
         raise ValueError(f"MXFP4 stacks repack as uint8 rows of whole 4-byte words, got {w.dtype} {tuple(w.shape)}")
+
+
+def _words(w: torch.Tensor) -> torch.Tensor:
+    """uint8 ``[..., B]`` (B % 4 == 0) -> its little-endian 4-byte words as non-negative int64 ``[..., B/4]``."""
+    _check_rows(w)
     return w.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
 
 
@@ -64,16 +69,29 @@ def unpack_words(w: torch.Tensor) -> torch.Tensor:
     return _bytes(out, w.shape)
 
 
-def to_word_layout(stack: torch.Tensor) -> torch.Tensor:
-    """A checkpoint stack ``[E, N, K/2]`` uint8 -> a new ``int32 [E, N, K/8]`` in the word layout (repacked a few
-    experts at a time; the input is left as it is)."""
+def _repack_into(out: torch.Tensor, stack: torch.Tensor) -> torch.Tensor:
     if stack.dim() != 3:
         raise ValueError(f"an MXFP4 expert stack is [E, N, K/2] uint8, got {stack.dtype} {tuple(stack.shape)}")
-    _words(stack[:0])  # dtype and width checks before any allocation
-    out = torch.empty(stack.shape, dtype=torch.uint8, device=stack.device)
-    for e0 in range(0, stack.shape[0], _CHUNK_EXPERTS):
-        out[e0:e0 + _CHUNK_EXPERTS] = pack_words(stack[e0:e0 + _CHUNK_EXPERTS])
+    _check_rows(stack)  # dtype and width before any work
+    step = max(1, _CHUNK_BYTES // max(1, stack[0].numel()))
+    for e0 in range(0, stack.shape[0], step):
+        out[e0:e0 + step] = pack_words(stack[e0:e0 + step])
     return out.view(torch.int32)
+
+
+def to_word_layout(stack: torch.Tensor) -> torch.Tensor:
+    """A checkpoint stack ``[E, N, K/2]`` uint8 -> a new ``int32 [E, N, K/8]`` in the word layout (the input is
+    left as it is)."""
+    return _repack_into(torch.empty(stack.shape, dtype=torch.uint8, device=stack.device), stack)
+
+
+def to_word_layout_(stack: torch.Tensor) -> torch.Tensor:
+    """``to_word_layout`` in place: the stack's own storage is repacked a chunk at a time (no second copy of the
+    stack, which a model loaded near its memory would not have room for) and returned as an ``int32`` view. A
+    non-contiguous stack is copied instead."""
+    if not stack.is_contiguous():
+        return to_word_layout(stack)
+    return _repack_into(stack, stack)
 
 
 def is_word_layout(stack: torch.Tensor) -> bool:
@@ -91,5 +109,6 @@ def experts_mxfp4_layout(w1: torch.Tensor, s1: torch.Tensor, w3: torch.Tensor, s
                          s2: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """``moe.experts_mxfp4_layout``'s reference: the stacks as the platform's ``moe.experts_mxfp4`` reads them
     best. Here: as loaded (checkpoint bytes ``[E, N, K/2]`` uint8 with UE8M0 scales ``[E, N, K/32]``). A provider
-    may return the weight stacks in the word layout (``to_word_layout``); the scales never change."""
+    may return the weight stacks in the word layout, repacked in place (``to_word_layout_``): callers hand over
+    stacks they own and keep only what it returns. The scales never change."""
     return w1, s1, w3, s3, w2, s2
