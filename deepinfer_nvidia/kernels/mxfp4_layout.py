@@ -35,10 +35,19 @@ def swap_reads_words(w: torch.Tensor) -> bool:
 def experts_mxfp4_layout(w1, s1, w3, s3, w2, s2):
     """``moe.experts_mxfp4_layout``: w1, w3 [E, F, D/2], w2 [E, D, F/2] uint8 -> ``int32 [E, N, K/8]`` word-layout
     stacks, repacked in place (a model near its memory has no room for a second copy: the V4.1 slice on an H100,
-    pass40c), where ``swap_reads_words`` holds for all three; else the stacks as given. The scales as given."""
+    pass40c and pass40d), where ``swap_reads_words`` holds for all three; else the stacks as given. The scales as
+    given."""
     if not all(swap_reads_words(w) for w in (w1, w3, w2)):
         return keep_layout(w1, s1, w3, s3, w2, s2)
-    return to_word_layout_(w1), s1, to_word_layout_(w3), s3, to_word_layout_(w2), s2
+    return _repacked(w1), s1, _repacked(w3), s3, _repacked(w2), s2
+
+
+def _repacked(w: torch.Tensor) -> torch.Tensor:
+    """In place by one Triton pass (no memory: the V4.1 slice on an H100 had 40 MB free, pass40d), or core's
+    chunked torch form for a stack that is not contiguous."""
+    from deepinfer_nvidia.kernels.triton_words import pack_words_inplace
+
+    return pack_words_inplace(w) if w.is_contiguous() else to_word_layout_(w)
 
 
 def supports(w1, s1, w3, s3, w2, s2) -> bool:

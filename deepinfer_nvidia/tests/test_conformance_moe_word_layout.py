@@ -33,13 +33,13 @@ def test_layout_op_repacks_on_sm90_and_keeps_the_codes():
 
     layout, _ = _kernels()
     *_, ws = _operands(1, 1, 4, 256, 128)
-    out = layout.experts_mxfp4_layout(*ws)
+    out = layout.experts_mxfp4_layout(*[a.clone() for a in ws])
     assert [o.dtype for o in out[::2]] == [torch.int32] * 3
     for i, (o, w) in enumerate(zip(out, ws)):
         assert torch.equal(expert_bytes(o) if i % 2 == 0 else o, w), i
     layout.WORD_LAYOUT = False
     try:
-        assert all(o is w for o, w in zip(layout.experts_mxfp4_layout(*ws), ws))  # the knob keeps the checkpoint's
+        assert all(o is w for o, w in zip(layout.experts_mxfp4_layout(*ws), ws))  # the knob keeps them as given
     finally:
         layout.WORD_LAYOUT = True
 
@@ -49,7 +49,7 @@ def test_layout_op_repacks_on_sm90_and_keeps_the_codes():
 def test_word_layout_bit_equal_on_the_swap_paths(t, d, f):
     layout, tm = _kernels()
     x, w, ids, ws = _operands(3000 + t, t, 16, d, f)
-    packed = layout.experts_mxfp4_layout(*ws)
+    packed = layout.experts_mxfp4_layout(*[a.clone() for a in ws])  # it repacks its inputs in place
     ref = tm.moe_experts_mxfp4(x, w, ids, *ws, 10.0)
     poison()
     out = tm.moe_experts_mxfp4(x, w, ids, *packed, 10.0)
@@ -59,7 +59,7 @@ def test_word_layout_bit_equal_on_the_swap_paths(t, d, f):
 def test_word_layout_in_graph_replays_with_fresh_routing():
     layout, tm = _kernels()
     x, w, ids, ws = _operands(41, 1, 16, 5120, 2304)
-    packed = layout.experts_mxfp4_layout(*ws)
+    packed = layout.experts_mxfp4_layout(*[a.clone() for a in ws])  # it repacks its inputs in place
     tm.moe_experts_mxfp4(x, w, ids, *packed, 10.0)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -83,7 +83,7 @@ def test_word_layout_on_the_unpacking_paths(path, monkeypatch):
 
     layout, tm = _kernels()
     x, w, ids, ws = _operands(77, 5, 16, 640, 384)
-    packed = layout.experts_mxfp4_layout(*ws)
+    packed = layout.experts_mxfp4_layout(*[a.clone() for a in ws])  # it repacks its inputs in place
     if path == "splitk":  # below the swap range
         monkeypatch.setattr(sw, "SWAP_MIN_PAIRS", 1 << 20)
         call = tm.moe_experts_mxfp4
@@ -108,6 +108,20 @@ def test_mixed_layouts_are_refused():
 
     layout, tm = _kernels()
     x, w, ids, ws = _operands(5, 2, 4, 256, 128)
-    packed = layout.experts_mxfp4_layout(*ws)
+    packed = layout.experts_mxfp4_layout(*[a.clone() for a in ws])  # it repacks its inputs in place
     with pytest.raises(QuantFormatError, match="share one layout"):
         tm.moe_experts_mxfp4(x, w, ids, packed[0], ws[1], ws[2], ws[3], ws[4], ws[5], 10.0)
+
+
+def test_in_place_kernel_matches_the_torch_repack():
+    from deepinfer_core.kernels.ops.mxfp4_words import pack_words
+    from deepinfer_nvidia.kernels.triton_words import pack_words_inplace
+
+    _kernels()
+    g = torch.Generator(device="cuda").manual_seed(3)
+    for shape in [(3, 5, 8), (7, 2304, 2560), (1, 1, 4)]:
+        w = torch.randint(0, 256, shape, generator=g, device="cuda", dtype=torch.uint8)
+        want = pack_words(w)
+        ptr = w.data_ptr()
+        out = pack_words_inplace(w)
+        assert out.data_ptr() == ptr and torch.equal(out.view(torch.uint8), want), shape

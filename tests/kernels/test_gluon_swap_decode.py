@@ -299,3 +299,26 @@ def test_word_layout_is_a_bit_permutation_with_an_inverse():
     import re
 
     assert len(re.findall(r"\b(shl|shr|and|lop3|mul)\.", _packed_word_asm(False))) == 15
+
+
+def test_in_place_repack_kernel_in_the_interpreter(run_interpreted):
+    """``triton_words.pack_words_inplace`` (the nvidia layout op's repack: no memory beyond the stack) against core's
+    ``pack_words``, in its own storage, over a few blocks with a tail; bad stacks named."""
+    run_interpreted(r"""
+import torch
+from deepinfer_core.kernels.ops.mxfp4_words import pack_words
+from deepinfer_nvidia.kernels.triton_words import pack_words_inplace
+g = torch.Generator().manual_seed(0)
+for shape in [(3, 5, 8), (2, 300, 12), (1, 1, 4)]:
+    w = torch.randint(0, 256, shape, generator=g, dtype=torch.uint8)
+    want, ptr = pack_words(w), w.data_ptr()
+    out = pack_words_inplace(w)
+    assert out.dtype == torch.int32 and out.data_ptr() == ptr and torch.equal(out.view(torch.uint8), want), shape
+for bad in (torch.zeros(2, 6, dtype=torch.uint8), torch.zeros(4, 8, dtype=torch.uint8).t()):
+    try:
+        pack_words_inplace(bad)
+        raise AssertionError("taken")
+    except ValueError as exc:
+        assert "whole 4-byte words" in str(exc)
+print("REPACKED")
+""", "REPACKED")
