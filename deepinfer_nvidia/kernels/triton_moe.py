@@ -283,7 +283,8 @@ def dequant_mxfp4_stack(w: torch.Tensor, s: torch.Tensor, dtype: torch.dtype, in
 
 
 def dequant_once_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, chunk: int | None = None) -> torch.Tensor:
-    """Prefill path: experts dequantised to bf16 ``chunk`` at a time, CUTLASS grouped GEMMs (one host sync)."""
+    """Prefill path: experts dequantised to bf16 ``chunk`` at a time, CUTLASS grouped GEMMs (one host sync). The
+    weight stacks may be in core's word layout: each chunk is unpacked as it is dequantised (never a whole stack)."""
     t, d = x.shape
     k = ids.shape[1]
     ne = w1.shape[0]
@@ -302,12 +303,12 @@ def dequant_once_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, chunk: in
             continue
         c1 = min(c0 + chunk, ne)
         offs = (ends[c0:c1] - a).to(torch.int32)
-        d1 = dequant_mxfp4_stack(w1[c0:c1], s1[c0:c1], x.dtype)
-        d3 = dequant_mxfp4_stack(w3[c0:c1], s3[c0:c1], x.dtype)
+        d1 = dequant_mxfp4_stack(expert_bytes(w1[c0:c1]), s1[c0:c1], x.dtype)
+        d3 = dequant_mxfp4_stack(expert_bytes(w3[c0:c1]), s3[c0:c1], x.dtype)
         h = clamped_swiglu(torch._grouped_mm(xs[a:b], d1.transpose(1, 2), offs=offs),
                            torch._grouped_mm(xs[a:b], d3.transpose(1, 2), offs=offs), limit)
         del d1, d3
-        d2 = dequant_mxfp4_stack(w2[c0:c1], s2[c0:c1], x.dtype)
+        d2 = dequant_mxfp4_stack(expert_bytes(w2[c0:c1]), s2[c0:c1], x.dtype)
         ysorted[a:b] = torch._grouped_mm(h, d2.transpose(1, 2), offs=offs).float() * ws[a:b, None]
         del d2, h
     y = torch.empty_like(ysorted)
@@ -399,11 +400,11 @@ def moe_experts_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit):
         out = _sw.swap_or_none(x, weights, ids, b1, s1, b3, s3, b2, s2, limit, packed=packed)
         if out is not None:
             return out
-    if packed:  # a path that reads checkpoint bytes: a transient unpacked copy
-        w1, w3, w2 = (expert_bytes(w) for w in (w1, w3, w2))
     if x.dim() == 2 and ids.dim() == 2 and _dequant_once_ok(x, ids.numel()):
-        _check_stacks(x, w1, s1, w3, s3, w2, s2)
-        return dequant_once_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit)
+        _check_stacks(x, *(a.view(torch.uint8) if i % 2 == 0 else a for i, a in enumerate((w1, s1, w3, s3, w2, s2))))
+        return dequant_once_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit)  # unpacks a chunk at a time
+    if packed:  # the other paths read checkpoint bytes: a transient unpacked copy (SM90 takes them only where the
+        w1, w3, w2 = (expert_bytes(w) for w in (w1, w3, w2))  # Gluon kernels fail to compile)
     if x.dim() == 2 and ids.dim() == 2 and 0 < ids.numel() <= _splitk.SPLITK_PAIRS:
         _check_stacks(x, w1, s1, w3, s3, w2, s2)
         xc = x if x.stride(1) == 1 else x.contiguous()

@@ -12,6 +12,7 @@ import torch
 
 from deepinfer_core.kernels.ops import mxfp4_words as mw
 from deepinfer_core.kernels.ops.moe import _gen_experts_mxfp4, experts_mxfp4
+from deepinfer_core.kernels.ops.quant import dequant_mxfp4
 from deepinfer_core.kernels.registry import get_registry
 from deepinfer_core.testing.conformance import check_impl
 
@@ -106,3 +107,36 @@ def test_tiny_v41_with_repacked_experts_gives_the_same_logits(registry, monkeypa
     assert [t.dtype for t in moe.experts[::2]] == [torch.int32] * 3
     with torch.inference_mode():
         assert torch.equal(full_logits(words, ids), full_logits(plain, ids))
+
+
+def test_nvidia_dequant_once_unpacks_a_chunk_at_a_time(monkeypatch):
+    """``triton_moe.dequant_once_mxfp4`` (the long-prefill path) on word-layout stacks: each chunk of experts is
+    unpacked as it is dequantised, and the result equals the checkpoint stacks'. Its CUDA-only parts (the dequant
+    and slot-sum launches, the CUTLASS grouped GEMM) are stood in for by torch, so the chunk logic runs here."""
+    tm = pytest.importorskip("deepinfer_nvidia.kernels.triton_moe")
+    from tests.kernels.moe_cases import mxfp4_experts, routing
+
+    def grouped_mm(a, b, offs):  # rows [offs[i-1], offs[i]) of a times b[i]
+        out, start = [], 0
+        for i, end in enumerate(offs.tolist()):
+            out.append(a[start:end].float() @ b[i].float())
+            start = end
+        return torch.cat(out).to(a.dtype)
+
+    def sum_slices(src, m, n, s, stride_s, stride_m, dtype):  # y [m * s, n] in token-major slot order
+        return src.view(m, s, n).sum(1).to(dtype)
+
+    def dequant_stack(w, s, dtype):  # core's dequant refuses int32: a chunk handed over packed would fail here
+        return torch.stack([dequant_mxfp4(w[i], s[i]) for i in range(w.shape[0])]).to(dtype)
+
+    monkeypatch.setattr(torch, "_grouped_mm", grouped_mm, raising=False)
+    monkeypatch.setattr(tm, "sum_slices", sum_slices)
+    monkeypatch.setattr(tm, "dequant_mxfp4_stack", dequant_stack)
+    g = torch.Generator().manual_seed(0)
+    ws = mxfp4_experts(g, 8, 64, 32)
+    x = torch.randn(5, 64, generator=g).bfloat16()
+    ids, w = routing(g, 5, 3, 8, "rand"), torch.rand(5, 3, generator=g)
+    words = [mw.to_word_layout(t) if i % 2 == 0 else t for i, t in enumerate(ws)]
+    plain = tm.dequant_once_mxfp4(x, w, ids, *ws, 10.0, chunk=3)
+    assert torch.equal(tm.dequant_once_mxfp4(x, w, ids, *words, 10.0, chunk=3), plain)
+    assert (plain.float() - experts_mxfp4(x, w, ids, *ws, 10.0).float()).abs().max() < 5e-2
