@@ -392,17 +392,17 @@ def moe_experts_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit):
         return hand_off("moe.experts_mxfp4", f"operands x {x.dtype} on {x.device} not covered",
                         experts_mxfp4, x, weights, ids, w1, s1, w3, s3, w2, s2, limit)
     packed = _word_layout(w1, w3, w2)
-    if x.dim() == 2 and ids.dim() == 2 and not _dequant_once_ok(x, ids.numel()) and _sw.SWAP_MAX_PAIRS and \
-            _sw.SWAP_MIN_PAIRS <= ids.numel() <= _sw.SWAP_MAX_PAIRS and _sw.supports_swap(x) and \
-            x.shape[1] % 32 == 0 and w1.shape[1] % 32 == 0:  # SM90: weight-stationary wgmma (Gluon)
-        b1, b3, b2 = (w.view(torch.uint8) for w in (w1, w3, w2))  # the same bytes as [E, N, K/2]
+    b1, b3, b2 = (w.view(torch.uint8) for w in (w1, w3, w2))  # either layout's bytes as [E, N, K/2]
+    rows = x.dim() == 2 and ids.dim() == 2
+    if rows and _dequant_once_ok(x, ids.numel()):
+        _check_stacks(x, b1, s1, b3, s3, b2, s2)
+        return dequant_once_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit)  # unpacks a chunk at a time
+    if rows and _sw.SWAP_MAX_PAIRS and _sw.SWAP_MIN_PAIRS <= ids.numel() <= _sw.SWAP_MAX_PAIRS and \
+            _sw.supports_swap(x) and x.shape[1] % 32 == 0 and w1.shape[1] % 32 == 0:  # SM90: weight-stationary wgmma
         _check_stacks(x, b1, s1, b3, s3, b2, s2)
         out = _sw.swap_or_none(x, weights, ids, b1, s1, b3, s3, b2, s2, limit, packed=packed)
         if out is not None:
             return out
-    if x.dim() == 2 and ids.dim() == 2 and _dequant_once_ok(x, ids.numel()):
-        _check_stacks(x, *(a.view(torch.uint8) if i % 2 == 0 else a for i, a in enumerate((w1, s1, w3, s3, w2, s2))))
-        return dequant_once_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit)  # unpacks a chunk at a time
     if packed:  # the other paths read checkpoint bytes: a transient unpacked copy (SM90 takes them only where the
         w1, w3, w2 = (expert_bytes(w) for w in (w1, w3, w2))  # Gluon kernels fail to compile)
     if x.dim() == 2 and ids.dim() == 2 and 0 < ids.numel() <= _splitk.SPLITK_PAIRS:

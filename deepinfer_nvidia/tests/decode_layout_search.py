@@ -55,10 +55,10 @@ def _cells(mag_shift: int, sign_shift: int) -> int:
 
 def checkpoint_layout() -> tuple[tuple[int, int], ...]:
     """The kernel's (magnitude shift, sign shift) per register, as left rotations mod 32, from
-    ``mxfp4_word_decode._PAIR_SHIFTS`` (a right shift by a is a left rotation by -a once masked)."""
-    from deepinfer_nvidia.kernels.mxfp4_word_decode import _PAIR_SHIFTS
+    ``mxfp4_word_decode.CHECKPOINT_PLAN`` (a right shift by a is a left rotation by -a once masked)."""
+    from deepinfer_nvidia.kernels.mxfp4_word_decode import CHECKPOINT_PLAN
 
-    return tuple(((-a if right else a) % 32, b % 32) for a, right, b in _PAIR_SHIFTS)
+    return tuple((m % 32, s % 32) for m, s in CHECKPOINT_PLAN)
 
 
 def cost(layout) -> int:
