@@ -345,6 +345,13 @@ def launch(up: bool, grid: int, x, pair, bexp, w, s, wb, sb, wt, out, p: int, ne
     ``w`` and UE8M0 bytes ``s`` (``wb``/``sb``: w3 for the up launch, else repeated)), ``stages`` deep;
     ``prefetch``: steps asked of L2 ahead (default ``PAIR_L2_PREFETCH``; 0 or at most ``stages - 1``: none).
     ``packed``: ``w``/``wb`` are in core's word layout (``mxfp4_words``)."""
+    from deepinfer_nvidia.kernels import gluon_swap_balanced as balanced  # lazy: it imports this module
+
+    if balanced.takes(up, p, topk):  # spread evenly over two programs an SM (DEEPINFER_NV_SWAP_PAIR_BALANCED)
+        from deepinfer_nvidia.kernels.triton_gemm import _sm_count
+
+        return balanced.launch_up(x, pair, bexp, w, s, wb, sb, out, p, ne, n, k, stride_x, limit, nt, topk, safe,
+                                  stages, _sm_count(x.device), packed)
     prefetch = PAIR_L2_PREFETCH if prefetch is None else prefetch
     prefetch = prefetch if prefetch > stages - 1 else 0
     words = [a.view(torch.int32) for a in (s, sb)]  # a row's 4 scale bytes of a 128-column tile as one word
