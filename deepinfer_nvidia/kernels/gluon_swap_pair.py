@@ -65,6 +65,10 @@ PAIR_L2_PREFETCH = int(os.environ.get("DEEPINFER_NV_SWAP_L2_PREFETCH", "0"))
 # The same bytes into the same slots (bit-equal by construction; device replay test). On since the thirty-ninth pass
 # (H100, V4.1 batch 1 pipelined 2.33 / 2.30 -> 2.28 / 2.27 ms, alternated); ``DEEPINFER_NV_SWAP_EARLY_WEIGHTS=0``: off.
 PAIR_EARLY_WEIGHTS = os.environ.get("DEEPINFER_NV_SWAP_EARLY_WEIGHTS", "1") == "1"
+# The up launch at one token spread evenly over two programs an SM (stream-K: 264 programs of 17 steps, split tiles'
+# partials added by the last to arrive) was bit-stable and slower: one token's call 58.2 -> 65.1 us, batch 1 +35 us
+# (H100, docs/performance.md, forty-first pass): a program's chain of steps sets the launch, not the SM's share of
+# programs, so it was removed.
 # The slot sum (``sum_slices``) done inside the down launch by the program that stores a token's last pair row of a
 # tile (acquire-release counts, the same bits) was slower: one token's call 60.3 -> 61.7 us, two 114.6 -> 117.8
 # (H100, docs/performance.md, thirty-ninth pass), so the launch stays.
@@ -345,13 +349,6 @@ def launch(up: bool, grid: int, x, pair, bexp, w, s, wb, sb, wt, out, p: int, ne
     ``w`` and UE8M0 bytes ``s`` (``wb``/``sb``: w3 for the up launch, else repeated)), ``stages`` deep;
     ``prefetch``: steps asked of L2 ahead (default ``PAIR_L2_PREFETCH``; 0 or at most ``stages - 1``: none).
     ``packed``: ``w``/``wb`` are in core's word layout (``mxfp4_words``)."""
-    from deepinfer_nvidia.kernels import gluon_swap_balanced as balanced  # lazy: it imports this module
-
-    if balanced.takes(up, p, topk):  # spread evenly over two programs an SM (DEEPINFER_NV_SWAP_PAIR_BALANCED)
-        from deepinfer_nvidia.kernels.triton_gemm import _sm_count
-
-        return balanced.launch_up(x, pair, bexp, w, s, wb, sb, out, p, ne, n, k, stride_x, limit, nt, topk, safe,
-                                  stages, _sm_count(x.device), packed)
     prefetch = PAIR_L2_PREFETCH if prefetch is None else prefetch
     prefetch = prefetch if prefetch > stages - 1 else 0
     words = [a.view(torch.int32) for a in (s, sb)]  # a row's 4 scale bytes of a 128-column tile as one word
