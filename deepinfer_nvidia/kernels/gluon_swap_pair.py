@@ -72,11 +72,6 @@ PAIR_EARLY_WEIGHTS = os.environ.get("DEEPINFER_NV_SWAP_EARLY_WEIGHTS", "1") == "
 # The slot sum (``sum_slices``) done inside the down launch by the program that stores a token's last pair row of a
 # tile (acquire-release counts, the same bits) was slower: one token's call 60.3 -> 61.7 us, two 114.6 -> 117.8
 # (H100, docs/performance.md, thirty-ninth pass), so the launch stays.
-# Two CTA barriers a K step instead of three (``TWO_BAR``): each thread fences its completed copies to the async
-# proxy before the barrier after the ring wait (CUTLASS's cp.async + wgmma order), so no second fence-and-barrier
-# sits between the decode and the wgmma. The same bits. Predicted (forty-first pass): the loop's lockstep point after
-# the decode goes, -2 to -5% of a one-token call. ``DEEPINFER_NV_SWAP_PAIR_TWO_BARRIERS=1``; off until measured.
-PAIR_TWO_BARRIERS = os.environ.get("DEEPINFER_NV_SWAP_PAIR_TWO_BARRIERS", "0") == "1"
 _GLUON = _swap.available()
 
 if _GLUON:
@@ -199,15 +194,13 @@ if _GLUON:
                           BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SAFE: gl.constexpr,
                           SKIP_PAD: gl.constexpr, KT_PAD: gl.constexpr, num_warps: gl.constexpr,
                           PDL: gl.constexpr = 0, PREFETCH: gl.constexpr = 0, PF_LINE: gl.constexpr = 1,
-                          EARLY_W: gl.constexpr = 0, PACKED: gl.constexpr = 0, TWO_BAR: gl.constexpr = 0):
+                          EARLY_W: gl.constexpr = 0, PACKED: gl.constexpr = 0):
         """One (expert block, 64-row tile) of ``gluon_moe_swap._swap_kernel`` (AREG 2, no split; the same
         arguments, layouts and outputs; the scale stacks as int32 words) on two warpgroups, each taking every other
         128-column K tile. ``KT_PAD``: a power of 2 >= the steps, cdiv(K / 128, 2). ``PREFETCH`` (> STAGES - 1):
         steps asked of L2 ahead of the ring (``PAIR_L2_PREFETCH``). ``EARLY_W`` (the down launch under PDL,
         ``PAIR_EARLY_WEIGHTS``): the ring's first weight tiles and the scale words are requested before the wait, the
-        activations (the up launch's ``h``) after it. ``TWO_BAR`` (``PAIR_TWO_BARRIERS``): the async-proxy fence
-        right after the ring wait, so the barrier that publishes step i's copies also publishes them to ``wgmma``
-        and the third barrier a step goes."""
+        activations (the up launch's ``h``) after it."""
         if PDL and not EARLY_W:  # programmatic dependent launch (triton_pdl): wait for the previous kernel, release
             _grid_dependency(True)  # the next
             _grid_dependency(False)
@@ -310,16 +303,13 @@ if _GLUON:
                 ncb = _pair_scales(ss_b, gl.minimum(i + 1, KT_PAD - 1), rg3, LS)
             async_copy.wait_group(STAGES - 1)
             si = i % STAGES
-            if TWO_BAR:  # own copies of step i, complete, made visible to the async proxy before the barrier
-                fence_async_shared()
             _cta_barrier()
             xs = ring_x.index(si).permute((1, 0))
             da = gl.convert_layout(_decode_fragment(ring_a.index(si).load(L3), ca, 128, SAFE, PACKED), AOP)
             if UP:
                 db = gl.convert_layout(_decode_fragment(ring_b.index(si).load(L3), cb, 128, SAFE, PACKED), AOP)
-            if not TWO_BAR:
-                fence_async_shared()
-                _cta_barrier()
+            fence_async_shared()
+            _cta_barrier()
             acc_a = warpgroup_mma(da, xs, acc_a, is_async=True)
             if UP:
                 acc_b = warpgroup_mma(db, xs, acc_b, is_async=True)
@@ -368,4 +358,4 @@ def launch(up: bool, grid: int, x, pair, bexp, w, s, wb, sb, wt, out, p: int, ne
                                SKIP_PAD=int(skip_pad), KT_PAD=triton.next_power_of_2(triton.cdiv(k // 128, 2)),
                                num_warps=8, maxnreg=PAIR_MAXNREG if up else PAIR_DOWN_MAXNREG, PREFETCH=prefetch,
                                PF_LINE=int(_l2.LINE), EARLY_W=int(PAIR_EARLY_WEIGHTS and not up),
-                               PACKED=int(packed), TWO_BAR=int(PAIR_TWO_BARRIERS), **pdl_launch())
+                               PACKED=int(packed), **pdl_launch())
