@@ -69,6 +69,9 @@ PAIR_EARLY_WEIGHTS = os.environ.get("DEEPINFER_NV_SWAP_EARLY_WEIGHTS", "1") == "
 # partials added by the last to arrive) was bit-stable and slower: one token's call 58.2 -> 65.1 us, batch 1 +35 us
 # (H100, docs/performance.md, forty-first pass): a program's chain of steps sets the launch, not the SM's share of
 # programs, so it was removed.
+# Two CTA barriers a K step instead of three (each thread's async-proxy fence right after its ring wait, so the barrier
+# that publishes a step's copies also publishes them to wgmma, CUTLASS's order) was bit-equal and no faster: one
+# token's call 56.6 -> 57.3 us, batch 1 even (H100, docs/performance.md, forty-first pass), so the loop keeps three.
 # The slot sum (``sum_slices``) done inside the down launch by the program that stores a token's last pair row of a
 # tile (acquire-release counts, the same bits) was slower: one token's call 60.3 -> 61.7 us, two 114.6 -> 117.8
 # (H100, docs/performance.md, thirty-ninth pass), so the launch stays.

