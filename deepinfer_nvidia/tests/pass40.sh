@@ -25,9 +25,7 @@ source "$(dirname "$0")/pass_lib.sh"  # stamp, has, quiet; exports; HERE
 stamp "$GPU: stages $STAGES"
 if has sweep; then
   stamp sweep
-  timeout 330 python3 benchmarks/sweep.py --arch v41 --out "$OUT/sweep" --providers triton --decode 1,8,64,256 \
-    --prefill 1024,8192 --skip-hf --graphs --reps 9 --budget-s 240 --profile-decode "" 2>&1 | quiet \
-    | tee "$OUT/sweep_v41.txt" | grep -E "pipelined|prefill|TB/s|Error" | sed -E 's/capture [0-9.]+ s, //'
+  v41_sweep
 fi
 if has early; then
   stamp early

@@ -22,9 +22,7 @@ source "$(dirname "$0")/pass_lib.sh"  # stamp, has, quiet; exports; HERE
 stamp "$GPU: stages $STAGES"
 if has sweep; then
   stamp sweep
-  timeout 330 python3 benchmarks/sweep.py --arch v41 --out "$OUT/sweep" --providers triton --decode 1,8,64,256 \
-    --prefill 1024,8192 --skip-hf --graphs --reps 9 --budget-s 240 --profile-decode "" 2>&1 | quiet \
-    | tee "$OUT/sweep_v41.txt" | grep -E "pipelined|prefill|TB/s|Error" | sed -E 's/capture [0-9.]+ s, //'
+  v41_sweep
   # two more batch-1 readings (one process each) while the call has time: the target row's spread
   for r in 2 3; do
     [ $(( $(date +%s) - t0 )) -lt 450 ] && v41_row "defaults, reading $r" 1 DEEPINFER_PASS=41

@@ -59,6 +59,12 @@ v41_rows() {  # v41_rows TAG DECODES "LABEL|ENV..." ...: one v41_row a spec, in 
   for spec in "$@"; do v41_row "${spec%%|*}" "$decodes" ${spec#*|}; done | tee -a "$OUT/$tag.txt"
   python3 benchmarks/ab_rows.py "$OUT/$tag.txt"
 }
+v41_sweep() {  # v41_sweep: the full V4.1 sweep at the current defaults (decode 1, 8, 64, 256, prefill 1k, 8k,
+  # graphed; JSON + PNG into $OUT/sweep, the log into $OUT/sweep_v41.txt), its summary lines printed (~5 minutes)
+  timeout 330 python3 benchmarks/sweep.py --arch v41 --out "$OUT/sweep" --providers triton --decode 1,8,64,256 \
+    --prefill 1024,8192 --skip-hf --graphs --reps 9 --budget-s 240 --profile-decode "" 2>&1 | quiet \
+    | tee "$OUT/sweep_v41.txt" | grep -E "pipelined|prefill|TB/s|Error" | sed -E 's/capture [0-9.]+ s, //'
+}
 v41_profile() {  # v41_profile: a batch-1 profile of the V4.1 slice (graphed, PDL on) into $OUT/profile_v41_b1.txt
   timeout 150 python3 benchmarks/sweep.py --arch v41 --out "$OUT/prof" --providers triton --decode 1 --prefill "" \
     --skip-hf --graphs --profile-decode 1 2>&1 | quiet | grep -E "launches|pipelined|Error" | head -8
