@@ -72,14 +72,13 @@ PAIR_EARLY_WEIGHTS = os.environ.get("DEEPINFER_NV_SWAP_EARLY_WEIGHTS", "1") == "
 # Two CTA barriers a K step instead of three (each thread's async-proxy fence right after its ring wait, so the barrier
 # that publishes a step's copies also publishes them to wgmma, CUTLASS's order) was bit-equal and no faster: one
 # token's call 56.6 -> 57.3 us, batch 1 even (H100, docs/performance.md, forty-first pass), so the loop keeps three.
+# One barrier a step (the ring one slot deeper than its copies run ahead, so a step issues its copies before waiting
+# for the previous step's wgmma, whose latency then overlaps the issue and the ring wait) was bit-equal and slower
+# too: 56.5 -> 58.1 us a one-token call, batch 1 even (same pass). Neither the barriers nor the wgmma wait hold the
+# loop; ``probe_pair_variant`` times such a module switch.
 # The slot sum (``sum_slices``) done inside the down launch by the program that stores a token's last pair row of a
 # tile (acquire-release counts, the same bits) was slower: one token's call 60.3 -> 61.7 us, two 114.6 -> 117.8
 # (H100, docs/performance.md, thirty-ninth pass), so the launch stays.
-# One CTA barrier a K step instead of three (``ONE_BAR``): the ring one slot deeper than its copies run ahead, so a
-# step issues its copies without waiting for the previous step's wgmma, and waits for that wgmma only after its own
-# ring wait (the wgmma's latency overlaps the issue and the wait). The same bits. Predicted (forty-first pass): -3 to
-# -10% of a one-token call. ``DEEPINFER_NV_SWAP_PAIR_ONE_BARRIER=1``; off until measured.
-PAIR_ONE_BARRIER = os.environ.get("DEEPINFER_NV_SWAP_PAIR_ONE_BARRIER", "0") == "1"
 _GLUON = _swap.available()
 
 if _GLUON:
@@ -202,20 +201,17 @@ if _GLUON:
                           BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SAFE: gl.constexpr,
                           SKIP_PAD: gl.constexpr, KT_PAD: gl.constexpr, num_warps: gl.constexpr,
                           PDL: gl.constexpr = 0, PREFETCH: gl.constexpr = 0, PF_LINE: gl.constexpr = 1,
-                          EARLY_W: gl.constexpr = 0, PACKED: gl.constexpr = 0, ONE_BAR: gl.constexpr = 0):
+                          EARLY_W: gl.constexpr = 0, PACKED: gl.constexpr = 0):
         """One (expert block, 64-row tile) of ``gluon_moe_swap._swap_kernel`` (AREG 2, no split; the same
         arguments, layouts and outputs; the scale stacks as int32 words) on two warpgroups, each taking every other
         128-column K tile. ``KT_PAD``: a power of 2 >= the steps, cdiv(K / 128, 2). ``PREFETCH`` (> STAGES - 1):
         steps asked of L2 ahead of the ring (``PAIR_L2_PREFETCH``). ``EARLY_W`` (the down launch under PDL,
         ``PAIR_EARLY_WEIGHTS``): the ring's first weight tiles and the scale words are requested before the wait, the
-        activations (the up launch's ``h``) after it. ``ONE_BAR`` (``PAIR_ONE_BARRIER``): one CTA barrier a step,
-        the ring one slot deeper than the copies run ahead (``STAGES - 2``), so a step's copies never wait for the
-        previous step's wgmma."""
+        activations (the up launch's ``h``) after it."""
         if PDL and not EARLY_W:  # programmatic dependent launch (triton_pdl): wait for the previous kernel, release
             _grid_dependency(True)  # the next
             _grid_dependency(False)
         gl.static_assert(not (EARLY_W and UP))  # the up launch's expert ids come from the kernel just before it
-        DIST: gl.constexpr = STAGES - 1 - ONE_BAR  # steps the ring's copies run ahead of the decode
         gl.static_assert(num_warps == 8)
         L3: gl.constexpr = _FRAG_PAIR
         LS: gl.constexpr = gl.SliceLayout(2, L3)
@@ -275,87 +271,57 @@ if _GLUON:
             # the expert ids and pair rows were written two kernels back (the align launch, complete before the up
             # launch's wait let this one start), and weights and scales by no kernel: all asked for before the wait.
             # Commit groups (W0..W{S-2}, X0), (X1), ...: the loop's wait_group(STAGES - 1) still covers step i.
-            for jp in gl.static_range(DIST):
+            for jp in gl.static_range(STAGES - 1):
                 _issue_weights(ring_a, ring_b, wa_ptr, wb_ptr, woff3, nm3, gcol3, KG, jp, jp, UP)
             ss_a = _stage_pair_scales(sa_ptr, e64, N, KG // 4, tile, n_s, KT_PAD, num_warps)
             ss_b = ss_a
             _grid_dependency(True)
             _grid_dependency(False)
-            for jp in gl.static_range(DIST):
+            for jp in gl.static_range(STAGES - 1):
                 _issue_x(ring_x, x_ptr, xoff, vx, xk, K, jp, jp)
         else:
-            for jp in gl.static_range(DIST):
+            for jp in gl.static_range(STAGES - 1):
                 _issue_pair(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, gcol3, xoff, vx, xk, KG, K,
                             jp, jp, UP)
             ss_a = _stage_pair_scales(sa_ptr, e64, N, KG // 4, tile, n_s, KT_PAD, num_warps)
             ss_b = _stage_pair_scales(sb_ptr, e64, N, KG // 4, tile, n_s, KT_PAD, num_warps) if UP else ss_a
         if PREFETCH:
-            gl.static_assert(PREFETCH > DIST)
+            gl.static_assert(PREFETCH > STAGES - 1)
             pf_ptr, pf_ok = _prefetch_rows(wa_ptr, wb_ptr, e64, tile, N, row_bytes, UP, PF_LINE, num_warps)
-            for jp in gl.static_range(DIST, PREFETCH):
+            for jp in gl.static_range(STAGES - 1, PREFETCH):
                 _prefetch_step(pf_ptr, pf_ok, jp, n_s, UP, PF_LINE)
         _cta_barrier()  # every warp's words are stored before any warp reads them
         ca = _pair_scales(ss_a, 0, rg3, LS)
         if UP:
             cb = _pair_scales(ss_b, 0, rg3, LS)
         for i in range(n_s):
-            if ONE_BAR:
-                # the copies of step i + DIST go to the slot of step i - 2, whose wgmma every warpgroup finished
-                # before last step's barrier; the wait for step i - 1's wgmma (its A registers are rewritten by this
-                # step's decode) comes after them, so its latency overlaps the issue and the ring wait
-                j = i + DIST
-                _issue_pair(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, gcol3, xoff, vx, xk, KG, K, j,
-                            j % STAGES, UP)
-                if PREFETCH:
-                    _prefetch_step(pf_ptr, pf_ok, i + PREFETCH, n_s, UP, PF_LINE)
-                nca = _pair_scales(ss_a, gl.minimum(i + 1, KT_PAD - 1), rg3, LS)
-                if UP:
-                    ncb = _pair_scales(ss_b, gl.minimum(i + 1, KT_PAD - 1), rg3, LS)
-                async_copy.wait_group(DIST)
-                fence_async_shared()  # own copies of step i -> the async proxy, before the barrier publishes them
-                if UP:
-                    acc_a, acc_b = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a, acc_b))
-                else:
-                    acc_a = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a,))
-                _cta_barrier()  # step i's copies visible to all; every warpgroup's wgmma of step i - 1 done
-                si = i % STAGES
-                xs = ring_x.index(si).permute((1, 0))
-                da = gl.convert_layout(_decode_fragment(ring_a.index(si).load(L3), ca, 128, SAFE, PACKED), AOP)
-                if UP:
-                    db = gl.convert_layout(_decode_fragment(ring_b.index(si).load(L3), cb, 128, SAFE, PACKED), AOP)
-                acc_a = warpgroup_mma(da, xs, acc_a, is_async=True)
-                if UP:
-                    acc_b = warpgroup_mma(db, xs, acc_b, is_async=True)
-                    cb = ncb
-                ca = nca
+            if UP:
+                acc_a, acc_b = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a, acc_b))
             else:
-                if UP:
-                    acc_a, acc_b = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a, acc_b))
-                else:
-                    acc_a = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a,))
-                _cta_barrier()  # every warpgroup's wgmma of step i-1 is done: its ring slot may be refilled
-                j = i + STAGES - 1
-                _issue_pair(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, gcol3, xoff, vx, xk, KG, K, j,
-                            j % STAGES, UP)
-                if PREFETCH:
-                    _prefetch_step(pf_ptr, pf_ok, i + PREFETCH, n_s, UP, PF_LINE)
-                nca = _pair_scales(ss_a, gl.minimum(i + 1, KT_PAD - 1), rg3, LS)  # the last step's read is unused
-                if UP:
-                    ncb = _pair_scales(ss_b, gl.minimum(i + 1, KT_PAD - 1), rg3, LS)
-                async_copy.wait_group(STAGES - 1)
-                si = i % STAGES
-                _cta_barrier()
-                xs = ring_x.index(si).permute((1, 0))
-                da = gl.convert_layout(_decode_fragment(ring_a.index(si).load(L3), ca, 128, SAFE, PACKED), AOP)
-                if UP:
-                    db = gl.convert_layout(_decode_fragment(ring_b.index(si).load(L3), cb, 128, SAFE, PACKED), AOP)
-                fence_async_shared()
-                _cta_barrier()
-                acc_a = warpgroup_mma(da, xs, acc_a, is_async=True)
-                if UP:
-                    acc_b = warpgroup_mma(db, xs, acc_b, is_async=True)
-                    cb = ncb
-                ca = nca
+                acc_a = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a,))
+            _cta_barrier()  # every warpgroup's wgmma of step i-1 is done: its ring slot may be refilled
+            j = i + STAGES - 1
+            _issue_pair(ring_a, ring_b, ring_x, wa_ptr, wb_ptr, x_ptr, woff3, nm3, gcol3, xoff, vx, xk, KG, K, j,
+                        j % STAGES, UP)
+            if PREFETCH:
+                _prefetch_step(pf_ptr, pf_ok, i + PREFETCH, n_s, UP, PF_LINE)
+            nca = _pair_scales(ss_a, gl.minimum(i + 1, KT_PAD - 1), rg3, LS)  # the last step's read is unused
+            if UP:
+                ncb = _pair_scales(ss_b, gl.minimum(i + 1, KT_PAD - 1), rg3, LS)
+            async_copy.wait_group(STAGES - 1)
+            si = i % STAGES
+            _cta_barrier()
+            xs = ring_x.index(si).permute((1, 0))
+            da = gl.convert_layout(_decode_fragment(ring_a.index(si).load(L3), ca, 128, SAFE, PACKED), AOP)
+            if UP:
+                db = gl.convert_layout(_decode_fragment(ring_b.index(si).load(L3), cb, 128, SAFE, PACKED), AOP)
+            fence_async_shared()
+            _cta_barrier()
+            acc_a = warpgroup_mma(da, xs, acc_a, is_async=True)
+            if UP:
+                acc_b = warpgroup_mma(db, xs, acc_b, is_async=True)
+                cb = ncb
+            ca = nca
         async_copy.wait_group(0)
         rn = tile * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, LO))
         rows = blk * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, LO))
@@ -390,10 +356,8 @@ def launch(up: bool, grid: int, x, pair, bexp, w, s, wb, sb, wt, out, p: int, ne
     ``w`` and UE8M0 bytes ``s`` (``wb``/``sb``: w3 for the up launch, else repeated)), ``stages`` deep;
     ``prefetch``: steps asked of L2 ahead (default ``PAIR_L2_PREFETCH``; 0 or at most ``stages - 1``: none).
     ``packed``: ``w``/``wb`` are in core's word layout (``mxfp4_words``)."""
-    one_bar = PAIR_ONE_BARRIER
-    stages = stages + 1 if one_bar else stages  # the same copies ahead, one more slot
     prefetch = PAIR_L2_PREFETCH if prefetch is None else prefetch
-    prefetch = prefetch if prefetch > stages - 1 - one_bar else 0
+    prefetch = prefetch if prefetch > stages - 1 else 0
     words = [a.view(torch.int32) for a in (s, sb)]  # a row's 4 scale bytes of a 128-column tile as one word
     _swap_pair_kernel[(grid,)](x, pair, bexp, w, words[0], wb, words[1], wt, out, p, ne, n, k, k // 2, stride_x,
                                float(limit), nt,
@@ -401,4 +365,4 @@ def launch(up: bool, grid: int, x, pair, bexp, w, s, wb, sb, wt, out, p: int, ne
                                SKIP_PAD=int(skip_pad), KT_PAD=triton.next_power_of_2(triton.cdiv(k // 128, 2)),
                                num_warps=8, maxnreg=PAIR_MAXNREG if up else PAIR_DOWN_MAXNREG, PREFETCH=prefetch,
                                PF_LINE=int(_l2.LINE), EARLY_W=int(PAIR_EARLY_WEIGHTS and not up),
-                               PACKED=int(packed), ONE_BAR=int(one_bar), **pdl_launch())
+                               PACKED=int(packed), **pdl_launch())
