@@ -26,6 +26,7 @@ import torch
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from deepinfer_core.kernels.ops.moe import clamped_swiglu
+from deepinfer_core.kernels.ops.mxfp4_words import is_word_layout
 from deepinfer_core.kernels.ops.quant import fp8_scale_to_float, quant_rows_pow2, ue8m0_to_float
 from deepinfer_nvidia.kernels._common import on_cuda
 from deepinfer_nvidia.kernels.vendors import arch_of, importable
@@ -137,7 +138,7 @@ def supports_experts(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, alignment: 
     if not (on_cuda(x, weights, ids, w1, w3, w2) and x.dtype == torch.bfloat16 and x.dim() == 2
             and ids.dim() == 2 and ids.numel() > 0 and _sm100(x)):
         return False
-    if any(w.dtype == torch.int32 for w in (w1, w3, w2)):  # core's word layout: never made on SM100
+    if any(is_word_layout(w) for w in (w1, w3, w2)):  # core's word layout: never made on SM100
         return False
     e, f = w1.shape[0], w1.shape[1]
     return (x.shape[1] % GROUP == 0 and f % GROUP == 0

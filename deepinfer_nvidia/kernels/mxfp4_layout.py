@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from deepinfer_core.kernels.ops.mxfp4_words import experts_mxfp4_layout as keep_layout, to_word_layout_
+from deepinfer_core.kernels.ops.mxfp4_words import experts_mxfp4_layout as keep_layout, to_word_layout
 
 WORD_LAYOUT = os.environ.get("DEEPINFER_NV_MXFP4_WORD_LAYOUT", "1") == "1"
 
@@ -43,11 +43,11 @@ def experts_mxfp4_layout(w1, s1, w3, s3, w2, s2):
 
 
 def _repacked(w: torch.Tensor) -> torch.Tensor:
-    """In place by one Triton pass (no memory: the V4.1 slice on an H100 had 40 MB free, pass40d), or core's
-    chunked torch form for a stack that is not contiguous."""
+    """In place by one Triton pass (no memory: the V4.1 slice on an H100 had 40 MB free, pass40d), or a repacked
+    copy by core's chunked torch form for a stack that is not contiguous (no storage of its own to repack)."""
     from deepinfer_nvidia.kernels.triton_words import pack_words_inplace
 
-    return pack_words_inplace(w) if w.is_contiguous() else to_word_layout_(w)
+    return pack_words_inplace(w) if w.is_contiguous() else to_word_layout(w)
 
 
 def supports(w1, s1, w3, s3, w2, s2) -> bool:

@@ -403,8 +403,10 @@ def moe_experts_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit):
         out = _sw.swap_or_none(x, weights, ids, b1, s1, b3, s3, b2, s2, limit, packed=packed)
         if out is not None:
             return out
-    if packed:  # the other paths read checkpoint bytes: a transient unpacked copy (SM90 takes them only where the
-        w1, w3, w2 = (expert_bytes(w) for w in (w1, w3, w2))  # Gluon kernels fail to compile)
+    if packed:
+        # the other paths read checkpoint bytes: a transient unpacked copy (on SM90 only where the Gluon kernels
+        # fail to compile, since the layout is made only where they run)
+        w1, w3, w2 = (expert_bytes(w) for w in (w1, w3, w2))
     if x.dim() == 2 and ids.dim() == 2 and 0 < ids.numel() <= _splitk.SPLITK_PAIRS:
         _check_stacks(x, w1, s1, w3, s3, w2, s2)
         xc = x if x.stride(1) == 1 else x.contiguous()

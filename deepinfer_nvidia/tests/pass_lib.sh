@@ -2,8 +2,13 @@
 t0=$(date +%s)
 export PYTHONUNBUFFERED=1 DEEPINFER_ACCELERATOR=nvidia
 HERE=$(dirname "${BASH_SOURCE[0]}")  # deepinfer_nvidia/tests
+GPU=${GPU:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)}
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }   # elapsed seconds, then the message
 has() { [[ ",$STAGES," == *",$1,"* ]]; }              # is stage $1 in the comma-separated STAGES
+auto_stages() {  # auto_stages ON_H200 ELSEWHERE: STAGES "auto" becomes the first on an H200, else the second; stamps
+  [ "$STAGES" = auto ] && case "$GPU" in *H200*) STAGES=$1 ;; *) STAGES=$2 ;; esac
+  stamp "$GPU: stages $STAGES"
+}
 quiet() { grep -vE "Warning|warn"; }                  # drop warning lines from a log stream
 mkdir -p "$OUT"
 xdist_files() {  # xdist_files TAG pytest-args...: one line per finished test into $OUT/TAG.txt, then a count
