@@ -39,6 +39,21 @@ logger = logging.getLogger(__name__)
 # were slower (V4 batch 32 pipelined 2.60 ms against 2.45 static and 2.66 uncompiled; V4.1 batch 1 2.34 against
 # 2.26 static).
 _COMPILE_RECOMPILES = 256  # graphs per process: one per (batch, context) bucket of each step function
+_CAPTURE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def _capture_stream() -> torch.cuda.Stream | None:
+    """The stream graphs are captured on: None (PyTorch's own capture stream) unless
+    ``cuda_side_stream.CHAIN_PRIORITY`` asks for a priority, then one such stream a device."""
+    from deepinfer_nvidia.kernels.cuda_side_stream import chain_priority
+
+    priority = chain_priority()
+    if priority is None:
+        return None
+    idx = torch.cuda.current_device()
+    if idx not in _CAPTURE_STREAMS:
+        _CAPTURE_STREAMS[idx] = torch.cuda.Stream(device=idx, priority=priority)
+    return _CAPTURE_STREAMS[idx]
 
 
 def compile_enabled() -> bool:
@@ -181,7 +196,7 @@ class CudaGraphRunner:
         graph = torch.cuda.CUDAGraph()
         # thread_local: the engine captures on its worker thread while the scheduler thread runs Python
         # (no CUDA calls); "global" would also fail on harmless calls made by other threads.
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, pool=self._pool, stream=_capture_stream(), capture_error_mode="thread_local"):
             out = self.fn(*static_args, **static_kwargs)
         if self._pool is None:
             self._pool = graph.pool()

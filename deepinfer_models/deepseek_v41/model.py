@@ -27,6 +27,20 @@ from deepinfer_models.deepseek_v41.step import IndexShare, StepRows
 # from the step's start, joined where the layer injects: on a platform with side streams the lookup leaves the
 # layers' chain. ``DEEPINFER_ENGRAM_BRANCH=0``: in order, at the layer (docs/performance.md, thirty-sixth pass).
 ENGRAM_BRANCH = os.environ.get("DEEPINFER_ENGRAM_BRANCH", "1") == "1"
+# How many layers before its own an Engram layer's lookup branch forks (``DEEPINFER_ENGRAM_LEAD``; -1, the default:
+# every lookup at the step's start). The lookups are slack branches (``stream.side(..., slack=True)``): their
+# ``wkv`` GEMVs read ~157 MB each at V4.1's widths and share the copy bandwidth with the layers' chain while they run,
+# so a lookup joined at layer 14 need not compete with layer 0 (forty-second pass).
+ENGRAM_LEAD = int(os.environ.get("DEEPINFER_ENGRAM_LEAD", "-1"))
+
+
+def engram_fork_layers(engram_ids: list[int], lead: int) -> dict[int, list[int]]:
+    """``{layer: [Engram layers whose lookups fork at its start]}``: layer ``max(0, i - lead)`` for each ``i`` in
+    ``engram_ids``, or layer 0 for all of them when ``lead < 0``."""
+    out: dict[int, list[int]] = {}
+    for i in engram_ids:
+        out.setdefault(0 if lead < 0 else max(0, i - lead), []).append(i)
+    return out
 
 _OWN_OPS = (
     "norm.rms", "norm.rms_unweighted", "norm.rms_rope", "rope.interleaved", "attention.sparse_sink",
@@ -149,14 +163,22 @@ class DeepseekV41ForCausalLM(DeepseekCausalLMBase):
         # the streams first: their two small launches would otherwise queue behind the Engram branches' GEMVs
         x = self.embed[input_ids]
         residual = x.unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()  # [T, n, D]
-        # every Engram layer's table lookup reads only this step's ids: branches from here, joined where they inject
+        # every Engram layer's table lookup reads only this step's ids: a branch forked at the start of layer
+        # max(0, i - ENGRAM_LEAD) (all at layer 0 by default), joined where the layer injects
         engram_ids = [i for i, layer in enumerate(self.layers) if layer["engram"] is not None and ENGRAM_BRANCH]
-        lookups = {i: k["stream.side"](self.layers[i]["engram"].lookup, hash_ids, self.dtype) for i in engram_ids}
+        forks = engram_fork_layers(engram_ids, ENGRAM_LEAD)
+        lookups: dict[int, object] = {}
+
+        def fork(ids: list[int]) -> None:
+            for j in ids:
+                lookups[j] = k["stream.side"](self.layers[j]["engram"].lookup, hash_ids, self.dtype, slack=True)
+
         stack = []
         for i, layer in enumerate(self.layers):
             attn, ffn, engram = layer["attn"], layer["ffn"], layer["engram"]
-            inject = (lambda r, e=engram, b=lookups.get(i): e(r, hash_ids, b.join() if b is not None else None)
+            inject = (lambda r, e=engram, j=i: e(r, hash_ids, lookups[j].join() if j in lookups else None)
                       ) if engram is not None else None
+            before = (lambda ids=forks[i]: fork(ids)) if i in forks else None
             if taps is not None and i in taps:  # read-only: record the stream, return it unchanged
                 inject = _tapping(inject, taps, i)
             if plan is None or i < c:
@@ -169,6 +191,7 @@ class DeepseekV41ForCausalLM(DeepseekCausalLMBase):
             stack.append(HCLayer(
                 hc_attn=layer["hc"]["attn"], hc_ffn=layer["hc"]["ffn"], attn_norm=layer["attn_norm"],
                 ffn_norm=layer["ffn_norm"], attn=attn_fn, ffn=lambda h, f=ffn, ids=ids: f.parts(h, ids), inject=inject,
+                before=before,
             ))
 
         def keep(h: torch.Tensor) -> torch.Tensor:

