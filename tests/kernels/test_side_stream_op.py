@@ -173,3 +173,18 @@ def test_chain_priority_knob_refuses_other_values():
 
     res = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True)
     assert res.returncode != 0 and "DEEPINFER_NV_CHAIN_PRIORITY must be 0, all or slack, got 'high'" in res.stderr
+
+
+def test_slack_tiles_only_inside_a_slack_branch(monkeypatch):
+    """``SLACK_GEMV_TILES`` paces the FP8 GEMVs a slack branch issues (``gemv_wgmma_paced``): ``slack_tiles()`` is
+    the knob inside a slack branch, 0 inside an ordinary one and outside, and the state unwinds."""
+    from deepinfer_nvidia.kernels import cuda_side_stream as css
+
+    monkeypatch.setattr(css, "SLACK_GEMV_TILES", 66)
+    assert css.slack_tiles() == 0
+    with css._in_branch(5, slack=True):
+        assert css.slack_tiles() == 66 and css.lane() == 5
+        with css._in_branch(1):
+            assert css.slack_tiles() == 0
+        assert css.slack_tiles() == 66
+    assert css.slack_tiles() == 0 and css.lane() == 0
