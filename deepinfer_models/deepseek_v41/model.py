@@ -27,13 +27,6 @@ from deepinfer_models.deepseek_v41.step import IndexShare, StepRows
 # from the step's start, joined where the layer injects: on a platform with side streams the lookup leaves the
 # layers' chain. ``DEEPINFER_ENGRAM_BRANCH=0``: in order, at the layer (docs/performance.md, thirty-sixth pass).
 ENGRAM_BRANCH = os.environ.get("DEEPINFER_ENGRAM_BRANCH", "1") == "1"
-# The Engram hasher (the n-gram window, the hash ids, the history write: ~10 launches at one token) in the first
-# Engram layer's lookup branch instead of on the chain before layer 0; the other layers' lookups then fork when that
-# branch is joined, at the first Engram layer (so at layer 1, not the step's start, for V4.1's layer 14).
-# ``DEEPINFER_ENGRAM_HASH_BRANCH=1`` (forty-second pass). The lookups are slack branches (``stream.side(...,
-# slack=True)``): their ``wkv`` GEMVs read ~157 MB each at V4.1's widths and are joined layers later.
-ENGRAM_HASH_BRANCH = os.environ.get("DEEPINFER_ENGRAM_HASH_BRANCH", "0") == "1"
-
 
 _OWN_OPS = (
     "norm.rms", "norm.rms_unweighted", "norm.rms_rope", "rope.interleaved", "attention.sparse_sink",
@@ -124,12 +117,6 @@ class DeepseekV41ForCausalLM(DeepseekCausalLMBase):
             raise ValueError(f"speculative_config: DeepSeek-V4.1 drafts with 'dspark', not {spec.method!r}")
         return load_dspark_proposer(self, model_dir, spec, platform=platform, kernel_overrides=kernel_overrides)
 
-    def _hash_and_look_up(self, input_ids: torch.Tensor, ctx: StepContext, rows: StepRows, layer: int):
-        """The Engram hash ids of the step (writing the history) and layer ``layer``'s lookup with them: one branch
-        (``ENGRAM_HASH_BRANCH``). Returns (hash_ids, kv)."""
-        hash_ids = self.hasher(input_ids, ctx, rows)
-        return hash_ids, self.layers[layer]["engram"].lookup(hash_ids, self.dtype)
-
     # -- forward -------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """input_ids [T] int64 -> final hidden states [T, D] in ``dtype`` (after the final norm)."""
@@ -151,9 +138,7 @@ class DeepseekV41ForCausalLM(DeepseekCausalLMBase):
         k, cfg = self.k, self.cfg
         rows = StepRows.from_context(ctx)
         share = IndexShare()
-        engram_ids = [i for i, layer in enumerate(self.layers) if layer["engram"] is not None and ENGRAM_BRANCH]
-        hash_in_branch = bool(engram_ids) and ENGRAM_HASH_BRANCH and self.hasher is not None
-        hash_ids = self.hasher(input_ids, ctx, rows) if self.hasher is not None and not hash_in_branch else None
+        hash_ids = self.hasher(input_ids, ctx, rows) if self.hasher is not None else None
         eps = cfg.rms_norm_eps
         c = self.replay_cut
         plan = plan_replay(ctx, cfg.sliding_window) if c is not None and taps is None else None
@@ -164,34 +149,14 @@ class DeepseekV41ForCausalLM(DeepseekCausalLMBase):
         # the streams first: their two small launches would otherwise queue behind the Engram branches' GEMVs
         x = self.embed[input_ids]
         residual = x.unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()  # [T, n, D]
-        # every Engram layer's table lookup reads only this step's ids: a slack branch, joined where the layer injects;
-        # all from here, or (hash_in_branch) the first with the hasher from here and the rest from its join
-        lookups: dict[int, object] = {}
-        if hash_in_branch:
-            lookups[engram_ids[0]] = k["stream.side"](self._hash_and_look_up, input_ids, ctx, rows, engram_ids[0],
-                                                      slack=True)
-        else:
-            for j in engram_ids:
-                lookups[j] = k["stream.side"](self.layers[j]["engram"].lookup, hash_ids, self.dtype, slack=True)
-        state = {"hash_ids": hash_ids}
-
-        def engram_kv(i: int) -> torch.Tensor | None:
-            """Layer ``i``'s joined lookup (None: the layer looks up in order); the first join of a hashing branch
-            also publishes its hash ids and forks the later layers' lookups."""
-            if i not in lookups:
-                return None
-            if not hash_in_branch or i != engram_ids[0]:
-                return lookups[i].join()
-            state["hash_ids"], kv = lookups[i].join()
-            for j in engram_ids[1:]:
-                lookups[j] = k["stream.side"](self.layers[j]["engram"].lookup, state["hash_ids"], self.dtype,
-                                              slack=True)
-            return kv
-
+        # every Engram layer's table lookup reads only this step's ids: branches from here, joined where they inject
+        engram_ids = [i for i, layer in enumerate(self.layers) if layer["engram"] is not None and ENGRAM_BRANCH]
+        lookups = {i: k["stream.side"](self.layers[i]["engram"].lookup, hash_ids, self.dtype) for i in engram_ids}
         stack = []
         for i, layer in enumerate(self.layers):
             attn, ffn, engram = layer["attn"], layer["ffn"], layer["engram"]
-            inject = _injector(engram, i, engram_kv, state) if engram is not None else None
+            inject = (lambda r, e=engram, b=lookups.get(i): e(r, hash_ids, b.join() if b is not None else None)
+                      ) if engram is not None else None
             if taps is not None and i in taps:  # read-only: record the stream, return it unchanged
                 inject = _tapping(inject, taps, i)
             if plan is None or i < c:
@@ -220,15 +185,6 @@ class DeepseekV41ForCausalLM(DeepseekCausalLMBase):
                             cut=(c, keep) if plan is not None else None)
         return k["norm.rms"](h, self.norm_w, eps)
 
-
-
-def _injector(engram, layer: int, engram_kv, state: dict):
-    """Layer ``layer``'s Engram injection: its lookup joined first (which may publish the step's hash ids into
-    ``state``), then the gated value added to the stream."""
-    def run(r: torch.Tensor) -> torch.Tensor:
-        kv = engram_kv(layer)
-        return engram(r, state["hash_ids"], kv)
-    return run
 
 
 def _tapping(inject, taps: dict, layer: int):

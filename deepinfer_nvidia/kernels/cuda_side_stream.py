@@ -53,31 +53,32 @@ SIDE_MAX_ROWS = int(os.environ.get("DEEPINFER_NV_SIDE_STREAM_ROWS", "64"))
 # Side streams a device (``DEEPINFER_NV_SIDE_STREAMS``; 1: every branch queues on one stream, as before the
 # thirty-sixth pass).
 SIDE_STREAMS = max(1, int(os.environ.get("DEEPINFER_NV_SIDE_STREAMS", "4")))
-# Stream priorities (``DEEPINFER_NV_CHAIN_PRIORITY``; PyTorch instantiates graphs so that replay honours the priority
-# each kernel was captured with, and the block scheduler then gives a free SM slot to the highest-priority pending
-# program). "0" (the default): every stream at the default priority. "all": graphs are captured on a stream of the
-# highest priority (``deepinfer_nvidia.graphs``) and every branch keeps the lowest, so the chain's programs go first.
-# "slack": the chain and ordinary branches at the highest priority, branches forked with ``slack=True`` (an Engram
-# lookup, joined layers later) at the lowest, so only they wait for free slots. Why: forty-second pass
-# (``docs/perf/pass42a``, H100, batch 1): the Engram lookups' ``wkv`` GEMVs, 800 programs each, forked at the step's
-# start held every slot for ~100 us while layer 0's chain waited behind their queue.
-CHAIN_PRIORITY = os.environ.get("DEEPINFER_NV_CHAIN_PRIORITY", "0")
-if CHAIN_PRIORITY not in ("0", "all", "slack"):
-    raise ValueError(f"DEEPINFER_NV_CHAIN_PRIORITY must be 0, all or slack, got {CHAIN_PRIORITY!r}")
+# The chain before the branches (``DEEPINFER_NV_CHAIN_PRIORITY``; on by default since the forty-second pass): graphs
+# are captured on a stream of the device's highest priority (``deepinfer_nvidia.graphs``), while the side streams
+# keep the default, lowest, one. PyTorch instantiates graphs with ``cudaGraphInstantiateFlagUseNodePriority``, so on
+# replay the block scheduler gives a free SM slot to the chain's pending programs before a branch's. Why
+# (``docs/perf/pass42a``, H100, batch 1): the two Engram lookups fork at the step's start and their ``wkv`` GEMVs
+# (800 programs each) held every slot for ~100 us while layer 0's one-program RMSNorm and its GEMVs waited behind
+# their queue. Measured (pipelined, alternated, bit-identical to eager at batch 1): batch 1 -10 to -30 us on H100s,
+# even on the H200; the batch-32 row -70 to -115 us on both. ``DEEPINFER_NV_CHAIN_PRIORITY=0``: PyTorch's own
+# capture stream, every stream at the default priority.
+CHAIN_PRIORITY = os.environ.get("DEEPINFER_NV_CHAIN_PRIORITY", "1")
+if CHAIN_PRIORITY not in ("0", "1"):
+    raise ValueError(f"DEEPINFER_NV_CHAIN_PRIORITY must be 0 or 1, got {CHAIN_PRIORITY!r}")
 HIGHEST = -100  # a priority below the device's range maps to its highest
-# (device index, slack) -> [[stream, a weak reference to its last branch (Forked) or None, fork number]]; weak, so
-# that a joined branch's result is not kept alive by the pool (a branch dropped unjoined frees its stream too: what
-# it queued there runs before anything queued after it). Slack branches have their own streams (and lanes) only
-# where their priority differs.
-_POOLS: dict[tuple[int, bool], list[list]] = {}
+
+
+def chain_priority() -> int | None:
+    """The priority graphs are captured with (None: PyTorch's default capture stream)."""
+    return HIGHEST if CHAIN_PRIORITY == "1" else None
+
+
+# device index -> [[stream, a weak reference to its last branch (Forked) or None, fork number]]; weak, so that a
+# joined branch's result is not kept alive by the pool (a branch dropped unjoined frees its stream too: what it
+# queued there runs before anything queued after it)
+_POOLS: dict[int, list[list]] = {}
 _FORKS = [0]  # forks so far (orders the streams' last use)
 _STATE = threading.local()  # .lane: 0 for the current stream's launches, i + 1 inside a branch on side stream i
-
-
-# 64-row tiles a launch of an FP8 GEMV issued inside a slack branch may have (``DEEPINFER_NV_SLACK_GEMV_TILES``; 0,
-# the default: no limit). Such a GEMV (``gluon_fp8_gemv.gemv_wgmma_paced``) runs as launches of at most this many
-# programs one after another, so it never fills every SM slot ahead of the chain (forty-second pass).
-SLACK_GEMV_TILES = int(os.environ.get("DEEPINFER_NV_SLACK_GEMV_TILES", "0"))
 
 
 def lane() -> int:
@@ -85,48 +86,29 @@ def lane() -> int:
     return getattr(_STATE, "lane", 0)
 
 
-def slack_tiles() -> int:
-    """``SLACK_GEMV_TILES`` while a slack branch issues its launches (the thread is inside one), else 0."""
-    return SLACK_GEMV_TILES if getattr(_STATE, "slack", False) else 0
-
-
 @contextlib.contextmanager
-def _in_branch(lane_id: int, slack: bool = False):
+def _in_branch(lane_id: int):
     before, _STATE.lane = lane(), lane_id
-    slack_before, _STATE.slack = getattr(_STATE, "slack", False), slack
     try:
         yield
     finally:
-        _STATE.lane, _STATE.slack = before, slack_before
+        _STATE.lane = before
 
 
-def chain_priority() -> int | None:
-    """The priority graphs are captured with (None: PyTorch's default capture stream)."""
-    return HIGHEST if CHAIN_PRIORITY != "0" else None
-
-
-def _branch_priority(slack: bool) -> int:
-    """A branch stream's priority: the lowest (0, the default) unless the mode is "slack" and the branch is not."""
-    return HIGHEST if CHAIN_PRIORITY == "slack" and not slack else 0
-
-
-def _side_stream(device: torch.device, slack: bool = False) -> tuple[list, int]:
+def _side_stream(device: torch.device) -> tuple[list, int]:
     """A free side stream of ``device`` (its last branch joined, or a new one up to ``SIDE_STREAMS``; else the one
-    whose last branch forked earliest): its pool entry and its lane (slack streams after the ordinary ones'
-    ``SIDE_STREAMS`` lanes)."""
+    whose last branch forked earliest): its pool entry and its lane."""
     idx = device.index if device.index is not None else torch.cuda.current_device()
-    slack = slack and CHAIN_PRIORITY == "slack"
-    pool = _POOLS.setdefault((idx, slack), [])
-    first = SIDE_STREAMS if slack else 0
+    pool = _POOLS.setdefault(idx, [])
     for i, entry in enumerate(pool):
         last = entry[1]() if entry[1] is not None else None
         if last is None or last.joined:
-            return entry, first + i + 1
+            return entry, i + 1
     if len(pool) < SIDE_STREAMS:
-        pool.append([torch.cuda.Stream(device=idx, priority=_branch_priority(slack)), None, 0])
-        return pool[-1], first + len(pool)
+        pool.append([torch.cuda.Stream(device=idx), None, 0])
+        return pool[-1], len(pool)
     i = min(range(len(pool)), key=lambda j: pool[j][2])
-    return pool[i], first + i + 1
+    return pool[i], i + 1
 
 
 class Forked:
@@ -158,20 +140,19 @@ def _compiling() -> bool:
     return compile_enabled() or torch.compiler.is_compiling()
 
 
-def side(fn: Callable[..., Any], *args: Any, slack: bool = False, enabled: bool | None = None) -> Joined | Forked:
+def side(fn: Callable[..., Any], *args: Any, enabled: bool | None = None) -> Joined | Forked:
     """``fn(*args)`` on the device's side stream (``enabled``: default ``SIDE_STREAM``). Runs in order, as the
     reference does, where the knob is off, the first tensor argument is not on a CUDA device or has more than
     ``SIDE_MAX_ROWS`` rows, the call comes from inside a branch (a nested branch runs inline on its stream) or the
-    step is compiled. ``slack``: the join comes layers later; under ``CHAIN_PRIORITY`` "slack" the branch runs on a
-    lowest-priority stream."""
+    step is compiled."""
     device = _device_of(args)
     if not (SIDE_STREAM if enabled is None else enabled) or device is None or lane() or _compiling():
-        return side_reference(fn, *args, slack=slack)
+        return side_reference(fn, *args)
     main = torch.cuda.current_stream(device)
-    entry, lane_id = _side_stream(device, slack)
+    entry, lane_id = _side_stream(device)
     stream = entry[0]
     stream.wait_stream(main)  # the branch's inputs are written on the current stream
-    with torch.cuda.stream(stream), _in_branch(lane_id, slack):
+    with torch.cuda.stream(stream), _in_branch(lane_id):
         value = fn(*args)
     _FORKS[0] += 1
     branch = Forked(value, main, stream)
@@ -179,6 +160,6 @@ def side(fn: Callable[..., Any], *args: Any, slack: bool = False, enabled: bool 
     return branch
 
 
-def supports(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
+def supports(fn: Callable[..., Any], *args: Any) -> bool:
     """Every call is taken (``side`` itself runs inline where a second stream cannot help)."""
     return True

@@ -504,25 +504,3 @@ def gemv_wgmma(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, b
                                        PF_LINE=int(_l2.LINE),
                                        **({"launch_pdl": True} if pdl else {}))
     return y
-
-
-def gemv_wgmma_paced(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, s_cols: int, bn_blk: int, bk_blk: int,
-                     tiles_per_launch: int) -> torch.Tensor:
-    """``gemv_wgmma``'s product in launches of at most ``tiles_per_launch`` 64-row tiles (rounded up to whole scale
-    blocks), each one K pass with no split and no PDL, one after another on the current stream; y [M, N] bf16.
-
-    For a slack branch (``cuda_side_stream``: an Engram lookup's ``wkv``, 157 MB at V4.1's widths, joined layers
-    later): one launch of all 800 programs fills every SM slot, so the chain's next kernels wait behind its queue
-    and then share the copy bandwidth with it (forty-second pass, ``docs/perf/pass42e``). Paced, at most one launch's
-    programs are resident at a time, so the branch takes part of the SMs and of the bandwidth for longer. The K sum
-    is one pass per row, so the bits may differ from the split launch's (fp32 partials added in another order)."""
-    n = q.shape[0]
-    rows = -(-tiles_per_launch * 64 // bn_blk) * bn_blk
-    rows = -(-rows // 64) * 64
-    outs = []
-    for r0 in range(0, n, rows):
-        r1 = min(n, r0 + rows)
-        tiles = -(-(r1 - r0) // 64)
-        outs.append(gemv_wgmma(x, q[r0:r1], s[r0 // bn_blk:-(-r1 // bn_blk)], s_cols, bn_blk, bk_blk, tiles,
-                               programs=1, pdl=False))
-    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)

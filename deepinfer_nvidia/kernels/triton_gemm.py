@@ -39,7 +39,6 @@ from deepinfer_nvidia.kernels import gluon_fp8_gemv, gluon_w8a8_gemv, triton_fp8
 from deepinfer_nvidia.kernels.triton_scales import ue8m0
 from deepinfer_nvidia.kernels._common import FLOATS, dot_precision, hand_off, on_cuda
 from deepinfer_nvidia.kernels.triton_pdl import pdl_enter, pdl_launch
-from deepinfer_nvidia.kernels.cuda_side_stream import slack_tiles
 
 _SMS = 132  # H200; only used to size split-K, a wrong value costs speed, never correctness
 
@@ -300,9 +299,6 @@ def gemm_fp8_block(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, block)
     if gluon_w8a8_gemv.takes(x, q, bn_blk, bk_blk, e8):  # opt-in MXFP8 activations: FP8 wgmma (thirty-fifth pass)
         return gluon_w8a8_gemv.gemv_w8a8(x, q, s, s_cols, bn_blk, bk_blk, _sm_count(x.device))
     if gluon_fp8_gemv.takes(x, q, bn_blk, bk_blk, e8):  # 1-16 rows on SM90: swap-AB wgmma (twelfth pass)
-        paced = slack_tiles()  # inside a slack branch: at most this many programs at a time (forty-second pass)
-        if paced and n > paced * 64:
-            return gluon_fp8_gemv.gemv_wgmma_paced(x, q, s, s_cols, bn_blk, bk_blk, paced)
         return gluon_fp8_gemv.gemv_wgmma(x, q, s, s_cols, bn_blk, bk_blk, _sm_count(x.device))
     if triton_fp8_gemv.takes(m, bk_blk):  # decode: a CUDA-core GEMV, no 16-row tensor-core tile of padding
         return triton_fp8_gemv.gemm_fp8_gemv(x, q, s, s_cols, bn_blk, bk_blk, e8, _sm_count(x.device))

@@ -231,29 +231,3 @@ def test_wgmma_gemv_thirty_two_rows(t, n, k, block, monkeypatch):
     poison()
     out2 = reg.impl("gemm.fp8_block", "triton")(xc, qc, s.cuda(), block)
     assert torch.equal(out2, out)
-
-
-@pytest.mark.parametrize("t", [1, 2])
-@pytest.mark.parametrize("n,k,block", [(25600, 6144, (32, 32)), (4096, 5120, (128, 128)), (1000, 512, (32, 32))])
-@pytest.mark.parametrize("tiles", [66, 7])
-def test_wgmma_gemv_paced(t, n, k, block, tiles):
-    """``gemv_wgmma_paced`` (a slack branch's GEMV: launches of at most ``tiles`` 64-row tiles, whole scale blocks,
-    one after another): the reference's values at the Engram ``wkv`` width, a [128, 128]-block width (7 tiles round
-    up to 8) and a ragged last launch; a CUDA graph of it replays bit-identically on fresh inputs."""
-    from deepinfer_nvidia.kernels import gluon_fp8_gemv as gg
-
-    x, q, s = _operands(t, n, k, block, 13 * t + n + tiles)
-    ref = _ref(x, q, s, block)
-    poison()
-    xc, qc, sc = x.cuda(), q.cuda(), s.view(torch.uint8).contiguous().cuda()
-    out = gg.gemv_wgmma_paced(xc, qc, sc, sc.shape[1], block[0], block[1], tiles)
-    assert out.shape == (t, n)
-    close(out, ref.bfloat16(), 2e-2, 2e-2)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static = gg.gemv_wgmma_paced(xc, qc, sc, sc.shape[1], block[0], block[1], tiles)
-    for seed in range(3):
-        xc.copy_(torch.randn(t, k, generator=_gen(900 + seed)).bfloat16())
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(static, gg.gemv_wgmma_paced(xc, qc, sc, sc.shape[1], block[0], block[1], tiles)), seed

@@ -83,7 +83,7 @@ def test_stream_pool_takes_free_streams_first(monkeypatch):
 
     monkeypatch.setattr(css, "_POOLS", {})
     monkeypatch.setattr(css, "SIDE_STREAMS", 2)
-    monkeypatch.setattr(css.torch.cuda, "Stream", lambda device, priority=0: object())
+    monkeypatch.setattr(css.torch.cuda, "Stream", lambda device: object())
     dev = torch.device("cuda", 0)
     forks = [0]
 
@@ -105,86 +105,27 @@ def test_stream_pool_takes_free_streams_first(monkeypatch):
     del c
     gc.collect()
     e, lane_e, _ = fork()  # c (stream 1's last branch) dropped: its stream is free again
-    assert lane_e == 1 and len(css._POOLS[(0, False)]) == 2
+    assert lane_e == 1 and len(css._POOLS[0]) == 2
 
 
-@pytest.mark.parametrize("mode", ["0", "all", "slack"])
-def test_slack_branches_get_their_own_low_priority_streams_and_lanes(monkeypatch, mode):
-    """Under ``CHAIN_PRIORITY`` "slack" a slack branch takes a stream of the lowest priority from its own pool, in lanes
-    after the ordinary streams' (so its split-K counters are its own); in the other modes slack changes nothing."""
-    from deepinfer_nvidia.kernels import cuda_side_stream as css
-
-    made = []
-
-    def stream(device, priority=0):
-        made.append(priority)
-        return object()
-
-    monkeypatch.setattr(css, "_POOLS", {})
-    monkeypatch.setattr(css, "SIDE_STREAMS", 2)
-    monkeypatch.setattr(css, "CHAIN_PRIORITY", mode)
-    monkeypatch.setattr(css.torch.cuda, "Stream", stream)
-    dev = torch.device("cuda", 0)
-    ordinary, lane_o = css._side_stream(dev)
-    ordinary[1] = lambda: None  # held open
-    slack, lane_s = css._side_stream(dev, slack=True)
-    if mode == "slack":
-        assert (lane_o, lane_s) == (1, 3) and slack is not ordinary and made == [-100, 0]
-        assert set(css._POOLS) == {(0, False), (0, True)}
-    else:
-        assert (lane_o, lane_s) == (1, 1) and slack is ordinary and made == [0]
-
-
-def test_slack_is_accepted_and_changes_nothing_in_order(monkeypatch):
-    """``slack=True`` (an Engram lookup, joined layers later) is a scheduling hint: the reference and the NVIDIA
-    provider's in-order path run the branch at once with the same result."""
-    from deepinfer_nvidia.kernels import cuda_side_stream as css
-
-    x = torch.randn(2, 3)
-    assert torch.equal(side(torch.tanh, x, slack=True).join(), torch.tanh(x))
-    monkeypatch.setattr(css, "SIDE_STREAM", True)
-    got = css.side(torch.tanh, x, slack=True)
-    assert isinstance(got, Joined) and torch.equal(got.join(), torch.tanh(x))
-    assert css.supports(torch.tanh, x, slack=True)
-
-
-@pytest.mark.parametrize("mode, chain, ordinary, slack", [
-    ("0", None, 0, 0),            # every stream at the default priority, PyTorch's own capture stream
-    ("all", -100, 0, 0),          # the captured chain first, every branch after it
-    ("slack", -100, -100, 0),     # only slack branches after the chain and the ordinary branches
-])
-def test_chain_priority_modes(monkeypatch, mode, chain, ordinary, slack):
-    """``DEEPINFER_NV_CHAIN_PRIORITY``: the capture stream's priority and each kind of branch stream's (-100 maps to
-    the device's highest; 0 is the default and lowest)."""
+@pytest.mark.parametrize("mode, chain", [("1", -100), ("0", None)])
+def test_chain_priority_modes(monkeypatch, mode, chain):
+    """``DEEPINFER_NV_CHAIN_PRIORITY``: graphs are captured on a stream of the highest priority (-100 maps to the
+    device's highest) or on PyTorch's own capture stream; side streams keep the default (lowest) priority."""
     from deepinfer_nvidia.kernels import cuda_side_stream as css
 
     monkeypatch.setattr(css, "CHAIN_PRIORITY", mode)
     assert css.chain_priority() == chain
-    assert css._branch_priority(False) == ordinary and css._branch_priority(True) == slack
 
 
 def test_chain_priority_knob_refuses_other_values():
+    """A bad value stops the import with an error naming the variable and the value."""
+    import os
     import subprocess
     import sys
 
     code = "import deepinfer_nvidia.kernels.cuda_side_stream"
-    env = {"DEEPINFER_NV_CHAIN_PRIORITY": "high", "PATH": ""}
-    import os
+    env = {**os.environ, "DEEPINFER_NV_CHAIN_PRIORITY": "high"}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert res.returncode != 0 and "DEEPINFER_NV_CHAIN_PRIORITY must be 0 or 1, got 'high'" in res.stderr
 
-    res = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True)
-    assert res.returncode != 0 and "DEEPINFER_NV_CHAIN_PRIORITY must be 0, all or slack, got 'high'" in res.stderr
-
-
-def test_slack_tiles_only_inside_a_slack_branch(monkeypatch):
-    """``SLACK_GEMV_TILES`` paces the FP8 GEMVs a slack branch issues (``gemv_wgmma_paced``): ``slack_tiles()`` is
-    the knob inside a slack branch, 0 inside an ordinary one and outside, and the state unwinds."""
-    from deepinfer_nvidia.kernels import cuda_side_stream as css
-
-    monkeypatch.setattr(css, "SLACK_GEMV_TILES", 66)
-    assert css.slack_tiles() == 0
-    with css._in_branch(5, slack=True):
-        assert css.slack_tiles() == 66 and css.lane() == 5
-        with css._in_branch(1):
-            assert css.slack_tiles() == 0
-        assert css.slack_tiles() == 66
-    assert css.slack_tiles() == 0 and css.lane() == 0

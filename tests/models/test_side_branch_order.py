@@ -6,8 +6,7 @@ a branch's result or what it writes (a cache row) before the join, the logits ch
 prefill chunks and decode steps, and the logits must equal the in-order run's bit for bit. Every branch must also
 be joined within its step. Branches: the MoE layers' shared expert (V4, V4.1), with ``DEEPINFER_BRANCH_KV_WRITE``
 V4.1's kv sources' KV half (SWA row, compressor, index keys), with ``DEEPINFER_MHC_MIX_BRANCH`` V4.1's mHC mixes,
-with ``DEEPINFER_ENGRAM_BRANCH`` its Engram layers' table lookups (slack branches forked at the step's start, or
-with ``DEEPINFER_ENGRAM_HASH_BRANCH`` the hasher in the first one and the rest forked at its join), and with
+with ``DEEPINFER_ENGRAM_BRANCH`` its Engram layers' table lookups (forked at the step's start), and with
 ``DEEPINFER_BRANCH_INDEX_WEIGHTS`` its index sources' head weights.
 """
 from __future__ import annotations
@@ -83,7 +82,7 @@ def test_deferred_branches_give_the_in_order_logits(arch, kv_branch, mix_branch,
     want = _run(model, requests, schedule)
     log: list[_Deferred] = []
     in_order = model.k["stream.side"]
-    model.k["stream.side"] = lambda fn, *args, slack=False: _Deferred(fn, args, log)
+    model.k["stream.side"] = lambda fn, *args: _Deferred(fn, args, log)
     try:
         got = _run(model, requests, schedule)
     finally:
@@ -97,45 +96,3 @@ def test_deferred_branches_give_the_in_order_logits(arch, kv_branch, mix_branch,
         heads = sum(layer["attn"].indexer is not None for layer in model.layers) if attention.BRANCH_INDEX_WEIGHTS else 0
         assert sources >= 1 and len(log) == len(schedule) * (len(model.layers) + sources + mixes + lookups + heads)
     assert torch.equal(got, want)
-
-
-
-@pytest.mark.parametrize("hash_branch", [False, True])
-def test_engram_lookups_as_slack_branches(hash_branch, monkeypatch):
-    """Each Engram lookup is a slack branch. ``DEEPINFER_ENGRAM_HASH_BRANCH``: the hasher runs in the first Engram
-    layer's branch (forked at layer 0) and the later layers' lookups fork at that branch's join (the first Engram
-    layer); else every lookup forks at layer 0. Deferred to their joins: the in-order logits bit for bit, every
-    branch joined."""
-    from deepinfer_models.deepseek_v41 import hyper
-    from deepinfer_models.deepseek_v41 import model as model_mod
-
-    monkeypatch.setattr(hyper, "MIX_BRANCH", True)
-    model = _model("v41", None)
-    engram_layers = [i for i, layer in enumerate(model.layers) if layer["engram"] is not None]
-    assert len(engram_layers) >= 2, "the tiny V4.1 needs two Engram layers"
-    requests = [prompt(30, seed=21), prompt(19, seed=22)]
-    schedule = _schedule([len(r) for r in requests], prefill_chunk=8)
-    want = _run(model, requests, schedule)
-    monkeypatch.setattr(model_mod, "ENGRAM_HASH_BRANCH", hash_branch)
-    log: list[_Deferred] = []
-    mix, mixes, forked_at = model.k["mhc.mix"], [0], []  # each layer forks two mixes: the count gives the layer
-    in_order = model.k["stream.side"]
-
-    def deferred(fn, *args, slack=False):
-        if slack:
-            forked_at.append(mixes[0] % (2 * len(model.layers)) // 2)
-        mixes[0] += fn is mix
-        return _Deferred(fn, args, log)
-
-    model.k["stream.side"] = deferred
-    try:
-        got = _run(model, requests, schedule)
-    finally:
-        model.k["stream.side"] = in_order
-    assert all(b.done for b in log)
-    assert torch.equal(got, want)
-    first = engram_layers[0]
-    # the lookups fork before layer 0's mixes; with the hasher in the first branch the rest fork at its join, inside
-    # the first Engram layer (after its attention mix of layer ``first`` is forked: mixes 2 * first + ... counted)
-    expected = [0] * len(engram_layers) if not hash_branch else [0] + [first] * (len(engram_layers) - 1)
-    assert forked_at == expected * len(schedule), forked_at

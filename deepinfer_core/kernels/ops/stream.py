@@ -32,10 +32,8 @@ class Joined:
         return self.value
 
 
-def side(fn: Callable[..., Any], *args: Any, slack: bool = False) -> Joined:
-    """``stream.side`` reference: ``fn(*args)`` now; ``join()`` returns it. ``slack`` says the join comes much
-    later than the fork (layers later), so a platform may run the branch behind everything else; here it changes
-    nothing."""
+def side(fn: Callable[..., Any], *args: Any) -> Joined:
+    """``stream.side`` reference: ``fn(*args)`` now; ``join()`` returns it."""
     if not callable(fn):
         raise TypeError(f"stream.side: the branch must be callable, got {type(fn).__name__}")
     return Joined(fn(*args))
