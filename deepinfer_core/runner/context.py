@@ -278,6 +278,9 @@ def context_from_packed(dev: torch.Tensor, layout: StepLayout, group_specs: dict
     ctx.extras["seq_first_row"] = first_row
     ctx.extras["seq_end"] = info[:b, 0] + counts_d
     ctx.extras["window_floor"] = info[:b, 4]
+    if layout.one_token_each:  # a slice is its one token: its state slot and last row need no index math
+        ctx.extras["token_slot"] = cols[2]  # [B] contiguous
+        ctx.extras["seq_last_row"] = first_row
     return ids, ctx
 
 

@@ -122,11 +122,13 @@ class CompressorV41:
         ``both`` [T, 2d] is every row's ``kv | z``."""
         ring = ctx.caches[self.ring_name]  # [slots, RING, 2d]
         prev = take_rows(ctx.positions, closing) - 1
-        # the partner (even position) is in this step unless the step started at the closing token
-        here = (prev >= take_rows(rows.start, closing))[:, None]
         from_ring = ring[take_rows(rows.slot, closing), prev % RING]
-        before = torch.cat([both[:1], both[:-1]]) if closing is None else both[(closing - 1).clamp(min=0)]
-        partner = torch.where(here, before, from_ring)
+        if rows.decode:  # a decode step starts every slice at its token: the partner is always in the ring
+            partner = from_ring
+        else:  # the partner (even position) is in this step unless the step started at the closing token
+            here = (prev >= take_rows(rows.start, closing))[:, None]
+            before = torch.cat([both[:1], both[:-1]]) if closing is None else both[(closing - 1).clamp(min=0)]
+            partner = torch.where(here, before, from_ring)
         pair = torch.stack([partner, take_rows(both, closing)], dim=1)  # [G, 2, 2d]: kv | z of the pair's positions
         u = self.k["compress.softmax_pool"](pair[..., : self.d], pair[..., self.d:])
         # keep the last two positions of every request for pairs closing in a later step

@@ -11,12 +11,18 @@
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
 
 from deepinfer_core.runner.context import StepContext
 from deepinfer_models.layers.static_index import compact, take_rows
+
+# A decode step's rows without index math (``StepRows.from_context``) and the ratio-2 compressor's partner read from
+# the ring alone there (``CompressorV41._pool_pairs``): ~8 fewer small launches on a graphed decode step's chain
+# (forty-second pass). ``DEEPINFER_DECODE_SHORTCUTS=0``: the general formulas (the same values), for A/B runs.
+DECODE_SHORTCUTS = os.environ.get("DEEPINFER_DECODE_SHORTCUTS", "1") == "1"
 
 
 @dataclass(frozen=True)
@@ -30,10 +36,16 @@ class StepRows:
     start: torch.Tensor
     slot: torch.Tensor
     last: torch.Tensor
+    decode: bool = False  # one token a slice (a decode step's layout): every token starts its slice
 
     @classmethod
     def from_context(cls, ctx: StepContext) -> "StepRows":
-        """From the per-token / per-slice tensors ``build_step_context`` leaves in ``ctx.extras``."""
+        """From the per-token / per-slice tensors ``build_step_context`` leaves in ``ctx.extras``. A decode step's
+        context (one token a slice) carries the token's slot and the slices' last rows as they are, so no launch
+        here: five fewer small kernels on a graphed decode step's chain (forty-second pass)."""
+        if "seq_last_row" in ctx.extras and DECODE_SHORTCUTS:
+            return cls(start=ctx.extras["token_start"], slot=ctx.extras["token_slot"], last=ctx.extras["seq_last_row"],
+                       decode=True)
         start = ctx.extras["token_start"]  # [T]
         first = ctx.extras["seq_first_row"]  # [B]
         n = ctx.extras["seq_end"] - start[first]  # tokens of each slice

