@@ -20,14 +20,7 @@ STAGES=${1:-auto}
 OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # GPU, stamp, has, quiet, auto_stages; exports; HERE
 auto_stages sweep none
-if has sweep; then
-  stamp sweep
-  v41_sweep
-  # two more batch-1 readings (one process each) while the call has time: the target row's spread
-  for r in 2 3; do
-    [ $(( $(date +%s) - t0 )) -lt 450 ] && v41_row "defaults, reading $r" 1 DEEPINFER_PASS=41
-  done | tee "$OUT/b1_rows.txt"
-fi
+has sweep && v41_sweep_b1 41 450
 if has b1; then
   case "$GPU" in
     *H200*) for r in 1 2 3; do v41_row "defaults, reading $r" 1 DEEPINFER_PASS=41; done | tee "$OUT/b1_rows.txt" ;;

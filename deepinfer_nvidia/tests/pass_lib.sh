@@ -70,6 +70,14 @@ v41_sweep() {  # v41_sweep: the issue's full V4.1 sweep at the current defaults 
     --prefill 1024,8192 --skip-hf --graphs --reps 9 --budget-s 240 --profile-decode "" 2>&1 | quiet \
     | tee "$OUT/sweep_v41.txt" | grep -E "pipelined|prefill|TB/s|Error" | sed -E 's/capture [0-9.]+ s, //'
 }
+v41_sweep_b1() {  # v41_sweep_b1 PASS LIMIT_S: v41_sweep, then up to two more batch-1 readings (one process each, while
+  # the call is under LIMIT_S seconds: the target row's spread) into $OUT/b1_rows.txt
+  stamp sweep
+  v41_sweep
+  for r in 2 3; do
+    [ $(( $(date +%s) - t0 )) -lt "$2" ] && v41_row "defaults, reading $r" 1 DEEPINFER_PASS="$1"
+  done | tee "$OUT/b1_rows.txt"
+}
 v41_profile() {  # v41_profile: a batch-1 profile of the V4.1 slice (graphed, PDL on) into $OUT/profile_v41_b1.txt
   timeout 150 python3 benchmarks/sweep.py --arch v41 --out "$OUT/prof" --providers triton --decode 1 --prefill "" \
     --skip-hf --graphs --profile-decode 1 2>&1 | quiet | grep -E "launches|pipelined|Error" | head -8
