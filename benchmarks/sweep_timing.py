@@ -77,13 +77,16 @@ def profile_step(model, ex, slices, ids, last_only: bool, title: str, fh) -> dic
     fh.write(prof.key_averages(group_by_input_shape=True).table(sort_by="device_time_total", row_limit=30) + "\n")
     if os.environ.get("DEEPINFER_SWEEP_TRACE") == "1":  # the timeline: where the main stream waits
         from benchmarks.trace_chain import chain_report, format_report
+        from benchmarks.trace_timeline import report as timeline_report
 
         path = Path(fh.name).with_name("trace_" + re.sub(r"[^A-Za-z0-9]+", "_", title).strip("_") + ".json")
         prof.export_chrome_trace(str(path))
-        try:
-            fh.write("\n" + format_report(chain_report(json.loads(path.read_text()))) + "\n")
-        except ValueError as exc:
-            fh.write(f"\n{exc}\n")
+        trace = json.loads(path.read_text())
+        for rep in (lambda: format_report(chain_report(trace)), lambda: timeline_report(trace)):
+            try:
+                fh.write("\n" + rep() + "\n")
+            except ValueError as exc:
+                fh.write(f"\n{exc}\n")
     fh.flush()
     log(f"profile {title}: wall {wall * 1e3:.1f} ms, GPU busy {dev_us / 1e3:.1f} ms, launches {launches}")
     return {"profiled_wall_ms": wall * 1e3, "gpu_busy_ms": dev_us / 1e3, "launches": launches}

@@ -37,6 +37,9 @@ IMPLS: tuple[tuple, ...] = (
     ("index.topk", "triton", f"{_K}.triton_topk:topk_positions_triton", f"{_K}.triton_topk:supports", True),
     ("index.candidate_blocks", "triton", f"{_K}.triton_topk:candidate_blocks_triton",
      f"{_K}.triton_topk:supports_candidates", True),
+    # a -inf fill and one copy of the listed blocks, per row (12 torch launches in the reference)
+    ("index.candidate_mask", "triton", f"{_K}.triton_candidate_mask:candidate_mask_triton",
+     f"{_K}.triton_candidate_mask:supports_candidate_mask", True),
     # exact integer gather, one program per (row, selection block)
     ("index.entry_slots", "triton", f"{_K}.triton_entry_slots:entry_slots", f"{_K}.triton_entry_slots:supports",
      True),

@@ -114,3 +114,38 @@ def test_candidate_blocks_sets(bits, monkeypatch, t, n, bs, kb):
     assert torch.equal(got.cpu().sort(dim=-1).values, want.sort(dim=-1).values), "candidate block sets differ"
     for i in {0, t - 1}:
         assert torch.equal(candidate_blocks_triton(s[i:i + 1].clone(), vis[i:i + 1].clone(), bs, kb)[0], got[i])
+
+
+@pytest.mark.parametrize("t,n,bs,k", [(1, 4096, 8, 2048), (4, 20000, 8, 2048), (3, 61, 4, 5), (33, 1000, 16, 200)])
+def test_candidate_mask(nvidia_reg, t, n, bs, k):
+    """``index.candidate_mask`` (``triton_candidate_mask``: a -inf fill and one copy of the listed blocks): the
+    harness's cases, then V4.1's block of 8 and 2048 listed blocks over 4096 and 20000 scores, with ids of -1, past
+    the last block, repeated and in any order: the reference's values bit for bit, no host synchronisation, each row
+    alone gives its row of the batch, and a graph replay on fresh inputs gives the eager result."""
+    from deepinfer_core.kernels.ops.candidates import candidate_mask
+    from deepinfer_core.testing.conformance import check_impl
+    from deepinfer_nvidia.kernels.triton_candidate_mask import candidate_mask_triton
+
+    assert check_impl("index.candidate_mask", "triton", "cuda", registry=nvidia_reg) >= 1
+    g = torch.Generator().manual_seed(t + n)
+    s = torch.randn(t, n, generator=g).cuda()
+    nb = -(-n // bs)
+    blocks = torch.randint(-1, nb + 3, (t, k), generator=g).cuda()
+    poison()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = candidate_mask_triton(s, blocks, bs)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(got.cpu(), candidate_mask(s.cpu(), blocks.cpu(), bs))
+    for i in {0, t - 1}:
+        assert torch.equal(candidate_mask_triton(s[i:i + 1].clone(), blocks[i:i + 1].clone(), bs)[0], got[i])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = candidate_mask_triton(s, blocks, bs)
+    for seed in range(2):
+        s.copy_(torch.randn(t, n, generator=torch.Generator().manual_seed(seed)))
+        blocks.copy_(torch.randint(-1, nb + 3, (t, k), generator=torch.Generator().manual_seed(seed + 7)))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static, candidate_mask_triton(s, blocks, bs)), seed

@@ -31,4 +31,6 @@ def test_every_invariant_entry_has_a_row_test():
     covered |= {("stream.side", "aten")}
     covered |= {("moe.route_topk", "triton"), ("moe.route_hash", "triton"), ("compress.softmax_pool", "triton"),
                 ("index.topk", "triton"), ("index.candidate_blocks", "triton")}
+    # test_conformance_topk.py::test_candidate_mask (forty-second pass)
+    covered |= {("index.candidate_mask", "triton")}
     assert set(INVARIANT) == covered
