@@ -93,7 +93,7 @@ class CompressorV41:
             if not closes_any(ctx, self.ratio):  # known on the host: only the ring is updated (eager step)
                 self._store_tail(both, ctx, rows)
                 return
-            mask = (pos + 1) % self.ratio == 0
+            mask = pos % self.ratio == self.ratio - 1  # (p + 1) % r == 0 for p >= 0: two launches, not three
             if n_close == t:
                 closing, valid = None, mask
             else:
@@ -101,7 +101,8 @@ class CompressorV41:
             u = self._pool_pairs(both, closing, ctx, rows)
         latent = self.k["norm.rms"](u, self.norm_w, self.eps).to(x.dtype)  # [G, d]
         first = take_rows(pos, closing)
-        at = first if self.ratio == 1 else first // self.ratio * self.ratio  # first position of each group
+        r = self.ratio  # the first position of each group: p // r * r, one launch for a power of two (p >= 0)
+        at = first if r == 1 else first & -r if r & (r - 1) == 0 else first // r * r
         entry = self.k["rope.interleaved"](latent, at, self.inv_freq)
         _write(ctx.caches[self.cache_name], take_rows(ctx.meta(self.cache_name).write_slots, closing), entry, valid)
         if self.keys_name is not None:

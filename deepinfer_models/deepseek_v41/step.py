@@ -64,7 +64,8 @@ class StepRows:
         else:
             mask = pos > pos[self.last][ctx.token_seq] - cap
             keep, valid = (None, mask) if k == t else compact(mask, k)
-        return keep, take_rows(self.slot, keep) * cap + take_rows(pos, keep) % cap, valid
+        # slot * cap + p % cap as one add with alpha: two launches, not three (exact in int64)
+        return keep, torch.add(take_rows(pos, keep) % cap, take_rows(self.slot, keep), alpha=cap), valid
 
 
 @dataclass
