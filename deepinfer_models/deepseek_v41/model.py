@@ -147,8 +147,9 @@ class DeepseekV41ForCausalLM(DeepseekCausalLMBase):
             self.replay_rows[1] += plan.num_kept if plan is not None else input_ids.shape[0]
         kept_ids = input_ids.index_select(0, plan.rows) if plan is not None else None
         # the streams first: their two small launches would otherwise queue behind the Engram branches' GEMVs
-        x = self.embed[input_ids]
-        residual = x.unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()  # [T, n, D]
+        # [T, n, D]: each token's embedding row gathered once per stream, one launch (a gather then a broadcast copy
+        # was two, both on the chain)
+        residual = self.embed[input_ids[:, None].expand(-1, cfg.hc_mult)]
         # every Engram layer's table lookup reads only this step's ids: branches from here, joined where they inject
         engram_ids = [i for i, layer in enumerate(self.layers) if layer["engram"] is not None and ENGRAM_BRANCH]
         lookups = {i: k["stream.side"](self.layers[i]["engram"].lookup, hash_ids, self.dtype) for i in engram_ids}
