@@ -51,8 +51,9 @@ class IndexerV41:
         scores = self.k["index.scores"](q, weights, ctx.caches[self.keys_name], visible, self.weight_scale)
         cfg = self.cfg
         if self.publishes_candidates:
-            share.candidates = self.k["index.candidate_blocks"](scores, (pos + 1) // self.ratio,
-                                                                cfg.candidate_block_size, cfg.candidate_topk_blocks)
+            num_visible = pos + 1 if self.ratio == 1 else (pos + 1) // self.ratio  # one launch at ratio 1
+            share.candidates = self.k["index.candidate_blocks"](scores, num_visible, cfg.candidate_block_size,
+                                                                cfg.candidate_topk_blocks)
         if self.uses_candidates:
             scores = self.k["index.candidate_mask"](scores, share.candidates, cfg.candidate_block_size)
         return self.k["index.topk"](scores, cfg.index_topk)

@@ -105,12 +105,12 @@ def _count_ge_each(s_ptr, row, N, cand, key0, valid0, BLOCK: tl.constexpr, SINGL
 
 
 @triton.jit
-def _topk_kernel(s_ptr, out_ptr, N, K, stride_s, BLOCK: tl.constexpr, SINGLE: tl.constexpr,
+def _topk_kernel(s_ptr, out_ptr, N, K, W, stride_s, BLOCK: tl.constexpr, SINGLE: tl.constexpr,
                  BLOCK_K: tl.constexpr, BITS: tl.constexpr, PDL: tl.constexpr = 0, EARLY: tl.constexpr = 1):
     pdl_enter(PDL)
     r = tl.program_id(0).to(tl.int64)
     row = r * stride_s
-    orow = out_ptr + r * K
+    orow = out_ptr + r * W  # W >= K: the row width, -1 past the kept positions
     cols0 = tl.arange(0, BLOCK)
     key0, valid0 = _keys(s_ptr, row, cols0, N)
     nvalid = _count_ge(s_ptr, row, N, -2147483648, key0, valid0, BLOCK, SINGLE)
@@ -145,9 +145,9 @@ def _topk_kernel(s_ptr, out_ptr, N, K, stride_s, BLOCK: tl.constexpr, SINGLE: tl
     thr = tl.where(take_all, -2147483649, lo)  # below every key: every valid score is kept
     need = K - _count_ge(s_ptr, row, N, thr + 1, key0, valid0, BLOCK, SINGLE)  # ties at thr to keep
     nsel = tl.minimum(nvalid, K)
-    for j0 in range(0, K, BLOCK_K):  # -1 past the kept positions
+    for j0 in range(0, W, BLOCK_K):  # -1 past the kept positions
         j = j0 + tl.arange(0, BLOCK_K)
-        tl.store(orow + j, tl.full([BLOCK_K], -1, tl.int64), mask=(j < K) & (j >= nsel))
+        tl.store(orow + j, tl.full([BLOCK_K], -1, tl.int64), mask=(j < W) & (j >= nsel))
     base = 0
     ties = 0
     for c0 in range(0, N, BLOCK):
@@ -170,11 +170,13 @@ def supports(scores: torch.Tensor, k: int) -> bool:
 
 
 def topk_positions_triton(scores: torch.Tensor, k: int, force_kernel: bool = False,
-                          warps: int | None = None) -> torch.Tensor:
+                          warps: int | None = None, width: int | None = None) -> torch.Tensor:
     """``index.topk``: scores [T, N] fp32 (-inf = invalid) -> int64 [T, min(k, N)], the positions of the k
     largest valid scores (ties: lower position) in ascending position order, -1 padded.
     ``force_kernel`` runs the kernel on CPU tensors (Triton's interpreter, tests only); ``warps`` overrides the
-    program's warp count (benchmarks; the counts are integers, so the result does not depend on it)."""
+    program's warp count (benchmarks; the counts are integers, so the result does not depend on it); ``width``
+    (>= min(k, N); ``candidate_blocks_triton``) returns [T, width] rows, -1 past the kept positions, written by
+    the same launch instead of a concat."""
     if not (force_kernel or supports(scores, k)):
         return hand_off("index.topk", f"scores {scores.dtype} on {scores.device} not covered", topk_positions,
                         scores, k)
@@ -182,15 +184,16 @@ def topk_positions_triton(scores: torch.Tensor, k: int, force_kernel: bool = Fal
         return topk_positions(scores, k)  # the reference's own error
     t, n = scores.shape
     kk = min(int(k), n)
-    out = torch.empty(t, kk, dtype=torch.long, device=scores.device)
+    w = max(kk, int(width or 0))
+    out = torch.empty(t, w, dtype=torch.long, device=scores.device)
     if t == 0 or kk <= 0:
-        return out
+        return out.fill_(-1) if w else out
     s = scores if scores.stride(1) == 1 else scores.contiguous()
     single = next_pow2(n) <= MAX_BLOCK
     block = next_pow2(n) if single else min(STREAM_BLOCK if RADIX_BITS > 1 else MAX_BLOCK, MAX_BLOCK)
     bits = _bits_for(block)
     warps = warps or TOPK_WARPS or (8 if block >= 4096 or block << bits >= 8192 else 4)
-    _topk_kernel[(t,)](s, out, n, kk, s.stride(0), BLOCK=block, SINGLE=single, BLOCK_K=min(1024, next_pow2(kk)),
+    _topk_kernel[(t,)](s, out, n, kk, w, s.stride(0), BLOCK=block, SINGLE=single, BLOCK_K=min(1024, next_pow2(w)),
                        BITS=bits, EARLY=int(EARLY_EXIT), num_warps=warps, **pdl_launch())
     return out
 
@@ -240,7 +243,5 @@ def candidate_blocks_triton(scores: torch.Tensor, num_visible: torch.Tensor, blo
     block_b = max(1, min(next_pow2(nb), 4096 // bs))
     _block_max_kernel[(t, triton.cdiv(nb, block_b))](s, num_visible.contiguous(), bmax, n, nb, s.stride(0), BS=bs,
                                                       BLOCK_B=block_b)
-    ids = topk_positions_triton(bmax, kb, force_kernel=force_kernel)
-    if ids.shape[1] < kb:
-        ids = torch.cat([ids, ids.new_full((t, kb - ids.shape[1]), -1)], dim=1)
-    return ids
+    # [T, kb] from the select's own launch: -1 past the kept blocks (no concat when there are fewer than kb)
+    return topk_positions_triton(bmax, kb, force_kernel=force_kernel, width=kb)

@@ -2,8 +2,9 @@
 # Forty-second pass's device stages: OUT=dir bash pass42.sh STAGES (comma-separated; at most ~9 minutes a call).
 #   sweep   the full V4.1 sweep at the current defaults and two more batch-1 readings (pass_lib's v41_sweep,
 #           as pass41.sh's sweep). H200 only.
-#   check   the side-stream device tests (the chain priority's graph replay among them) and the candidate-mask
-#           kernel's (written after the last device call of the forty-second pass: not yet run on a GPU).
+#   check   the side-stream device tests (the chain priority's graph replay among them) and the top-k file (the
+#           candidate-mask kernel and the select's row width, both written after the forty-second pass's last
+#           device call: not yet run on a GPU).
 #   trace   the V4.1 batch-1 step's timeline (pass42a): one eager and one graphed step under the torch profiler with
 #           DEEPINFER_SWEEP_TRACE=1, PDL on, then the same with PDL off (each kernel's own time):
 #           profile_v41_b1_{pdl,nopdl}.txt and four gzipped chrome traces. Any card (~2 min).
@@ -28,9 +29,8 @@ auto_stages sweep,check none
 has sweep && v41_sweep_b1 42 400
 if has check; then
   stamp check
-  timeout 150 python3 -m pytest -q -p no:cacheprovider deepinfer_nvidia/tests/test_side_stream.py \
-    deepinfer_nvidia/tests/test_conformance_topk.py -k "side or branch or priority or candidate_mask" 2>&1 | tail -4 \
-    | tee "$OUT/check_tests.txt"
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -n 8 deepinfer_nvidia/tests/test_side_stream.py \
+    deepinfer_nvidia/tests/test_conformance_topk.py 2>&1 | tail -4 | tee "$OUT/check_tests.txt"
 fi
 trace_profile() {  # trace_profile TAG ENV...: the batch-1 profile with its chrome traces, into $OUT (3 files)
   local tag=$1; shift

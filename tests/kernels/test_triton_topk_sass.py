@@ -15,7 +15,7 @@ from deepinfer_nvidia.tests.sass_count import count, missing_tools, opcodes  # n
 if missing_tools(tt):
     pytest.skip(missing_tools(tt), allow_module_level=True)
 
-SIG = {"s_ptr": "*fp32", "out_ptr": "*i64", "N": "i32", "K": "i32", "stride_s": "i32"}
+SIG = {"s_ptr": "*fp32", "out_ptr": "*i64", "N": "i32", "K": "i32", "W": "i32", "stride_s": "i32"}
 
 
 @pytest.mark.parametrize("single,block", [(1, 1024), (0, 8192)])
