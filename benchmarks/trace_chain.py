@@ -1,7 +1,7 @@
 """Where a profiled decode step's main stream waits: a chrome trace's kernels per CUDA stream, the main stream's
 gaps, and which side-stream kernel ended as each gap closed (a ``stream.side`` join the chain waited on).
 
-    python benchmarks/trace_chain.py TRACE.json [--min-gap-us 1.0] [--top 15]
+    python benchmarks/trace_chain.py TRACE.json[.gz] [--min-gap-us 1.0] [--top 15]
 
 ``sweep_timing.profile_step`` writes such a trace next to ``profile.txt`` when ``DEEPINFER_SWEEP_TRACE=1``
 (``trace_<title>.json``) and appends this report to ``profile.txt``. The main stream is the one with the most
@@ -14,20 +14,26 @@ graph with its stream, so this is the replayed step's timeline.
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 from collections import defaultdict
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from benchmarks.trace_timeline import kernels, load_trace  # noqa: E402
+
 
 def kernels_by_stream(trace: dict) -> dict[int, list[tuple[float, float, str]]]:
-    """``{stream: [(start_us, end_us, name), ...]}`` sorted by start, from a chrome trace's kernel events."""
+    """``{stream: [(start_us, end_us, name), ...]}`` sorted by start, from a chrome trace's kernel events (read by
+    ``trace_timeline.kernels``; times from the first kernel's start)."""
+    try:
+        ks = kernels(trace)
+    except ValueError:  # no kernel events: the caller reports it
+        return {}
     out: dict[int, list] = defaultdict(list)
-    for ev in trace.get("traceEvents", []):
-        if ev.get("cat") != "kernel" or ev.get("ph") != "X":
-            continue
-        stream = (ev.get("args") or {}).get("stream", ev.get("tid"))
-        out[int(stream)].append((float(ev["ts"]), float(ev["ts"]) + float(ev.get("dur", 0.0)), ev.get("name", "?")))
-    return {s: sorted(v) for s, v in out.items()}
+    for k in ks:
+        out[k.stream].append((k.start, k.end, k.name))
+    return dict(out)
 
 
 def chain_report(trace: dict, min_gap_us: float = 1.0, slack_us: float = 2.0) -> dict:
@@ -74,7 +80,7 @@ def main() -> None:
     ap.add_argument("--min-gap-us", type=float, default=1.0)
     ap.add_argument("--top", type=int, default=15)
     args = ap.parse_args()
-    rep = chain_report(json.loads(Path(args.trace).read_text()), args.min_gap_us)
+    rep = chain_report(load_trace(args.trace), args.min_gap_us)
     print(format_report(rep, args.top))
 
 

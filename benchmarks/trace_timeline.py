@@ -23,9 +23,12 @@ import argparse
 import gzip
 import json
 import re
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import NamedTuple
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 
 class Kernel(NamedTuple):

@@ -187,7 +187,7 @@ def topk_positions_triton(scores: torch.Tensor, k: int, force_kernel: bool = Fal
     w = max(kk, int(width or 0))
     out = torch.empty(t, w, dtype=torch.long, device=scores.device)
     if t == 0 or kk <= 0:
-        return out.fill_(-1) if w else out
+        return out.fill_(-1)  # nothing to select: every slot past the (no) kept positions
     s = scores if scores.stride(1) == 1 else scores.contiguous()
     single = next_pow2(n) <= MAX_BLOCK
     block = next_pow2(n) if single else min(STREAM_BLOCK if RADIX_BITS > 1 else MAX_BLOCK, MAX_BLOCK)
