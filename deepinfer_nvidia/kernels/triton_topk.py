@@ -57,63 +57,90 @@ CANDIDATES_KERNEL = True
 EARLY_EXIT = os.environ.get("DEEPINFER_NV_TOPK_EARLY_EXIT", "1") == "1"
 # Warps of an ``index.topk`` program (``DEEPINFER_NV_TOPK_WARPS``; 0: 8 for blocks of >= 4096 scores, else 4).
 TOPK_WARPS = int(os.environ.get("DEEPINFER_NV_TOPK_WARPS", "0"))
+# The bisection's counting passes on int32 keys (``DEEPINFER_NV_TOPK_KEY32``, on; 0: int64 keys with a valid mask,
+# as before the forty-third pass): one 32-bit compare a score and no mask a pass, the same counts (every valid key
+# lies in (INT32_MIN, INT32_MAX], and each bisection probe ``mid`` in (lo, hi] does too). The 1-bit search only.
+KEY32 = os.environ.get("DEEPINFER_NV_TOPK_KEY32", "1") == "1"
 
 
 def _bits_for(block: int) -> int:
-    """Digit width of the counting passes for a register block of ``block`` scores: at most 16384 compares."""
+    """Bits a counting pass resolves for a register block of ``block`` scores: at most 32768 compares a pass."""
     bits = RADIX_BITS
-    while bits > 1 and block << bits > 16384:
-        bits //= 2
+    while bits > 1 and block << bits > 32768:
+        bits -= 1
     return bits
 
 
 @triton.jit
-def _keys(s_ptr, row, cols, N):
-    """Scores -> (int64 order-preserving keys, valid mask). Invalid (-inf, NaN, out of range) get key 0."""
+def _keys(s_ptr, row, cols, N, KEY32: tl.constexpr = 0):
+    """Scores -> (order-preserving keys, valid mask). int64 keys, invalid (-inf, NaN, out of range) 0; or, with
+    ``KEY32``, int32 keys, invalid ``INT32_MIN``: no finite or +inf score maps there (only a NaN's bits do), so a
+    count of keys >= any t > INT32_MIN needs no mask."""
     x = tl.load(s_ptr + row + cols, mask=cols < N, other=float("-inf"))
     valid = (cols < N) & (x > float("-inf"))
     x = tl.where(x == 0.0, 0.0, x)  # -0.0 ties with +0.0, as the reference's comparison has it
     b = x.to(tl.int32, bitcast=True)
-    key = tl.where(b >= 0, b, b ^ 0x7FFFFFFF).to(tl.int64)
-    return tl.where(valid, key, 0), valid
+    key = tl.where(b >= 0, b, b ^ 0x7FFFFFFF)
+    if KEY32:
+        key = tl.where(valid, key, -2147483648)
+    else:
+        key = tl.where(valid, key.to(tl.int64), 0)
+    return key, valid
 
 
 @triton.jit
-def _count_ge(s_ptr, row, N, t, key0, valid0, BLOCK: tl.constexpr, SINGLE: tl.constexpr):
-    """Number of valid keys >= t in the row."""
+def _count_ge(s_ptr, row, N, t, key0, valid0, BLOCK: tl.constexpr, SINGLE: tl.constexpr, KEY32: tl.constexpr = 0):
+    """Number of valid keys >= t in the row (t an int64 scalar; with ``KEY32`` it must lie in (INT32_MIN, INT32_MAX]:
+    then one int32 compare a key, no mask)."""
     if SINGLE:
-        n = tl.sum((valid0 & (key0 >= t)).to(tl.int32), axis=0)
+        if KEY32:
+            n = tl.sum((key0 >= t.to(tl.int32)).to(tl.int32), axis=0)
+        else:
+            n = tl.sum((valid0 & (key0 >= t)).to(tl.int32), axis=0)
     else:
         n = 0
         for c0 in range(0, N, BLOCK):
-            key, valid = _keys(s_ptr, row, c0 + tl.arange(0, BLOCK), N)
-            n += tl.sum((valid & (key >= t)).to(tl.int32), axis=0)
+            key, valid = _keys(s_ptr, row, c0 + tl.arange(0, BLOCK), N, KEY32)
+            if KEY32:
+                n += tl.sum((key >= t.to(tl.int32)).to(tl.int32), axis=0)
+            else:
+                n += tl.sum((valid & (key >= t)).to(tl.int32), axis=0)
     return n
 
 
 @triton.jit
-def _count_ge_each(s_ptr, row, N, cand, key0, valid0, BLOCK: tl.constexpr, SINGLE: tl.constexpr):
-    """[R] numbers of valid keys >= each of the R candidates ``cand`` [R] (int64)."""
+def _count_ge_each(s_ptr, row, N, cand, key0, valid0, BLOCK: tl.constexpr, SINGLE: tl.constexpr,
+                   KEY32: tl.constexpr = 0):
+    """[R] numbers of valid keys >= each of the R candidates ``cand`` [R] (int64; with ``KEY32`` each in
+    (INT32_MIN, INT32_MAX]): one [BLOCK, R] compare and one reduction."""
     if SINGLE:
-        n = tl.sum((valid0[:, None] & (key0[:, None] >= cand[None, :])).to(tl.int32), axis=0)
+        if KEY32:
+            n = tl.sum((key0[:, None] >= cand.to(tl.int32)[None, :]).to(tl.int32), axis=0)
+        else:
+            n = tl.sum((valid0[:, None] & (key0[:, None] >= cand[None, :])).to(tl.int32), axis=0)
     else:
         n = tl.zeros_like(cand).to(tl.int32)
         for c0 in range(0, N, BLOCK):
-            key, valid = _keys(s_ptr, row, c0 + tl.arange(0, BLOCK), N)
-            n += tl.sum((valid[:, None] & (key[:, None] >= cand[None, :])).to(tl.int32), axis=0)
+            key, valid = _keys(s_ptr, row, c0 + tl.arange(0, BLOCK), N, KEY32)
+            if KEY32:
+                n += tl.sum((key[:, None] >= cand.to(tl.int32)[None, :]).to(tl.int32), axis=0)
+            else:
+                n += tl.sum((valid[:, None] & (key[:, None] >= cand[None, :])).to(tl.int32), axis=0)
     return n
 
 
 @triton.jit
 def _topk_kernel(s_ptr, out_ptr, N, K, W, stride_s, BLOCK: tl.constexpr, SINGLE: tl.constexpr,
-                 BLOCK_K: tl.constexpr, BITS: tl.constexpr, PDL: tl.constexpr = 0, EARLY: tl.constexpr = 1):
+                 BLOCK_K: tl.constexpr, BITS: tl.constexpr, PDL: tl.constexpr = 0, EARLY: tl.constexpr = 1,
+                 KEY32: tl.constexpr = 0):
     pdl_enter(PDL)
     r = tl.program_id(0).to(tl.int64)
     row = r * stride_s
     orow = out_ptr + r * W  # W >= K: the row width, -1 past the kept positions
     cols0 = tl.arange(0, BLOCK)
-    key0, valid0 = _keys(s_ptr, row, cols0, N)
-    nvalid = _count_ge(s_ptr, row, N, -2147483648, key0, valid0, BLOCK, SINGLE)
+    key0, valid0 = _keys(s_ptr, row, cols0, N, KEY32)
+    # every valid key is above INT32_MIN (only a NaN's bits map there), so this counts the valid scores
+    nvalid = _count_ge(s_ptr, row, N, tl.full([], -2147483647, tl.int64), key0, valid0, BLOCK, SINGLE, KEY32)
     # the largest t with count(key >= t) >= K (only meaningful when nvalid > K), BITS bits a pass from the top:
     # count(key >= lo) >= K holds before each pass, and the digit is the last candidate that keeps it
     lo = tl.full([], -2147483648, tl.int64)
@@ -127,23 +154,37 @@ def _topk_kernel(s_ptr, out_ptr, N, K, W, stride_s, BLOCK: tl.constexpr, SINGLE:
             hi = tl.where(nvalid <= K, lo, hi)
         while lo < hi:
             mid = (lo + hi + 1) >> 1
-            c = _count_ge(s_ptr, row, N, mid, key0, valid0, BLOCK, SINGLE)
+            c = _count_ge(s_ptr, row, N, mid, key0, valid0, BLOCK, SINGLE, KEY32)  # lo < mid <= hi
             if EARLY:  # c == K: both ends to mid - 1, which ends the loop
                 lo = tl.where(c > K, mid, tl.where(c == K, mid - 1, lo))
                 hi = tl.where(c > K, hi, mid - 1)
             else:
                 lo = tl.where(c >= K, mid, lo)
                 hi = tl.where(c >= K, hi, mid - 1)
-    else:
-        digits = tl.arange(0, 1 << BITS).to(tl.int64)
-        for p in tl.static_range(32 // BITS):
-            shift = 32 - BITS * (p + 1)
-            cnt = _count_ge_each(s_ptr, row, N, lo + (digits << shift), key0, valid0, BLOCK, SINGLE)
-            d = tl.sum((cnt >= K).to(tl.int64), axis=0) - 1
-            lo = lo + (d << shift)
+    else:  # 2^BITS probes a pass, splitting (lo, hi] into 2^BITS near-equal parts: BITS bits a pass
+        # probe j (1..P) at lo + ceil(j * (hi - lo) / P), so each lies in (lo, hi] and the last is hi; the new lo is
+        # the highest probe that counts >= K, the new hi one below the lowest that counts < K
+        P: tl.constexpr = 1 << BITS
+        probe = tl.arange(0, P).to(tl.int64) + 1
+        hi = tl.full([], 2147483647, tl.int64)
+        if EARLY:
+            hi = tl.where(nvalid <= K, lo, hi)
+        while lo < hi:
+            cand = lo + ((probe * (hi - lo) + (P - 1)) >> BITS)
+            c = _count_ge_each(s_ptr, row, N, cand, key0, valid0, BLOCK, SINGLE, KEY32)
+            new_lo = tl.max(tl.where(c >= K, cand, lo), axis=0)
+            new_hi = tl.min(tl.where(c >= K, hi, cand - 1), axis=0)
+            if EARLY:  # a probe that counts exactly K: {key >= it} is the set (as the bisection's exit)
+                exact = tl.min(tl.where(c == K, cand, 4294967296), axis=0)
+                new_lo = tl.where(exact < 4294967296, exact - 1, new_lo)
+                new_hi = tl.where(exact < 4294967296, exact - 1, new_hi)
+            lo = new_lo
+            hi = new_hi
     take_all = nvalid <= K
     thr = tl.where(take_all, -2147483649, lo)  # below every key: every valid score is kept
-    need = K - _count_ge(s_ptr, row, N, thr + 1, key0, valid0, BLOCK, SINGLE)  # ties at thr to keep
+    # ties at thr to keep (the count's t clamped into KEY32's range: below it only when every valid score is kept,
+    # and then ``need`` is not used, as no key equals thr)
+    need = K - _count_ge(s_ptr, row, N, tl.maximum(thr + 1, -2147483647), key0, valid0, BLOCK, SINGLE, KEY32)
     nsel = tl.minimum(nvalid, K)
     for j0 in range(0, W, BLOCK_K):  # -1 past the kept positions
         j = j0 + tl.arange(0, BLOCK_K)
@@ -155,8 +196,8 @@ def _topk_kernel(s_ptr, out_ptr, N, K, W, stride_s, BLOCK: tl.constexpr, SINGLE:
         if SINGLE:
             key, valid = key0, valid0
         else:
-            key, valid = _keys(s_ptr, row, cols, N)
-        tie = valid & (key == thr)
+            key, valid = _keys(s_ptr, row, cols, N, KEY32)
+        tie = valid & (key == thr)  # int64 compares here (thr may be below INT32_MIN): one pass
         tie_rank = ties + tl.cumsum(tie.to(tl.int32), axis=0) - 1
         sel = valid & ((key > thr) | (tie & (tie_rank < need)))
         slot = base + tl.cumsum(sel.to(tl.int32), axis=0) - 1
@@ -170,13 +211,14 @@ def supports(scores: torch.Tensor, k: int) -> bool:
 
 
 def topk_positions_triton(scores: torch.Tensor, k: int, force_kernel: bool = False,
-                          warps: int | None = None, width: int | None = None) -> torch.Tensor:
+                          warps: int | None = None, width: int | None = None,
+                          bits: int | None = None) -> torch.Tensor:
     """``index.topk``: scores [T, N] fp32 (-inf = invalid) -> int64 [T, min(k, N)], the positions of the k
     largest valid scores (ties: lower position) in ascending position order, -1 padded.
     ``force_kernel`` runs the kernel on CPU tensors (Triton's interpreter, tests only); ``warps`` overrides the
-    program's warp count (benchmarks; the counts are integers, so the result does not depend on it); ``width``
-    (>= min(k, N); ``candidate_blocks_triton``) returns [T, width] rows, -1 past the kept positions, written by
-    the same launch instead of a concat."""
+    program's warp count and ``bits`` the bits a counting pass resolves (benchmarks; the counts are integers, so the
+    result depends on neither); ``width`` (>= min(k, N); ``candidate_blocks_triton``) returns [T, width] rows, -1
+    past the kept positions, written by the same launch instead of a concat."""
     if not (force_kernel or supports(scores, k)):
         return hand_off("index.topk", f"scores {scores.dtype} on {scores.device} not covered", topk_positions,
                         scores, k)
@@ -191,10 +233,11 @@ def topk_positions_triton(scores: torch.Tensor, k: int, force_kernel: bool = Fal
     s = scores if scores.stride(1) == 1 else scores.contiguous()
     single = next_pow2(n) <= MAX_BLOCK
     block = next_pow2(n) if single else min(STREAM_BLOCK if RADIX_BITS > 1 else MAX_BLOCK, MAX_BLOCK)
-    bits = _bits_for(block)
+    bits = bits or _bits_for(block)
     warps = warps or TOPK_WARPS or (8 if block >= 4096 or block << bits >= 8192 else 4)
     _topk_kernel[(t,)](s, out, n, kk, w, s.stride(0), BLOCK=block, SINGLE=single, BLOCK_K=min(1024, next_pow2(w)),
-                       BITS=bits, EARLY=int(EARLY_EXIT), num_warps=warps, **pdl_launch())
+                       BITS=bits, EARLY=int(EARLY_EXIT), KEY32=int(KEY32), num_warps=warps,
+                       **pdl_launch())
     return out
 
 

@@ -12,7 +12,7 @@ for ~0.7 MB of KV rows (0.16 us at the copy bandwidth) and ``mhc.mix`` 10.6 us (
 - ``mhc.mix`` (residual [T, 4, 4096] bf16, fn [24, 16384] fp32): K splits, pipeline stages, gate warps;
 - ``index.scores`` (64 heads of 128 over 1024 candidates): candidates a chunk and chunks a program;
 - ``engram.gate`` (4 streams of 4096): one program a stream or one a token;
-- ``index.topk`` (k 512 of 1024 and 8192 scores): warps a program;
+- ``index.topk`` (k 512 of 1024-8192 scores): keys of 32 or 64 bits, bits a pass, warps a program;
 - ``moe.route_topk`` (384 experts, k 6): warps a program.
 
 Each time is one CUDA-graph replay of ``RING`` back-to-back calls divided by ``RING`` (``graph_timing.graph_us``;
@@ -136,21 +136,34 @@ def bench_engram(tokens, rows) -> None:
 
 
 def bench_topk(tokens, rows) -> None:
-    """``index.topk`` (k 512) over 1024 and 8192 scores, by warps a program (the default heuristic: 4, 8 from 4096)."""
+    """``index.topk`` (k 512) over 1024-8192 scores (randn, and bf16-rounded: more ties), by search: int64 keys with
+    a mask (the forty-second pass's) or int32 keys (``KEY32``), and 1, 2 or 3 bits a counting pass (2^bits probes
+    each), at the default warps and the other of 4 / 8. Every variant's positions must equal the default's."""
     from deepinfer_nvidia.kernels import triton_topk as tk
 
     dev = "cuda"
     g = torch.Generator(device=dev).manual_seed(4)
+    key32 = tk.KEY32
     for t in tokens:
-        for n in (1024, 8192):
-            s = torch.randn(t, n, device=dev, generator=g)
+        for n, dist in itertools.product((1024, 2048, 4096, 8192), ("randn", "bf16")):
+            s = torch.randn(t, n, device=dev, generator=g) * 3
+            if dist == "bf16":
+                s = s.bfloat16().float()
+            tk.KEY32 = key32
             base = tk.topk_positions_triton(s, 512)
-            for w in (None, 1, 2, 4, 8, 16):
-                out = tk.topk_positions_triton(s, 512, warps=w)
+            dw = 8 if n >= 4096 else 4
+            for k32, bits, w in itertools.product((False, True), (1, 2, 3), (None, 12 - dw)):
+                tk.KEY32 = k32
+                out = tk.topk_positions_triton(s, 512, warps=w, bits=bits)
                 same = bool(torch.equal(out, base))
-                us = graph_us(lambda: tk.topk_positions_triton(s, 512, warps=w), calls=RING)
-                rows.append(dict(kind="topk", t=t, na=n, variant={"warps": w} if w else {}, us=us, err=float(not same)))
-                print(f"topk T={t} N={n} warps {str(w or 'default'):8s} {us:7.2f} us  equal {same}", flush=True)
+                us = graph_us(lambda: tk.topk_positions_triton(s, 512, warps=w, bits=bits), calls=RING)
+                v = {"key32": k32, "bits": bits, **({"warps": w} if w else {})}
+                if k32 == key32 and bits == 1 and not w:
+                    v = {}  # the default launch
+                rows.append(dict(kind="topk", t=t, na=n, nb=dist, variant=v, us=us, err=float(not same)))
+                print(f"topk T={t} N={n} {dist:5s} key32 {int(k32)} bits {bits} warps {str(w or dw):3s} {us:7.2f} us"
+                      f"  equal {same}", flush=True)
+    tk.KEY32 = key32
 
 
 def bench_route(tokens, rows) -> None:
@@ -169,6 +182,9 @@ def bench_route(tokens, rows) -> None:
             us = graph_us(lambda: tr.route_topk(x, bias, 6, 2.5, warps=w), calls=RING)
             rows.append(dict(kind="route", t=t, variant={"warps": w} if w else {}, us=us, err=float(not same)))
             print(f"route T={t} warps {str(w or 'default'):8s} {us:7.2f} us  equal {same}", flush=True)
+        for k in (1, 2):  # what the k rounds of arg-max cost: a 1- and a 2-round launch against the 6 above
+            us = graph_us(lambda: tr.route_topk(x, bias, k, 2.5), calls=RING)
+            print(f"route T={t} k {k} (informational) {us:7.2f} us", flush=True)
 
 
 def main() -> None:

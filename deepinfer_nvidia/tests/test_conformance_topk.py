@@ -21,14 +21,17 @@ def fn():
     return r.impl("index.topk", "triton")
 
 
-@pytest.fixture(params=[1, 4], ids=["bisect", "digits4"])
+@pytest.fixture(params=[(1, True), (2, True), (3, True), (1, False), (4, False)],
+                ids=["bisect", "probes2", "probes3", "bisect64", "probes4_64"])
 def bits(request):
-    """``triton_topk.RADIX_BITS`` for the test (1: the bisection, the default; 4: the digit passes)."""
+    """``triton_topk.RADIX_BITS`` and ``KEY32`` for the test: the bisection on int32 keys (the default), 2^2 and 2^3
+    probes a pass, the bisection on int64 keys with a mask, and 16 probes a pass on int64 keys."""
     from deepinfer_nvidia.kernels import triton_topk as tt
 
-    before, tt.RADIX_BITS = tt.RADIX_BITS, request.param
-    yield request.param
-    tt.RADIX_BITS = before
+    before = tt.RADIX_BITS, tt.KEY32
+    tt.RADIX_BITS, tt.KEY32 = request.param
+    yield request.param[0]
+    tt.RADIX_BITS, tt.KEY32 = before
 
 
 def poison() -> None:

@@ -1,9 +1,10 @@
 """``index.topk``'s Triton kernel (``deepinfer_nvidia/kernels/triton_topk.py``) against the reference in Triton's CPU
 interpreter: the op's own cases, exact ties (rounded scores, +0.0 / -0.0), rows with fewer valid scores than k,
 all-invalid rows, k = 1 and k >= N, bf16-rounded V4.1-sized rows (N 1000, k 512), the streamed path (rows
-longer than one register block), counting digits of 4, 2 and 1 bits, and the bisection with and without its
-early exit (rows of distinct scores, where a pass counts exactly k; rows with at most k valid scores). The kept
-set must equal the reference's, in ascending position order, ``-1`` only after the kept positions."""
+longer than one register block), 2^bits probes a counting pass (bits 4, 3, 2), and the bisection on int32 keys (the
+default) and on int64 keys, with and without its early exit (rows of distinct scores, where a pass counts exactly
+k; rows with at most k valid scores). The kept set must equal the reference's, in ascending position order, ``-1``
+only after the kept positions."""
 from __future__ import annotations
 
 
@@ -44,9 +45,13 @@ s3[1, 1500:] = float("-inf")  # 1500 valid
 # interpreter's time down
 ALL = ((s, 7), (s, 1), (s, 299), (s, 300), (s, 400), (s2, 512), (s2, 20), (s3, 512), (s3, 1500), (s3, 1499))
 SOME = ((s, 7), (s, 400), (s2, 512), (s3, 1499))
-for block, bits, early, cases in ((8192, 1, True, ALL), (8192, 4, True, SOME), (64, 4, True, SOME),
-                                  (8192, 2, True, SOME), (8192, 1, False, SOME), (64, 1, True, SOME)):
-    tt.MAX_BLOCK, tt.RADIX_BITS, tt.EARLY_EXIT = block, bits, early
+# key32: the 1-bit search's int32 keys (the default) or the int64 keys with a valid mask
+for block, bits, early, key32, cases in ((8192, 1, True, True, ALL), (8192, 4, True, True, SOME),
+                                         (64, 4, True, True, SOME), (8192, 2, True, True, SOME),
+                                         (8192, 1, False, True, SOME), (64, 1, True, True, SOME),
+                                         (8192, 1, True, False, SOME), (64, 1, False, False, SOME),
+                                         (8192, 3, True, True, SOME), (64, 2, False, False, SOME)):
+    tt.MAX_BLOCK, tt.RADIX_BITS, tt.EARLY_EXIT, tt.KEY32 = block, bits, early, key32
     for x, k in cases:
         check(x, k)
         n += 1
@@ -55,4 +60,4 @@ print("INTERPRETED", n)
 
 
 def test_topk_kernel_in_the_interpreter(run_interpreted):
-    run_interpreted(_INTERPRETED, "INTERPRETED 36")
+    run_interpreted(_INTERPRETED, "INTERPRETED 52")
