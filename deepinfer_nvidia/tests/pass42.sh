@@ -32,15 +32,6 @@ if has check; then
   timeout 200 python3 -m pytest -q -p no:cacheprovider -n 8 deepinfer_nvidia/tests/test_side_stream.py \
     deepinfer_nvidia/tests/test_conformance_topk.py 2>&1 | tail -4 | tee "$OUT/check_tests.txt"
 fi
-trace_profile() {  # trace_profile TAG ENV...: the batch-1 profile with its chrome traces, into $OUT (3 files)
-  local tag=$1; shift
-  env DEEPINFER_SWEEP_TRACE=1 "$@" timeout 200 python3 benchmarks/sweep.py --arch v41 --out "$OUT/prof_$tag" \
-    --providers triton --decode 1 --prefill "" --skip-hf --graphs --profile-decode 1 2>&1 | quiet \
-    | grep -E "launches|pipelined|Error" | head -8
-  cp "$OUT/prof_$tag/profile.txt" "$OUT/profile_v41_b1_$tag.txt" 2>/dev/null
-  for f in "$OUT/prof_$tag"/trace_*.json; do [ -e "$f" ] && gzip -c "$f" > "$OUT/${tag}_$(basename "$f").gz"; done
-  rm -rf "$OUT/prof_$tag"
-}
 if has trace; then
   stamp "trace, PDL on"
   trace_profile pdl

