@@ -78,6 +78,10 @@ class StepContext:
     caches: dict[str, torch.Tensor]
     state_slots: torch.Tensor
     extras: dict = field(default_factory=dict)
+    # a decode step's layout: token i is slice i's only token. Its context then also carries ``extras``
+    # ``token_slot [B]`` (the slices' state slots, contiguous) and ``seq_last_row [B]`` (= ``seq_first_row``), which
+    # models may read instead of index math; a sub-context over some rows (a replay) leaves this False.
+    one_token_each: bool = False
 
     def meta(self, cache_name: str) -> GroupMetadata:
         return self.groups[self.cache_group[cache_name]]
@@ -271,7 +275,7 @@ def context_from_packed(dev: torch.Tensor, layout: StepLayout, group_specs: dict
             raise TypeError(f"group {gid} has non-paged spec {spec!r}")
         groups[gid] = GroupMetadata(spec, w, r)
     ctx = StepContext(positions=pos, token_seq=seq, slices=slices, groups=groups, cache_group=cache_group,
-                      caches=caches, state_slots=info[:b, 2])
+                      caches=caches, state_slots=info[:b, 2], one_token_each=layout.one_token_each)
     ctx.extras["seq_start"] = info[:b, 0]  # [B] first position of each slice
     ctx.extras["tables"] = tables  # {gid: [B, width] int64} block tables (0 padded)
     ctx.extras["token_start"] = tok.start

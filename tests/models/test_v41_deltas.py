@@ -415,7 +415,8 @@ def test_caches_exist_only_on_their_owner_layers():
 def test_step_rows_of_a_decode_step_need_no_index_math():
     """A decode step's context (one token a slice) carries each token's state slot and the slices' last rows, and
     ``StepRows.from_context`` takes them as they are: the general formula's values, in one more layout (slots out of
-    order, starts far apart). A mixed step (a prefill chunk beside decodes) has neither key and uses the formula."""
+    order, starts far apart), flagged by the context's ``one_token_each``. A mixed step (a prefill chunk beside
+    decodes) has neither the flag nor the keys and uses the formula."""
     from deepinfer_core.kv.spec import CompressedSpec, SlidingWindowSpec
     from deepinfer_core.runner.context import SeqSlice, build_step_context
 
@@ -431,8 +432,10 @@ def test_step_rows_of_a_decode_step_need_no_index_math():
     mixed = decode[:2] + [SeqSlice(4, 5, {0: [1, 2, 3], 1: [5, 6]}, state_slot=2)]
     for slices, shortcut in [(decode, True), (mixed, False)]:
         ctx = build_step_context(slices, specs, {"a": 0, "b": 1}, {}, torch.device("cpu"))
+        assert ctx.one_token_each == shortcut
         assert ("seq_last_row" in ctx.extras) == shortcut and ("token_slot" in ctx.extras) == shortcut
         rows = StepRows.from_context(ctx)
+        assert rows.decode == shortcut
         for got, want in zip((rows.start, rows.slot, rows.last), general(ctx)):
             assert torch.equal(got, want), (slices, got, want)
         assert rows.slot.is_contiguous()
