@@ -61,10 +61,6 @@ TOPK_WARPS = int(os.environ.get("DEEPINFER_NV_TOPK_WARPS", "0"))
 # as before the forty-third pass): one 32-bit compare a score and no mask a pass, the same counts (every valid key
 # lies in (INT32_MIN, INT32_MAX], and each bisection probe ``mid`` in (lo, hi] does too). The 1-bit search only.
 KEY32 = os.environ.get("DEEPINFER_NV_TOPK_KEY32", "1") == "1"
-# The band search (``_band_threshold``; ``DEEPINFER_NV_TOPK_BAND``, the band's size, 0: off): for register-resident
-# rows of int32 keys with the early exit, bisect scores' midpoints down to at most BAND keys, then rank the band.
-# A CPU model of the passes (k 512, random rows): 4096 scores 19 -> ~6 passes plus the ranking, 1024 scores 11 -> ~4.
-BAND = int(os.environ.get("DEEPINFER_NV_TOPK_BAND", "256"))
 
 
 def _bits_for(block: int) -> int:
@@ -134,77 +130,9 @@ def _count_ge_each(s_ptr, row, N, cand, key0, valid0, BLOCK: tl.constexpr, SINGL
 
 
 @triton.jit
-def _key_value(k):
-    """An int key scalar (in (INT32_MIN, INT32_MAX]) -> the fp32 score it orders (``_keys``' inverse)."""
-    k32 = k.to(tl.int32)
-    return tl.where(k32 >= 0, k32, k32 ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _value_key(v):
-    """An fp32 scalar -> its int64 key (``_keys``' map; -0.0 as +0.0)."""
-    b = tl.where(v == 0.0, 0.0, v).to(tl.int32, bitcast=True)
-    return tl.where(b >= 0, b, b ^ 0x7FFFFFFF).to(tl.int64)
-
-
-@triton.jit
-def _band_threshold(key0, nvalid, K, scratch, BLOCK: tl.constexpr, BAND: tl.constexpr):
-    """The K-th largest of the row's int32 keys ``key0`` [BLOCK] (invalid: INT32_MIN; ``nvalid`` > K valid ones) as
-    an int64 scalar, in two phases:
-
-    1. a bisection of [min key, max key] that stops once the band [lo, hi] holds at most ``BAND`` keys (or a probe
-       counts exactly K, or lo == hi). Its probe is the fp32 midpoint of the two ends' scores (halving the band's
-       count on smooth rows, where the keys' midpoint spends passes on exponent bits), or the keys' midpoint after a
-       pass that did not halve the band (so no row takes more than about twice the key bisection's passes);
-    2. the band's keys written compactly to ``scratch`` ([BAND] int32, the row's own output memory, written later),
-       and the K-th largest key is the smallest band key with fewer than r = K - count(key > hi) band keys above
-       it: one [BAND, 64]-chunked comparison instead of the bisection's remaining passes.
-
-    Every probe lies in (lo, hi], so count(key >= lo) >= K > count(key > hi) holds throughout: the result does not
-    depend on the probes chosen."""
-    kmin = tl.min(tl.where(key0 > -2147483648, key0, 2147483647), axis=0).to(tl.int64)
-    kmax = tl.max(key0, axis=0).to(tl.int64)
-    lo, hi = kmin, kmax
-    c_lo, c_hi = nvalid, tl.full([], 0, tl.int32)  # count(key >= lo), count(key > hi)
-    last = nvalid
-    by_key = tl.full([], 0, tl.int32)
-    while (lo < hi) & (c_lo - c_hi > BAND):
-        mid = (lo + hi + 1) >> 1
-        if by_key == 0:
-            vm = _key_value(lo) * 0.5 + _key_value(hi) * 0.5  # no overflow near the fp32 limits
-            mid = tl.minimum(tl.maximum(_value_key(vm), lo + 1), hi)
-        c = tl.sum((key0 >= mid.to(tl.int32)).to(tl.int32), axis=0)
-        exact = c == K  # {key >= mid} is the set: lo = hi = mid - 1 ends the search
-        c_lo = tl.where(c > K, c, c_lo)
-        c_hi = tl.where(c < K, c, c_hi)
-        lo = tl.where(c > K, mid, tl.where(exact, mid - 1, lo))
-        hi = tl.where(c > K, hi, mid - 1)
-        band = c_lo - c_hi
-        by_key = tl.where((band * 2 > last) & (by_key == 0), 1, 0)
-        last = band
-    thr = lo
-    if lo < hi:  # at most BAND keys in [lo, hi]: rank them
-        inband = (key0 >= lo.to(tl.int32)) & (key0 <= hi.to(tl.int32))
-        slot = tl.cumsum(inband.to(tl.int32), axis=0) - 1
-        tl.store(scratch + slot, key0, mask=inband)
-        tl.debug_barrier()  # the band's stores before any thread reads them
-        m = c_lo - c_hi
-        i = tl.arange(0, BAND)
-        bk = tl.load(scratch + i, mask=i < m, other=-2147483648)
-        above = tl.zeros([BAND], dtype=tl.int32)
-        for c0 in tl.static_range(0, BAND, 64):
-            j = c0 + tl.arange(0, 64)
-            col = tl.load(scratch + j, mask=j < m, other=-2147483648)
-            above += tl.sum((col[None, :] > bk[:, None]).to(tl.int32), axis=1)
-        thr = tl.min(tl.where((i < m) & (above < K - c_hi), bk, 2147483647), axis=0).to(tl.int64)
-        tl.debug_barrier()  # every read of the scratch before the output is written over it
-    return thr
-
-
-@triton.jit
 def _topk_kernel(s_ptr, out_ptr, N, K, W, stride_s, BLOCK: tl.constexpr, SINGLE: tl.constexpr,
                  BLOCK_K: tl.constexpr, BITS: tl.constexpr, PDL: tl.constexpr = 0, EARLY: tl.constexpr = 1,
-                 KEY32: tl.constexpr = 0, BAND: tl.constexpr = 0):
+                 KEY32: tl.constexpr = 0):
     pdl_enter(PDL)
     r = tl.program_id(0).to(tl.int64)
     row = r * stride_s
@@ -216,10 +144,7 @@ def _topk_kernel(s_ptr, out_ptr, N, K, W, stride_s, BLOCK: tl.constexpr, SINGLE:
     # the largest t with count(key >= t) >= K (only meaningful when nvalid > K), BITS bits a pass from the top:
     # count(key >= lo) >= K holds before each pass, and the digit is the last candidate that keeps it
     lo = tl.full([], -2147483648, tl.int64)
-    if BAND > 0:  # register-resident int32 keys: a midpoint bisection to a small band, then the band's ranks
-        if nvalid > K:
-            lo = _band_threshold(key0, nvalid, K, orow.to(tl.pointer_type(tl.int32)), BLOCK, BAND)
-    elif BITS == 1:  # bisection
+    if BITS == 1:  # bisection
         # a row with at most K valid scores keeps them all: no pass at all. A pass whose count is exactly K ends
         # the search: {key >= mid} is then the set, so thr = mid - 1 with no ties to keep (``need`` below is 0).
         # Random fp32 rows end after 11 passes instead of 32 at N 1024, k 512, and after 19 at N 8192 (a CPU model
@@ -287,14 +212,13 @@ def supports(scores: torch.Tensor, k: int) -> bool:
 
 def topk_positions_triton(scores: torch.Tensor, k: int, force_kernel: bool = False,
                           warps: int | None = None, width: int | None = None,
-                          bits: int | None = None, band: int | None = None) -> torch.Tensor:
+                          bits: int | None = None) -> torch.Tensor:
     """``index.topk``: scores [T, N] fp32 (-inf = invalid) -> int64 [T, min(k, N)], the positions of the k
     largest valid scores (ties: lower position) in ascending position order, -1 padded.
     ``force_kernel`` runs the kernel on CPU tensors (Triton's interpreter, tests only); ``warps`` overrides the
-    program's warp count, ``bits`` the bits a counting pass resolves and ``band`` the band search's size (0: off)
-    (benchmarks; the counts are integers, so the result depends on none of them); ``width`` (>= min(k, N);
-    ``candidate_blocks_triton``) returns [T, width] rows, -1 past the kept positions, written by the same launch
-    instead of a concat."""
+    program's warp count and ``bits`` the bits a counting pass resolves (benchmarks; the counts are integers, so the
+    result depends on neither); ``width`` (>= min(k, N); ``candidate_blocks_triton``) returns [T, width] rows, -1
+    past the kept positions, written by the same launch instead of a concat."""
     if not (force_kernel or supports(scores, k)):
         return hand_off("index.topk", f"scores {scores.dtype} on {scores.device} not covered", topk_positions,
                         scores, k)
@@ -310,14 +234,9 @@ def topk_positions_triton(scores: torch.Tensor, k: int, force_kernel: bool = Fal
     single = next_pow2(n) <= MAX_BLOCK
     block = next_pow2(n) if single else min(STREAM_BLOCK if RADIX_BITS > 1 else MAX_BLOCK, MAX_BLOCK)
     bits = bits or _bits_for(block)
-    # the band search: register-resident int32 keys, a band of at most an eighth of the block (the ranking's
-    # [band, 64] compare stays in registers: 4 warps spilled at 1024 scores with 256), and room for the band in the
-    # row's output (its int32 scratch)
-    band = min(BAND if band is None else band, block // 8)
-    band = band if (band > 0 and single and KEY32 and EARLY_EXIT and bits == 1 and 2 * w >= band) else 0
     warps = warps or TOPK_WARPS or (8 if block >= 4096 or block << bits >= 8192 else 4)
     _topk_kernel[(t,)](s, out, n, kk, w, s.stride(0), BLOCK=block, SINGLE=single, BLOCK_K=min(1024, next_pow2(w)),
-                       BITS=bits, EARLY=int(EARLY_EXIT), KEY32=int(KEY32), BAND=band, num_warps=warps,
+                       BITS=bits, EARLY=int(EARLY_EXIT), KEY32=int(KEY32), num_warps=warps,
                        **pdl_launch())
     return out
 

@@ -12,7 +12,7 @@ for ~0.7 MB of KV rows (0.16 us at the copy bandwidth) and ``mhc.mix`` 10.6 us (
 - ``mhc.mix`` (residual [T, 4, 4096] bf16, fn [24, 16384] fp32): K splits, pipeline stages, gate warps;
 - ``index.scores`` (64 heads of 128 over 1024 candidates): candidates a chunk and chunks a program;
 - ``engram.gate`` (4 streams of 4096): one program a stream or one a token;
-- ``index.topk`` (k 512 of 1024-8192 scores): the band search's size, keys of 32 or 64 bits, warps;
+- ``index.topk`` (k 512 of 1024-8192 scores): keys of 32 or 64 bits, bits a pass, warps a program;
 - ``moe.route_topk`` (384 experts, k 6): warps a program.
 
 Each time is one CUDA-graph replay of ``RING`` back-to-back calls divided by ``RING`` (``graph_timing.graph_us``;
@@ -136,37 +136,33 @@ def bench_engram(tokens, rows) -> None:
 
 
 def bench_topk(tokens, rows) -> None:
-    """``index.topk`` (k 512) over 1024-8192 scores (randn; bf16-rounded, with more ties; log-uniform magnitudes,
-    where score midpoints bisect badly), by search: the band search (the default, bands of up to 256 keys; 64 and
-    512), the bisection on int32 keys (band 0) and on int64 keys with a mask (the forty-second pass's), and the
-    default at the other of 4 / 8 warps. Every variant's positions must equal the default's."""
+    """``index.topk`` (k 512) over 1024-8192 scores (randn, and bf16-rounded: more ties), by search: int64 keys with
+    a mask (the forty-second pass's) or int32 keys (``KEY32``), and 1, 2 or 3 bits a counting pass (2^bits probes
+    each), at the default warps and the other of 4 / 8. Every variant's positions must equal the default's."""
     from deepinfer_nvidia.kernels import triton_topk as tk
 
     dev = "cuda"
     g = torch.Generator(device=dev).manual_seed(4)
     key32 = tk.KEY32
-    variants = [{}, {"band": 64}, {"band": 512}, {"band": 0}, {"band": 0, "key32": False}, {"warps": "other"}]
     for t in tokens:
-        for n, dist in itertools.product((1024, 2048, 4096, 8192), ("randn", "bf16", "logunif")):
+        for n, dist in itertools.product((1024, 2048, 4096, 8192), ("randn", "bf16")):
             s = torch.randn(t, n, device=dev, generator=g) * 3
             if dist == "bf16":
                 s = s.bfloat16().float()
-            elif dist == "logunif":
-                s = 10.0 ** (torch.rand(t, n, device=dev, generator=g) * 60 - 30)
             tk.KEY32 = key32
             base = tk.topk_positions_triton(s, 512)
             dw = 8 if n >= 4096 else 4
-            for v in variants:
-                tk.KEY32 = v.get("key32", key32)
-                kw = {"band": v["band"]} if "band" in v else {}
-                if "warps" in v:
-                    kw["warps"] = 12 - dw
-                out = tk.topk_positions_triton(s, 512, **kw)
+            for k32, bits, w in itertools.product((False, True), (1, 2, 3), (None, 12 - dw)):
+                tk.KEY32 = k32
+                out = tk.topk_positions_triton(s, 512, warps=w, bits=bits)
                 same = bool(torch.equal(out, base))
-                us = graph_us(lambda: tk.topk_positions_triton(s, 512, **kw), calls=RING)
-                rows.append(dict(kind="topk", t=t, na=n, nb=dist, variant=dict(kw, key32=tk.KEY32) if v else {},
-                                 us=us, err=float(not same)))
-                print(f"topk T={t} N={n} {dist:7s} {str(v or 'default'):32s} {us:7.2f} us  equal {same}", flush=True)
+                us = graph_us(lambda: tk.topk_positions_triton(s, 512, warps=w, bits=bits), calls=RING)
+                v = {"key32": k32, "bits": bits, **({"warps": w} if w else {})}
+                if k32 == key32 and bits == 1 and not w:
+                    v = {}  # the default launch
+                rows.append(dict(kind="topk", t=t, na=n, nb=dist, variant=v, us=us, err=float(not same)))
+                print(f"topk T={t} N={n} {dist:5s} key32 {int(k32)} bits {bits} warps {str(w or dw):3s} {us:7.2f} us"
+                      f"  equal {same}", flush=True)
     tk.KEY32 = key32
 
 

