@@ -15,11 +15,14 @@
 #           Predicted from pass43b (H100, one call in a graph: -1.2 us at 4096 scores, -2.4 with bf16 ties): -5 to
 #           -8 us at batch 1 on an H100 (the slice's four index top-k calls).
 #   b1      one V4.1 batch-1 (and batch-32) reading at the defaults: the cheap stage of a call that wanted an H200.
+#   rows    the issue's two decode targets on the H200 when device time is short: the V4.1 rows at batch 1 and 64
+#           (graphed, pipelined, against the roofline from the copy bandwidth measured in the same process), three
+#           processes (~1 minute each). H200 only.
 #   rope    the KV row's RMSNorm and rotation as one kernel (DEEPINFER_NV_NORM_ROPE_FUSED 0 / 1; opt-in since the
 #           thirty-first pass read it even on a 2.88 ms step): the V4.1 batch-1 rows alternated twice. The
 #           forty-third pass's timeline (pass43c) has the two kernels at 2.4 + 1.7 us a layer on the chain;
 #           predicted -8 to -16 us at batch 1 (one launch less a layer). Any card.
-# auto (the default): sweep on an H200 (the check passed on H100s); b1 elsewhere (check, small, trace, key32, rope
+# auto (the default): sweep (AUTO_H200: another stage) on an H200 (the check passed on H100s); b1 elsewhere (check, small, trace, key32, rope
 # and band ran on H100s: pass43a-f).
 # Removed stages (their knobs measured even or slower and were removed; the code is in the named commits):
 #   band (pass43f, H100; commit 0208bc7) index.topk's band search (a score-midpoint bisection down to a band of at
@@ -30,13 +33,18 @@ set -u
 STAGES=${1:-auto}
 OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # GPU, stamp, has, quiet, auto_stages; exports; HERE
-auto_stages sweep b1
+auto_stages ${AUTO_H200:-sweep} b1
 if has check; then
   stamp check
   timeout 200 python3 -m pytest -q -p no:cacheprovider -n 8 deepinfer_nvidia/tests/test_side_stream.py \
     deepinfer_nvidia/tests/test_conformance_topk.py 2>&1 | tail -6 | tee "$OUT/check_tests.txt"
 fi
 has sweep && v41_sweep_b1 43 360
+if has rows; then
+  for r in 1 2 3; do
+    [ $(( $(date +%s) - t0 )) -lt "${ROWS_S:-240}" ] && v41_row "defaults, reading $r" 1,64 DEEPINFER_PASS=43
+  done | tee "$OUT/rows.txt"
+fi
 if has cmask; then
   stamp "cmask: rows"
   v41_alt cmask_rows DEEPINFER_NV_CANDIDATE_MASK 0 1
