@@ -22,8 +22,8 @@
 #           thirty-first pass read it even on a 2.88 ms step): the V4.1 batch-1 rows alternated twice. The
 #           forty-third pass's timeline (pass43c) has the two kernels at 2.4 + 1.7 us a layer on the chain;
 #           predicted -8 to -16 us at batch 1 (one launch less a layer). Any card.
-# auto (the default): sweep (AUTO_H200: another stage) on an H200 (the check passed on H100s); b1 elsewhere (check, small, trace, key32, rope
-# and band ran on H100s: pass43a-f).
+# auto (the default): sweep (AUTO_H200: another stage) on an H200 (the check passed on H100s); b1 elsewhere
+# (check, small, trace, key32, rope and band ran on H100s: pass43a-f).
 # Removed stages (their knobs measured even or slower and were removed; the code is in the named commits):
 #   band (pass43f, H100; commit 0208bc7) index.topk's band search (a score-midpoint bisection down to a band of at
 #        most 256 keys, then a ranking of the band): correct (181 device tests passed) but slower at every shape,
