@@ -17,7 +17,8 @@ import torch
 
 from deepinfer_core.kv.spec import CompressedSpec, StateSpec
 from deepinfer_core.runner.context import StepContext
-from deepinfer_models.layers.static_index import closes_any, compact, write_rows
+from deepinfer_models.layers.decode_shortcuts import decode_shortcuts
+from deepinfer_models.layers.static_index import closes_any, compact, take_rows, write_rows
 from deepinfer_models.layers.linear import float_projection
 
 
@@ -64,29 +65,38 @@ class Compressor:
         r, d, ring, width = self.ratio, self.d_c, self.ring, self.width
         seq, start = ctx.token_seq, ctx.extras["token_start"]
         first_row, slots = ctx.extras["seq_first_row"], ctx.state_slots
+        # a decode step: token i is slice i's only token, so its state slot is ``token_slot[i]`` and it is its
+        # slice's last row (layers/decode_shortcuts.py: no gathers by token_seq)
+        token_slot = ctx.extras["token_slot"] if decode_shortcuts(ctx) else None
         rows_now = torch.cat([kv, sc], dim=-1)
         state_rows = state.view(-1, 2 * width)
         nseq = first_row.shape[0]
         # Windows closing in this step, without a host sync: a request's chunk of n tokens closes at
-        # most n // r + 1 windows, so T // r + B rows (all T rows when that is not fewer) hold them;
-        # padding rows are computed and not written.
+        # most n // r + 1 windows, so T // r + B rows (all T rows when that is not fewer: ``closing`` None, no
+        # gathers) hold them; padding rows are computed and not written.
         closing_mask = (pos + 1) % r == 0
         n_close = min(t, t // r + nseq)
         if not closes_any(ctx, r):  # known on the host: nothing to pool in this (eager) step
             n_close = 0
         elif n_close == t:
-            closing, valid = torch.arange(t, device=x.device), closing_mask
+            closing, valid = None, closing_mask
         else:
             closing, valid = compact(closing_mask, n_close)
         if n_close:
-            w = pos[closing] // r
+            pos_c = take_rows(pos, closing)
+            w = pos_c // r
             cur = w[:, None] * r + torch.arange(r, device=x.device)[None, :]  # window w: [Nw, r]
             where = torch.cat([cur - r, cur], dim=1) if self.overlap else cur  # + a-halves of window w-1
-            s_of = seq[closing]
-            s0 = start[closing][:, None]
-            # each slot from this step's rows or from the request's ring (row picks only: exact)
-            now_row = (first_row[s_of][:, None] + where - s0).clamp(0, t - 1)
-            ring_row = slots[s_of][:, None] * ring + where % ring
+            s0 = take_rows(start, closing)[:, None]
+            # each slot from this step's rows or from the request's ring (row picks only: exact); at decode token i
+            # is slice i, so the slice's first row and state slot need no gather
+            if token_slot is not None and closing is None:
+                first_c, slot_c = first_row, token_slot
+            else:
+                s_of = take_rows(seq, closing)
+                first_c, slot_c = first_row[s_of], slots[s_of]
+            now_row = (first_c[:, None] + where - s0).clamp(0, t - 1)
+            ring_row = slot_c[:, None] * ring + where % ring
             got = torch.where((where >= s0)[..., None], rows_now[now_row], state_rows[ring_row])  # [Nw, S, 2*width]
             g_kv, g_sc = got[..., :width], got[..., width:]
             if self.overlap:
@@ -95,14 +105,18 @@ class Compressor:
             g_sc = g_sc.masked_fill((where < 0)[..., None], float("-inf"))  # slots before position 0
             pooled = self.k["compress.softmax_pool"](g_kv.to(x.dtype), g_sc)
             entry = self.k["norm.rms_rope"](pooled, self.norm_w, self.eps, w * r, self.inv_freq)
-            out = meta.write_slots[closing]
+            out = take_rows(meta.write_slots, closing)
             # -1: the entry is already in a shared prefix-cache block (write_rows never writes a negative slot)
             write_rows(cache, out, entry, valid)
         # keep the last `ring` positions of every request's chunk for windows closing later
+        if token_slot is not None:  # every row is its slice's last: all of them
+            write_rows(state_rows, token_slot * ring + pos % ring, rows_now, None)
+            return
         keep_mask = pos >= ctx.extras["seq_end"][seq] - ring
         n_keep = min(t, nseq * ring)
         if n_keep == t:
-            keep, valid = torch.arange(t, device=x.device), keep_mask
+            keep, valid = None, keep_mask
         else:
             keep, valid = compact(keep_mask, n_keep)
-        write_rows(state_rows, slots[seq[keep]] * ring + pos[keep] % ring, rows_now[keep], valid)
+        write_rows(state_rows, slots[take_rows(seq, keep)] * ring + take_rows(pos, keep) % ring,
+                   take_rows(rows_now, keep), valid)

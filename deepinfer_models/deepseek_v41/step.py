@@ -11,18 +11,14 @@
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import torch
 
 from deepinfer_core.runner.context import StepContext
+from deepinfer_models.layers.decode_shortcuts import decode_shortcuts
 from deepinfer_models.layers.static_index import compact, take_rows
 
-# A decode step's rows without index math (``StepRows.from_context``) and the ratio-2 compressor's partner read from
-# the ring alone there (``CompressorV41._pool_pairs``): ~8 fewer small launches on a graphed decode step's chain
-# (forty-second pass). ``DEEPINFER_DECODE_SHORTCUTS=0``: the general formulas (the same values), for A/B runs.
-DECODE_SHORTCUTS = os.environ.get("DEEPINFER_DECODE_SHORTCUTS", "1") == "1"
 
 
 @dataclass(frozen=True)
@@ -43,7 +39,7 @@ class StepRows:
         """From the per-token / per-slice tensors ``build_step_context`` leaves in ``ctx.extras``. A decode step's
         context (one token a slice) carries the token's slot and the slices' last rows as they are, so no launch
         here: five fewer small kernels on a graphed decode step's chain (forty-second pass)."""
-        if ctx.one_token_each and DECODE_SHORTCUTS:
+        if decode_shortcuts(ctx):  # DEEPINFER_DECODE_SHORTCUTS (layers/decode_shortcuts.py)
             return cls(start=ctx.extras["token_start"], slot=ctx.extras["token_slot"], last=ctx.extras["seq_last_row"],
                        decode=True)
         start = ctx.extras["token_start"]  # [T]

@@ -98,15 +98,17 @@ def test_deferred_branches_give_the_in_order_logits(arch, kv_branch, mix_branch,
     assert torch.equal(got, want)
 
 
-def test_decode_shortcuts_give_the_general_formulas_logits(monkeypatch):
+@pytest.mark.parametrize("arch", ["v41", "v4"])
+def test_decode_shortcuts_give_the_general_formulas_logits(arch, monkeypatch, tmp_path):
     """``DEEPINFER_DECODE_SHORTCUTS``: a decode step's ``StepRows`` without index math and the ratio-2 compressor's
-    partner from the ring alone give the general path's logits bit for bit (prefill chunks, then decode steps that
-    close pairs at odd positions and open them at even ones)."""
-    from deepinfer_models.deepseek_v41 import step
+    partner from the ring alone (V4.1), the compressor's slots and ring rows without gathers by ``token_seq`` (V4),
+    give the general path's logits bit for bit (prefill chunks, then decode steps that close windows and pairs)."""
+    from deepinfer_models.layers import decode_shortcuts as step
 
-    model = _model("v41", None)
-    assert any(layer["attn"].compressor is not None and layer["attn"].compressor.ratio == 2
-               for layer in model.layers), "the tiny V4.1 needs a ratio-2 kv source"
+    model = _model(arch, tmp_path)
+    if arch == "v41":
+        assert any(layer["attn"].compressor is not None and layer["attn"].compressor.ratio == 2
+                   for layer in model.layers), "the tiny V4.1 needs a ratio-2 kv source"
     requests = [prompt(33, seed=31), prompt(20, seed=32)]
     schedule = _schedule([len(r) for r in requests], prefill_chunk=7)
     monkeypatch.setattr(step, "DECODE_SHORTCUTS", False)
