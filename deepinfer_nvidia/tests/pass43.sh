@@ -45,10 +45,7 @@ if has rows; then
     [ $(( $(date +%s) - t0 )) -lt "${ROWS_S:-240}" ] && v41_row "defaults, reading $r" 1,64 DEEPINFER_PASS=43
   done | tee "$OUT/rows.txt"
 fi
-if has cmask; then
-  stamp "cmask: rows"
-  v41_alt cmask_rows DEEPINFER_NV_CANDIDATE_MASK 0 1
-fi
+ab_stage cmask DEEPINFER_NV_CANDIDATE_MASK 0 1
 if has small; then
   stamp "small: topk, route"
   timeout 300 python3 -m deepinfer_nvidia.tests.bench_decode_small --out "$OUT" --only "${SMALL_ONLY:-topk}" \
@@ -59,13 +56,7 @@ if has trace; then
   stamp "trace, PDL off"
   trace_profile nopdl DEEPINFER_NV_PDL=0
 fi
-if has key32; then
-  stamp "key32: rows"
-  v41_alt key32_rows DEEPINFER_NV_TOPK_KEY32 0 1
-fi
-if has rope; then
-  stamp "rope: rows"
-  v41_alt rope_rows DEEPINFER_NV_NORM_ROPE_FUSED 0 1
-fi
+ab_stage key32 DEEPINFER_NV_TOPK_KEY32 0 1
+ab_stage rope DEEPINFER_NV_NORM_ROPE_FUSED 0 1
 has b1 && v41_row "defaults" 1 DEEPINFER_PASS=43 | tee -a "$OUT/b1_rows.txt"
 stamp done

@@ -99,3 +99,9 @@ trace_profile() {  # trace_profile TAG ENV...: the batch-1 profile with its chro
   for f in "$OUT/prof_$tag"/trace_*.json; do [ -e "$f" ] && gzip -c "$f" > "$OUT/${tag}_$(basename "$f").gz"; done
   rm -rf "$OUT/prof_$tag"
 }
+
+ab_stage() {  # ab_stage STAGE KNOB A B: when STAGE is asked for, v41_alt into $OUT/STAGE_rows.txt (KNOB=A, =B, =A, =B)
+  has "$1" || return 0
+  stamp "$1: rows"
+  v41_alt "$1_rows" "$2" "$3" "$4"
+}
