@@ -6,12 +6,12 @@ use as a set. Here one program per row:
 
 1. maps each score to a signed integer with the same order (fp32 bits, negatives flipped; ``-0.0`` counted
    as ``+0.0``, so equal floats get equal keys, as in the reference's comparison);
-2. finds ``thr``, the k-th largest key among the valid (finite) scores, over the 32-bit key range: by
+2. finds ``thr``, the k-th largest key among the valid (finite or +inf) scores, over the 32-bit key range: by
    bisection, at most 32 counting passes (``RADIX_BITS = 1``, the default; it stops at a pass that counts
-   exactly k, and rows with at most k valid scores need none), or a digit of ``BITS`` bits a pass, each
-   counting the keys at or above all 2^BITS candidates of the next digit at once (one [BLOCK, 2^BITS]
-   comparison and one reduction: 32 / BITS passes). The row is held in registers when it fits one ``BLOCK``,
-   else streamed from global memory / L2 in chunks;
+   exactly k, and rows with at most k valid scores need none), or 2^BITS probes a pass spread over the
+   remaining range (one [BLOCK, 2^BITS] comparison and one reduction a pass, the same early exit). The keys are
+   int32 with invalid scores at INT32_MIN (``KEY32``), so a pass is one compare a score. The row is held in
+   registers when it fits one ``BLOCK``, else streamed from global memory / L2 in chunks;
 3. keeps every score above ``thr`` and, of those equal to ``thr``, the lowest positions first, exactly as
    many as the reference's stable sort keeps (ties broken towards the lower position);
 4. writes the kept positions in ascending position order (a prefix count gives each its slot) and ``-1``
@@ -39,11 +39,11 @@ from deepinfer_nvidia.kernels.triton_pdl import pdl_enter, pdl_launch
 # STREAM_BLOCK.
 MAX_BLOCK = 8192
 STREAM_BLOCK = 1024
-# Widest digit a counting pass resolves (1, 2 or 4). The [BLOCK, 2^BITS] comparison is held in registers, so
-# wide register blocks take narrower digits (``_bits_for``). 1 keeps the bisection (its own loop, with streamed
-# chunks of MAX_BLOCK scores): on the H200 the 4-bit passes pass conformance but are slower, 14.4 us a call
-# against 9.4 at 1024 scores (docs/performance.md, nineteenth pass: the 16-way compare and its reduction cost
-# more than the 24 passes they save).
+# Bits a counting pass resolves (2^bits probes a pass; 1 is the bisection). The [BLOCK, 2^BITS] comparison is held
+# in registers, so wide register blocks take fewer bits (``_bits_for``). 1 stays the default: the passes are bound by
+# issue, not by their barriers. On the H200 4-bit digits were slower, 14.4 us a call against 9.4 at 1024 scores
+# (nineteenth pass). On an H100, 4 and 8 probes with the early exit were slower too: 10.08 and 10.35 us against 8.19
+# at 4096 scores (forty-third pass; a 4-probe pass is 298 instructions against the bisection's 90).
 RADIX_BITS = 1
 # Whether ``index.candidate_blocks`` launches its kernels (else core's reference runs on the device: a sort).
 # On: conformance passed on the H200, and at batch 1 it replaces the sort (21.4 us) and 5 gathers with one 9.4 us
@@ -59,7 +59,8 @@ EARLY_EXIT = os.environ.get("DEEPINFER_NV_TOPK_EARLY_EXIT", "1") == "1"
 TOPK_WARPS = int(os.environ.get("DEEPINFER_NV_TOPK_WARPS", "0"))
 # The bisection's counting passes on int32 keys (``DEEPINFER_NV_TOPK_KEY32``, on; 0: int64 keys with a valid mask,
 # as before the forty-third pass): one 32-bit compare a score and no mask a pass, the same counts (every valid key
-# lies in (INT32_MIN, INT32_MAX], and each bisection probe ``mid`` in (lo, hi] does too). The 1-bit search only.
+# lies in (INT32_MIN, INT32_MAX], and so does each probe in (lo, hi]). H100, one call, k 512: 4096 scores 9.40 ->
+# 8.19 us, 8192 17.36 -> 14.47 (forty-third pass).
 KEY32 = os.environ.get("DEEPINFER_NV_TOPK_KEY32", "1") == "1"
 
 
