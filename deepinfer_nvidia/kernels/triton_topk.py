@@ -142,8 +142,8 @@ def _topk_kernel(s_ptr, out_ptr, N, K, W, stride_s, BLOCK: tl.constexpr, SINGLE:
     key0, valid0 = _keys(s_ptr, row, cols0, N, KEY32)
     # every valid key is above INT32_MIN (only a NaN's bits map there), so this counts the valid scores
     nvalid = _count_ge(s_ptr, row, N, tl.full([], -2147483647, tl.int64), key0, valid0, BLOCK, SINGLE, KEY32)
-    # the largest t with count(key >= t) >= K (only meaningful when nvalid > K), BITS bits a pass from the top:
-    # count(key >= lo) >= K holds before each pass, and the digit is the last candidate that keeps it
+    # the largest t with count(key >= t) >= K (only meaningful when nvalid > K): count(key >= lo) >= K and
+    # count(key > hi) < K hold before each pass, and each pass moves lo up or hi down to its probes' counts
     lo = tl.full([], -2147483648, tl.int64)
     if BITS == 1:  # bisection
         # a row with at most K valid scores keeps them all: no pass at all. A pass whose count is exactly K ends
