@@ -12,6 +12,9 @@ there is no main stream to follow. This report does not need one (forty-second p
 - the glue runs: stretches of at least ``--glue-run`` consecutive torch kernels (``at::native`` /
   ``elementwise``), in start order, with where they start, how long they span and how many launches they hold.
   At batch 1 each is a chain of ~1.5-2 us launches of index math;
+- the critical chain, estimated from the timestamps alone (``critical_chain``: each kernel's latest finisher
+  before it), with its kernels' time, the waits between them and its families (forty-third pass): what a change
+  must shorten to shorten the step;
 - with ``--list``, every kernel starting in a window: start, duration, stream, grid, name.
 
 ``sweep_timing.profile_step`` appends this report to ``profile.txt`` for each trace it writes
@@ -106,6 +109,44 @@ def glue_runs(ks: list[Kernel], min_run: int) -> list[tuple[float, float, int]]:
     return runs
 
 
+def critical_chain(ks: list[Kernel], slack: float = 0.5, same_stream: float = 2.0) -> list[Kernel]:
+    """An estimate of the step's critical chain, first kernel first: from the kernel that ends last, each step back
+    takes what this kernel most likely waited on among the kernels that ended at or before its start (``slack`` us
+    of tolerance for the clocks): the latest of them on its own stream (an order the stream enforces) when that
+    ended within ``same_stream`` us of the latest of all, else the latest of all (a join of another branch). A trace
+    has no dependency edges, so this is a reading of the timestamps, not a proof: a kernel of another branch that
+    finished just before by chance can take a real dependency's place. Read it with PDL off (with PDL a dependent
+    kernel starts early and waits inside, so its start says nothing about its inputs)."""
+    cur = max(ks, key=lambda k: k.end)
+    chain = [cur]
+    while True:
+        before = [k for k in ks if k.end <= cur.start + slack and k.start < cur.start]
+        if not before:
+            break
+        latest = max(before, key=lambda k: k.end)
+        own = [k for k in before if k.stream == cur.stream]
+        own_latest = max(own, key=lambda k: k.end) if own else None
+        cur = own_latest if own_latest is not None and latest.end - own_latest.end <= same_stream else latest
+        chain.append(cur)
+    return chain[::-1]
+
+
+def chain_lines(ks: list[Kernel], top: int) -> list[str]:
+    """The critical chain's summary: its kernels' time, the waits between them, its families by time."""
+    chain = critical_chain(ks)
+    run = sum(k.dur for k in chain)
+    waits = sum(max(0.0, b.start - a.end) for a, b in zip(chain, chain[1:]))
+    fams: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for k in chain:
+        fams[family(k.name)][0] += k.dur
+        fams[family(k.name)][1] += 1
+    lines = [f"  critical chain (estimated from the timestamps, critical_chain): {len(chain)} kernels, "
+             f"{run:.1f} us running, {waits:.1f} us between them; by family (us, launches):"]
+    for name, (us, n) in sorted(fams.items(), key=lambda kv: -kv[1][0])[:top]:
+        lines.append(f"    {us:9.1f} {n:5d}  {name[:70]}")
+    return lines
+
+
 def report(trace: dict, glue_run: int = 3, top: int = 12, window: tuple[float, float] | None = None) -> str:
     ks = kernels(trace)
     span = max(k.end for k in ks)
@@ -129,6 +170,7 @@ def report(trace: dict, glue_run: int = 3, top: int = 12, window: tuple[float, f
     lines.append("  longest idle gaps (start us, us):")
     for start, length in sorted(gaps, key=lambda g: -g[1])[:min(top, 5)]:
         lines.append(f"    {start:9.1f} {length:7.2f}")
+    lines += chain_lines(ks, top)
     if window is not None:
         lines.append(f"  kernels starting in [{window[0]:.0f}, {window[1]:.0f}) us (start, us, stream, grid, name):")
         for k in ks:

@@ -1,13 +1,14 @@
-"""``benchmarks/trace_timeline.py``: on a made-up trace, the busy union and idle gaps across streams, the kernel
-families and the runs of consecutive torch kernels; on the forty-second pass's H200 graph-replay trace (kept in
-``docs/perf/pass42d``), the figures the pass record quotes."""
+"""``benchmarks/trace_timeline.py``: on made-up traces, the busy union and idle gaps across streams, the kernel
+families, the runs of consecutive torch kernels and the estimated critical chain; on the forty-second pass's H200
+graph-replay trace (kept in ``docs/perf/pass42d``), the figures the pass record quotes."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
-from benchmarks.trace_timeline import family, glue_runs, idle_gaps, is_glue, kernels, load_trace, report
+from benchmarks.trace_timeline import (critical_chain, family, glue_runs, idle_gaps, is_glue, kernels, load_trace,
+                                       report)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -40,6 +41,22 @@ def test_made_up_trace():
     assert "4.0 us in 1 runs" in text and text.count("at::native") >= 3
     with pytest.raises(ValueError, match="no kernel events"):
         kernels({"traceEvents": []})
+
+
+def test_critical_chain_follows_its_stream_and_the_joins():
+    """The chain walks back from the last kernel: through its own stream while that stream's kernel ended about as
+    late as any, across to another stream when the branch there ended clearly later (the join it waited on), and
+    never through a kernel that overlaps it."""
+    own = {"traceEvents": [_k(1, 0.0, 10.0, "a"), _k(2, 0.0, 10.6, "side"), _k(1, 10.8, 9.2, "b")]}
+    assert [k.name for k in critical_chain(kernels(own))] == ["a", "b"]  # side ended only 0.6 us after a
+    join = {"traceEvents": [
+        _k(1, 0.0, 10.0, "a"), _k(3, 0.5, 24.5, "side_long"),  # c waits on side_long's join (15 us after a)
+        _k(1, 25.3, 3.0, "c"), _k(4, 26.0, 1.0, "overlapping"),  # starts inside c: not c's input
+        _k(1, 28.5, 2.0, "d"),
+    ]}
+    assert [k.name for k in critical_chain(kernels(join))] == ["side_long", "c", "d"]
+    text = report(join)
+    assert "critical chain (estimated from the timestamps, critical_chain): 3 kernels, 29.5 us running" in text
 
 
 def test_the_h200_graph_replay_trace():
