@@ -100,8 +100,7 @@ def _sub_context(ctx: StepContext, rows: torch.Tensor, pos: torch.Tensor, seq: t
         groups[gid] = GroupMetadata(m.spec, m.write_slots.index_select(0, rows), read)
     sub = StepContext(positions=pos, token_seq=seq, slices=ctx.slices, groups=groups, cache_group=ctx.cache_group,
                       caches=ctx.caches, state_slots=ctx.state_slots, extras=dict(ctx.extras))
-    for key in ("token_slot", "seq_last_row"):  # a decode step's per-row facts: not for a subset of its rows (the
-        sub.extras.pop(key, None)                # sub-context's ``one_token_each`` is False, so none reads them)
+    # ``one_token_each`` stays False: a subset of a decode step's rows is not read through its per-row shortcuts
     sub.extras["token_start"] = ctx.extras["token_start"].index_select(0, rows)
     sub.extras["seq_first_row"] = first_rows
     return sub

@@ -20,7 +20,6 @@ from deepinfer_models.layers.decode_shortcuts import decode_shortcuts
 from deepinfer_models.layers.static_index import compact, take_rows
 
 
-
 @dataclass(frozen=True)
 class StepRows:
     """Per-token slice facts, all int64 tensors on the step's device.
