@@ -35,6 +35,13 @@ BRANCH_KV_WRITE = os.environ.get("DEEPINFER_BRANCH_KV_WRITE", "1") == "1"
 # 41 of V4.1-Flash's 43 layers (6 of the 8-layer slice's) are not kv sources. ``DEEPINFER_BRANCH_SWA_WRITE``
 # (docs/performance_pass_44.md).
 BRANCH_SWA_WRITE = os.environ.get("DEEPINFER_BRANCH_SWA_WRITE", "0") == "1"
+# A kv source's compressor (its fp32 ``wkv`` / ``wgate`` GEMV reads only x, then the pooling, the entry's norm and
+# rotation, the index keys and the cache writes) as its own branch forked at the attention's start, beside the
+# ``wq_a`` / ``wkv`` GEMV, instead of inside the KV branch forked after it, where ``BRANCH_KV_WRITE`` is on. In the
+# forty-third pass's timeline (pass43c, H100, batch 1) the KV branch outlasts the query half by 41 us at the ratio-2
+# source and 17 us at the ratio-1 source, so the attention waits on it. ``DEEPINFER_BRANCH_COMPRESSOR``
+# (docs/performance_pass_44.md).
+BRANCH_COMPRESSOR = os.environ.get("DEEPINFER_BRANCH_COMPRESSOR", "0") == "1"
 # An index source's head weights ``weights_proj(x)`` (they read only x) as a ``stream.side`` branch forked at the
 # attention's start, joined by the indexer: one dense GEMV a layer off the chain from wq_b to the scores.
 # ``DEEPINFER_BRANCH_INDEX_WEIGHTS=0``: in order, inside the indexer (docs/performance.md, thirty-sixth pass).
@@ -65,32 +72,39 @@ class AttentionV41(SharedKVAttention):
 
     def __call__(self, x: torch.Tensor, ctx: StepContext, rows: StepRows | None, share: IndexShare) -> torch.Tensor:
         """x [T, D] (normed attention input) -> [T, D]. ``rows`` is only read by a kv source's compressor."""
-        head_w = None
+        side, head_w, branches = self.k["stream.side"], None, []
         if self.indexer is not None and BRANCH_INDEX_WEIGHTS:
-            head_w = self.k["stream.side"](self.indexer.weights_proj, x)
+            head_w = side(self.indexer.weights_proj, x)
+        compress = self.compressor is not None
+        if compress and BRANCH_KV_WRITE and BRANCH_COMPRESSOR:  # it reads only x: forked before wq_a / wkv
+            branches.append(side(self.compressor, x, ctx, rows))
+            compress = False
         q_a, kv_a = self.qkv_a(x)  # one product where merged
         if BRANCH_KV_WRITE and (self.compressor is not None or BRANCH_SWA_WRITE):
-            return self.attend(x, ctx, share, q_a, self.k["stream.side"](self.write_kv, x, ctx, rows, kv_a), head_w)
+            branches.append(side(self.write_kv, x, ctx, rows, kv_a, compress))
+            return self.attend(x, ctx, share, q_a, branches, head_w)
         self.write_kv(x, ctx, rows, kv_a)
         return self.attend(x, ctx, share, q_a, None, head_w)
 
     def write_kv(self, x: torch.Tensor, ctx: StepContext, rows: StepRows | None,
-                 kv_a: torch.Tensor | None = None) -> None:
-        """The KV half (vLLM's ``forward_kv``): SWA KV of every row, and on a kv source the compressed
-        entries and index keys. Decoder-side replay runs it on all rows of the cut layer, then
-        ``attend`` on the kept rows only. ``kv_a``: ``wkv(x)`` when the caller has it."""
+                 kv_a: torch.Tensor | None = None, compress: bool = True) -> None:
+        """The KV half (vLLM's ``forward_kv``): SWA KV of every row, and on a kv source (unless ``compress`` is
+        False: the caller runs the compressor apart) the compressed entries and index keys. Decoder-side replay
+        runs it on all rows of the cut layer, then ``attend`` on the kept rows only. ``kv_a``: ``wkv(x)`` when the
+        caller has it."""
         k, pos = self.k, ctx.positions
         kv_a = self.wkv(x) if kv_a is None else kv_a
         kv = k["norm.rms_rope"](kv_a, self.kv_norm, self.eps, pos, self.inv_freq)
         write_rows(ctx.caches[self.swa_name], ctx.meta(self.swa_name).write_slots, kv)  # -1: not written
-        if self.compressor is not None:
+        if compress and self.compressor is not None:
             self.compressor(x, ctx, rows)
 
     def attend(self, x: torch.Tensor, ctx: StepContext, share: IndexShare,
                q_a: torch.Tensor | None = None, kv_written=None, head_w=None) -> torch.Tensor:
         """The query half: x [T, D] -> [T, D], reading the caches ``write_kv`` filled. ``q_a``: ``wq_a(x)`` when
-        the caller has it. ``kv_written``: the ``stream.side`` branch running ``write_kv``, joined before the first
-        cache read. ``head_w``: the branch computing the indexer's ``weights_proj(x)``, joined by the indexer."""
+        the caller has it. ``kv_written``: the ``stream.side`` branches writing the caches (``write_kv``, and the
+        compressor where it runs apart), joined before the first cache read. ``head_w``: the branch computing the
+        indexer's ``weights_proj(x)``, joined by the indexer."""
         k = self.k
         t, pos = x.shape[0], ctx.positions
         qr = k["norm.rms"](self.wq_a(x) if q_a is None else q_a, self.q_norm, self.eps)
@@ -98,8 +112,8 @@ class AttentionV41(SharedKVAttention):
         q = q.view(t, self.h, self.d)
         if self.cfg.q_head_norm:  # V4 behaviour; V4.1-Flash has it off ("qr is normed before wq_b")
             q = k["norm.rms_unweighted"](q, self.eps)
-        if kv_written is not None:  # the caches below (index keys, SWA, compressed) are read from here on
-            kv_written.join()
+        for branch in kv_written or ():  # the caches below (index keys, SWA, compressed) are read from here on
+            branch.join()
         swa, swa_meta = ctx.caches[self.swa_name], ctx.meta(self.swa_name)
         if self.indexer is not None:
             share.topk[self.layer] = self.indexer(x, qr, ctx, share, q_index[0],

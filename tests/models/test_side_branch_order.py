@@ -5,8 +5,8 @@ The reference runs a branch at once, so on the CPU a misplaced join changes noth
 a branch's result or what it writes (a cache row) before the join, the logits change. Two requests are run through
 prefill chunks and decode steps, and the logits must equal the in-order run's bit for bit. Every branch must also
 be joined within its step. Branches: the MoE layers' shared expert (V4, V4.1), with ``DEEPINFER_BRANCH_KV_WRITE``
-V4.1's kv sources' KV half (SWA row, compressor, index keys) and with ``DEEPINFER_BRANCH_SWA_WRITE`` the other
-layers' SWA rows, with ``DEEPINFER_MHC_MIX_BRANCH`` V4.1's mHC mixes,
+V4.1's kv sources' KV half (SWA row, compressor, index keys), with ``DEEPINFER_BRANCH_SWA_WRITE`` the other
+layers' SWA rows, with ``DEEPINFER_BRANCH_COMPRESSOR`` the compressors on their own, with ``DEEPINFER_MHC_MIX_BRANCH`` V4.1's mHC mixes,
 with ``DEEPINFER_ENGRAM_BRANCH`` its Engram layers' table lookups (forked at the step's start), and with
 ``DEEPINFER_BRANCH_INDEX_WEIGHTS`` its index sources' head weights.
 """
@@ -66,19 +66,23 @@ def _model(arch, tmp_path):
     return load_deepseek_v4(tmp_path, dtype=torch.float32)
 
 
-@pytest.mark.parametrize("arch,kv_branch,mix_branch,swa_branch", [
-    ("v41", False, False, False), ("v41", True, False, False), ("v41", True, True, False), ("v41", True, False, True),
-    ("v4", False, False, False)])
-def test_deferred_branches_give_the_in_order_logits(arch, kv_branch, mix_branch, swa_branch, monkeypatch, tmp_path):
+@pytest.mark.parametrize("arch,kv_branch,mix_branch,swa_branch,cmp_branch", [
+    ("v41", False, False, False, False), ("v41", True, False, False, False), ("v41", True, True, False, False),
+    ("v41", True, False, True, False), ("v41", True, False, False, True), ("v41", True, True, True, True),
+    ("v4", False, False, False, False)])
+def test_deferred_branches_give_the_in_order_logits(arch, kv_branch, mix_branch, swa_branch, cmp_branch, monkeypatch,
+                                                    tmp_path):
     """``kv_branch``: V4.1's kv sources also write their KV as a branch (``DEEPINFER_BRANCH_KV_WRITE=1``), joined
     before the indexer and the attention read the caches; ``swa_branch``: every other layer's SWA row too
-    (``DEEPINFER_BRANCH_SWA_WRITE=1``). ``mix_branch``: each V4.1 sublayer's mHC mix is a branch too
+    (``DEEPINFER_BRANCH_SWA_WRITE=1``); ``cmp_branch``: a kv source's compressor is a branch of its own, forked
+    before the ``wq_a`` / ``wkv`` GEMV (``DEEPINFER_BRANCH_COMPRESSOR=1``). ``mix_branch``: each V4.1 sublayer's mHC mix is a branch too
     (``DEEPINFER_MHC_MIX_BRANCH=1``), joined at the next boundary."""
     from deepinfer_models.deepseek_v41 import attention, hyper
     from deepinfer_models.deepseek_v41 import model as model_mod
 
     monkeypatch.setattr(attention, "BRANCH_KV_WRITE", kv_branch)
     monkeypatch.setattr(attention, "BRANCH_SWA_WRITE", swa_branch)
+    monkeypatch.setattr(attention, "BRANCH_COMPRESSOR", cmp_branch)
     monkeypatch.setattr(hyper, "MIX_BRANCH", mix_branch)
     model = _model(arch, tmp_path)
     requests = [prompt(40, seed=11), prompt(27, seed=12)]
@@ -95,6 +99,7 @@ def test_deferred_branches_give_the_in_order_logits(arch, kv_branch, mix_branch,
     assert all(b.done for b in log), f"{sum(not b.done for b in log)} of {len(log)} branches never joined"
     if kv_branch:  # a step: the shared expert of every layer, the KV half of every kv source, two mixes a layer
         sources = sum(layer["attn"].compressor is not None or swa_branch for layer in model.layers)
+        sources += sum(layer["attn"].compressor is not None for layer in model.layers) if cmp_branch else 0
         mixes = 2 * len(model.layers) if mix_branch else 0
         lookups = sum(layer["engram"] is not None for layer in model.layers) if model_mod.ENGRAM_BRANCH else 0
         heads = sum(layer["attn"].indexer is not None for layer in model.layers) if attention.BRANCH_INDEX_WEIGHTS else 0
