@@ -32,16 +32,18 @@ from deepinfer_models.layers.static_index import write_rows
 BRANCH_KV_WRITE = os.environ.get("DEEPINFER_BRANCH_KV_WRITE", "1") == "1"
 # The other layers' KV half too (their SWA row only: the KV RMSNorm, the rotation and the ring write, ~6 us of the
 # chain a layer at batch 1 on an H100, pass43c) as a branch beside the query half, where ``BRANCH_KV_WRITE`` is on.
-# 41 of V4.1-Flash's 43 layers (6 of the 8-layer slice's) are not kv sources. ``DEEPINFER_BRANCH_SWA_WRITE``
-# (docs/performance_pass_44.md).
-BRANCH_SWA_WRITE = os.environ.get("DEEPINFER_BRANCH_SWA_WRITE", "0") == "1"
+# 41 of V4.1-Flash's 43 layers (6 of the 8-layer slice's) are not kv sources. On since the forty-fourth pass (H100,
+# alternated twice: batch 1 2.135 -> 2.105 ms pipelined, -30 us; with ``BRANCH_COMPRESSOR`` -45 us;
+# docs/performance_pass_44.md); ``DEEPINFER_BRANCH_SWA_WRITE=0``: in order.
+BRANCH_SWA_WRITE = os.environ.get("DEEPINFER_BRANCH_SWA_WRITE", "1") == "1"
 # A kv source's compressor (its fp32 ``wkv`` / ``wgate`` GEMV reads only x, then the pooling, the entry's norm and
 # rotation, the index keys and the cache writes) as its own branch forked at the attention's start, beside the
 # ``wq_a`` / ``wkv`` GEMV, instead of inside the KV branch forked after it, where ``BRANCH_KV_WRITE`` is on. In the
 # forty-third pass's timeline (pass43c, H100, batch 1) the KV branch outlasts the query half by 41 us at the ratio-2
-# source and 17 us at the ratio-1 source, so the attention waits on it. ``DEEPINFER_BRANCH_COMPRESSOR``
-# (docs/performance_pass_44.md).
-BRANCH_COMPRESSOR = os.environ.get("DEEPINFER_BRANCH_COMPRESSOR", "0") == "1"
+# source and 17 us at the ratio-1 source, so the attention waits on it. On since the forty-fourth pass (H100,
+# alternated twice: batch 1 -30 us, batch 32 -75 us; both branches -45 / -95 us; docs/performance_pass_44.md);
+# ``DEEPINFER_BRANCH_COMPRESSOR=0``: inside the KV branch.
+BRANCH_COMPRESSOR = os.environ.get("DEEPINFER_BRANCH_COMPRESSOR", "1") == "1"
 # An index source's head weights ``weights_proj(x)`` (they read only x) as a ``stream.side`` branch forked at the
 # attention's start, joined by the indexer: one dense GEMV a layer off the chain from wq_b to the scores.
 # ``DEEPINFER_BRANCH_INDEX_WEIGHTS=0``: in order, inside the indexer (docs/performance.md, thirty-sixth pass).
