@@ -25,7 +25,9 @@ MERGE_PROJECTIONS = os.environ.get("DEEPINFER_MERGE_PROJECTIONS", "1") == "1"
 # stored and ``gemm.dense_wide`` (and ``moe.router_topk``) widen them as they read them: the same products bit for
 # bit from half the bytes a step (the roofline counts the stored bytes). Measured on an H100 (docs/performance.md,
 # thirty-seventh pass): even at batch 1, 220 us slower at batch 32, where the nvidia dense_wide has no kernel for a
-# half weight above its GEMV rows and widens a copy each call; so it stays opt-in.
+# half weight above its GEMV rows and widens a copy each call; so it stays opt-in. Measured again in the forty-fourth
+# pass (H100, alternated twice): batch 1 -30 us (pass44b) and -15 us (pass44c, with 64 GEMV rows), batch 32 +65 us;
+# serving 5-64 rows by the GEMV instead was far slower (+750 us at batch 32), so it stays opt-in.
 NATIVE_FLOAT_PROJECTIONS = os.environ.get("DEEPINFER_NATIVE_FLOAT_PROJECTIONS", "0") == "1"
 
 

@@ -40,7 +40,10 @@ ROW_BLOCK = 4
 # rows served by ``gemm.dense_wide``'s launch (x widened, or a half weight widened as it is read). Above, the
 # operands are widened by casts and multiplied by cuBLAS, which for a half weight (``NATIVE_FLOAT_PROJECTIONS``)
 # writes and reads an fp32 copy of it every call: +220 us a V4.1 batch-32 step on an H100 (thirty-seventh pass).
-# ``DEEPINFER_NV_DENSE_WIDE_ROWS`` (docs/performance_pass_44.md).
+# More rows here measured far slower than the casts and cuBLAS (H100, pass44c, the router [384, 5120] from a bf16
+# x: 8 rows 28.1 / 26.9 us (fp32 / bf16 weight) against cuBLAS's 22.5 / 28.2, 32 rows 91.1 / 86.9 against 24.7 /
+# 26.7; the V4.1 batch-32 step +750 us, V4's batch 32 +455 us with the weights as stored), so the default stays 4;
+# the row blocks serve 1-4 rows as before. ``DEEPINFER_NV_DENSE_WIDE_ROWS`` (docs/performance_pass_44.md).
 WIDE_MAX_ROWS = int(os.environ.get("DEEPINFER_NV_DENSE_WIDE_ROWS", "4"))
 GEMV_MAX_ELEMS = 1 << 26  # 64 M weight elements (256 MB of fp32)
 BLOCK_N = 16
