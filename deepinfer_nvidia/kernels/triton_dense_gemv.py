@@ -32,19 +32,12 @@ from deepinfer_nvidia.kernels.aten_ops import supports_dense  # the same operand
 from deepinfer_nvidia.kernels.l2_prefetch import prefetch_asm
 from deepinfer_nvidia.kernels.triton_pdl import pdl_enter, pdl_launch
 
-# rows served (``DEEPINFER_NV_DENSE_GEMV_ROWS=0`` hands every call to cuBLAS, for A/B runs)
+# rows served (``DEEPINFER_NV_DENSE_GEMV_ROWS=0`` hands every call to cuBLAS, for A/B runs). ``gemm.dense_wide`` at
+# 5-64 rows through this kernel (x rows in blocks of 4 as more programs, so that a weight stored in bf16 would not be
+# widened into an fp32 copy every call above 4 rows) was bit-stable and far slower than the casts and cuBLAS: the
+# router [384, 5120] at 32 rows 86.9 us against 26.7, the V4.1 batch-32 step +750 us (H100, forty-fourth pass,
+# commit ``db3a92e``), so it was removed.
 GEMV_MAX_ROWS = int(os.environ.get("DEEPINFER_NV_DENSE_GEMV_ROWS", "4"))
-# Rows a program multiplies: more rows run as more programs (grid axis 2), each re-reading its weight tile (from L2
-# after the first).
-ROW_BLOCK = 4
-# rows served by ``gemm.dense_wide``'s launch (x widened, or a half weight widened as it is read). Above, the
-# operands are widened by casts and multiplied by cuBLAS, which for a half weight (``NATIVE_FLOAT_PROJECTIONS``)
-# writes and reads an fp32 copy of it every call: +220 us a V4.1 batch-32 step on an H100 (thirty-seventh pass).
-# More rows here measured far slower than the casts and cuBLAS (H100, pass44c, the router [384, 5120] from a bf16
-# x: 8 rows 28.1 / 26.9 us (fp32 / bf16 weight) against cuBLAS's 22.5 / 28.2, 32 rows 91.1 / 86.9 against 24.7 /
-# 26.7; the V4.1 batch-32 step +750 us, V4's batch 32 +455 us with the weights as stored), so the default stays 4;
-# the row blocks serve 1-4 rows as before. ``DEEPINFER_NV_DENSE_WIDE_ROWS`` (docs/performance_pass_44.md).
-WIDE_MAX_ROWS = int(os.environ.get("DEEPINFER_NV_DENSE_WIDE_ROWS", "4"))
 GEMV_MAX_ELEMS = 1 << 26  # 64 M weight elements (256 MB of fp32)
 BLOCK_N = 16
 TILE_ELEMS = 8192  # BLOCK_M x BLOCK_N x BLOCK_K products a tile: 64 a thread of 4 warps (BLOCK_K 512 at 1 row)
@@ -62,11 +55,10 @@ _PF_LINE = tl.constexpr(prefetch_asm(0))
 @triton.jit
 def _split_products(x_ptr, w_ptr, M, N, K, stride_x, stride_w, k_per_split, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr):
-    """This program's tile (``tl.program_id(0)``: w rows ``rn``) and K split (``tl.program_id(1)``) times x's rows
-    block (``tl.program_id(2)``: rows ``rm``): ``(acc, rn, nmask, out, omask)``, acc fp32 [BLOCK_M, BLOCK_N] (each K
-    tile's products summed in a fixed tree, the tiles in order), ``out``/``omask`` the tile's offsets and mask in an
-    [M, N] output."""
-    rm = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    """This program's tile (``tl.program_id(0)``: w rows ``rn``) and K split (``tl.program_id(1)``) times x's rows:
+    ``(acc, rn, nmask, out, omask)``, acc fp32 [BLOCK_M, BLOCK_N] (each K tile's products summed in a fixed tree, the
+    tiles in order), ``out``/``omask`` the tile's offsets and mask in an [M, N] output."""
+    rm = tl.arange(0, BLOCK_M)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mmask = rm < M
     nmask = rn < N
@@ -116,15 +108,15 @@ def _split_total(part_ptr, out, omask, M, N, SPLIT: tl.constexpr, BLOCK_M: tl.co
 def _dense_gemv_kernel(x_ptr, w_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, stride_x, stride_w, k_per_split,
                        SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        PDL: tl.constexpr = 0, WIDEN: tl.constexpr = 0, EARLY: tl.constexpr = 0):
-    """Program (row tile of BLOCK_N weight rows, K split, block of BLOCK_M x rows): ``y[m, n] = sum_k x[m, k] *
-    w[n, k]`` over this split's K range. x [M, K] (row stride ``stride_x``), w [N, K] (row stride ``stride_w``), y [M, N] in
+    """Program (row tile of BLOCK_N weight rows, K split): ``y[m, n] = sum_k x[m, k] * w[n, k]`` over this split's
+    K range, m < M <= BLOCK_M. x [M, K] (row stride ``stride_x``), w [N, K] (row stride ``stride_w``), y [M, N] in
     x's dtype (WIDEN: in w's dtype, x widened to it instead of w rounded to x's); part [SPLIT, M, N] fp32 and cnt
-    (zeroed int32 per (x row block, row tile), reset here) when SPLIT > 1. EARLY (under PDL, ``EARLY_L2``): the first weight tile
+    (zeroed int32 per row tile, reset here) when SPLIT > 1. EARLY (under PDL, ``EARLY_L2``): the first weight tile
     asked of L2 before the wait."""
     if PDL and EARLY:  # weights: requested while the kernel before runs (a prefetch writes nothing)
         _prefetch_first_tile(w_ptr, N, K, stride_w, k_per_split, BLOCK_N, BLOCK_K)
     pdl_enter(PDL)
-    pid_n = tl.program_id(2) * tl.num_programs(0) + tl.program_id(0)  # this output tile's counter
+    pid_n = tl.program_id(0)
     acc, rn, nmask, out, omask = _split_products(x_ptr, w_ptr, M, N, K, stride_x, stride_w, k_per_split, BLOCK_M,
                                                  BLOCK_N, BLOCK_K, WIDEN)
     if SPLIT == 1:
@@ -139,24 +131,22 @@ def _dense_gemv_kernel(x_ptr, w_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, stride_x
 
 
 def plan(m: int, n: int, k: int, sms: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_K, K split) for an [m, k] x [n, k]^T launch on ``sms`` SMs: x rows in blocks of at most
-    ROW_BLOCK, tiles of TILE_ELEMS products (BLOCK_M x BLOCK_N x BLOCK_K), then the smallest split up to MAX_SPLIT
-    that gives PROGRAMS per SM over the (row tile, x row block) pairs, evened out so that no split is empty."""
-    bm = next_pow2(min(m, ROW_BLOCK))
+    """(BLOCK_M, BLOCK_K, K split) for an [m <= GEMV_MAX_ROWS, k] x [n, k]^T launch on ``sms`` SMs: tiles of
+    TILE_ELEMS products (BLOCK_M x BLOCK_N x BLOCK_K), then the smallest split up to MAX_SPLIT that gives
+    PROGRAMS per SM, evened out so that no split is empty."""
+    bm = next_pow2(m)
     bk = max(16, TILE_ELEMS // (bm * BLOCK_N))
     k_tiles = triton.cdiv(k, bk)
-    want = triton.cdiv(PROGRAMS * sms, triton.cdiv(n, BLOCK_N) * triton.cdiv(m, bm))
+    want = triton.cdiv(PROGRAMS * sms, triton.cdiv(n, BLOCK_N))
     split = max(1, min(MAX_SPLIT, k_tiles, want))
     per = triton.cdiv(k_tiles, split)
     return bm, bk, triton.cdiv(k_tiles, per)
 
 
-def takes(x: torch.Tensor, w: torch.Tensor, max_rows: int | None = None) -> bool:
-    """Operands this kernel serves (the rest go to cuBLAS): 1..``max_rows`` (default GEMV_MAX_ROWS) rows of a float
-    x, a float 2-D w of at most GEMV_MAX_ELEMS elements with unit column stride, K a multiple of 4 (16-byte fp32
-    rows)."""
-    rows = GEMV_MAX_ROWS if max_rows is None else max_rows
-    return (x.dim() == 2 and w.dim() == 2 and 1 <= x.shape[0] <= rows and x.dtype in FLOATS
+def takes(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Operands this kernel serves (the rest go to cuBLAS): 1..GEMV_MAX_ROWS rows of a float x, a float 2-D w of
+    at most GEMV_MAX_ELEMS elements with unit column stride, K a multiple of 4 (16-byte fp32 rows)."""
+    return (x.dim() == 2 and w.dim() == 2 and 1 <= x.shape[0] <= GEMV_MAX_ROWS and x.dtype in FLOATS
             and w.dtype in FLOATS and w.numel() <= GEMV_MAX_ELEMS and w.shape[1] == x.shape[1]
             and w.shape[1] % 4 == 0 and w.stride(1) == 1 and w.shape[0] > 0)
 
@@ -172,11 +162,11 @@ def gemv(x: torch.Tensor, w: torch.Tensor, sms: int, widen: bool = False, out_dt
     x = x if x.stride(1) == 1 else x.contiguous()
     bm, bk, split = plan(m, n, k, sms)
     k_per = triton.cdiv(triton.cdiv(k, bk), split) * bk
-    tiles, row_blocks = triton.cdiv(n, BLOCK_N), triton.cdiv(m, bm)
+    tiles = triton.cdiv(n, BLOCK_N)
     y = torch.empty(m, n, dtype=out_dtype or (w.dtype if widen else x.dtype), device=x.device)
     part = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else y
-    cnt = _counters(x.device, tiles * row_blocks) if split > 1 else part
-    _dense_gemv_kernel[(tiles, split, row_blocks)](x, w, y, part, cnt, m, n, k, x.stride(0), w.stride(0), k_per, SPLIT=split,
+    cnt = _counters(x.device, tiles) if split > 1 else part
+    _dense_gemv_kernel[(tiles, split)](x, w, y, part, cnt, m, n, k, x.stride(0), w.stride(0), k_per, SPLIT=split,
                                        BLOCK_M=bm, BLOCK_N=BLOCK_N, BLOCK_K=bk, num_warps=4, WIDEN=int(widen),
                                        EARLY=int(EARLY_L2), **pdl_launch())
     return y
@@ -204,16 +194,16 @@ def supports_dense_wide(x: torch.Tensor, w: torch.Tensor) -> bool:
 
 def gemm_dense_wide(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``gemm.dense_wide``: x [T, K] @ w [N, K]^T with both widened to ``wide_dtype(w)`` (fp32 for an fp32 or a
-    half-precision w) -> [T, N] in it. ``takes`` operands of at most WIDE_MAX_ROWS rows with something to widen into
-    fp32 (x, or a bf16 / fp16 w as the checkpoint stores it): this module's GEMV widening them as it loads them (no
-    cast launch, and a half w read at half the bytes; the same sums for a half w and its fp32 copy); the others:
-    ``gemm_dense`` of the widened operands (the casts, then the GEMV or cuBLAS as for ``gemm.dense``)."""
+    half-precision w) -> [T, N] in it. ``takes`` operands with something to widen into fp32 (x, or a bf16 / fp16 w
+    as the checkpoint stores it): this module's GEMV widening them as it loads them (no cast launch, and a half w
+    read at half the bytes); the others: ``gemm_dense`` of the widened operands (the casts, then the GEMV or
+    cuBLAS as for ``gemm.dense``)."""
     if not supports_dense_wide(x, w):
         return hand_off("gemm.dense_wide", f"operands {x.dtype}/{w.dtype} on {x.device} not covered", dense_wide,
                         x, w)
     check_dense_wide(x, w)
     wide = wide_dtype(w)
-    if wide == torch.float32 and (x.dtype != wide or w.dtype != wide) and takes(x, w, WIDE_MAX_ROWS):
+    if wide == torch.float32 and (x.dtype != wide or w.dtype != wide) and takes(x, w):
         from deepinfer_nvidia.kernels.triton_gemm import _sm_count
 
         return gemv(x, w, _sm_count(x.device), widen=True, out_dtype=wide)

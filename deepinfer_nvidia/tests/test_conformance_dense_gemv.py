@@ -115,32 +115,3 @@ def test_dense_wide(rows, xd):
         _poison()
         yh = dg.gemm_dense_wide(x, wh)
         assert yh.dtype == torch.float32 and torch.equal(yh, dg.gemm_dense_wide(x, wh.float())), (rows, n, k)
-
-
-@pytest.mark.parametrize("rows", [5, 8, 32, 64])
-def test_dense_wide_row_blocks(rows, monkeypatch):
-    """``gemm.dense_wide`` at 5-64 rows through the GEMV (``DEEPINFER_NV_DENSE_WIDE_ROWS=64``: blocks of 4 x rows
-    as programs of grid axis 2): within fp32 sums of the exact products, a bf16 weight gives its fp32 copy's bits,
-    the same bits on a second call and from a captured CUDA graph (each row block's split counters reset)."""
-    from deepinfer_nvidia.kernels import triton_dense_gemv as dg
-
-    monkeypatch.setattr(dg, "WIDE_MAX_ROWS", 64)
-    g = torch.Generator().manual_seed(90 + rows)
-    for n, k in SHAPES:
-        x = torch.randn(rows, k, generator=g).bfloat16().cuda()
-        w = (torch.randn(n, k, generator=g) / k ** 0.5).bfloat16().cuda()
-        assert dg.takes(x, w, dg.WIDE_MAX_ROWS)
-        exact = x.double() @ w.double().t()
-        _poison()
-        y = dg.gemm_dense_wide(x, w)
-        assert y.dtype == torch.float32 and not torch.isnan(y).any()
-        assert (y.double() - exact).abs().max() <= 1e-5 * max(1.0, exact.abs().max().item()), (rows, n, k)
-        assert torch.equal(y, dg.gemm_dense_wide(x, w.float())), (rows, n, k)
-        assert torch.equal(y, dg.gemm_dense_wide(x, w))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = dg.gemm_dense_wide(x, w)
-    out.zero_()
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, y)
