@@ -31,6 +31,7 @@ from deepinfer_nvidia.kernels.aten_ops import gemm_dense as cublas_dense
 from deepinfer_nvidia.kernels.aten_ops import supports_dense  # the same operands: the kernel's or cuBLAS's
 from deepinfer_nvidia.kernels.l2_prefetch import prefetch_asm
 from deepinfer_nvidia.kernels.triton_pdl import pdl_enter, pdl_launch
+from deepinfer_nvidia.kernels.wide_copies import widened
 
 # rows served (``DEEPINFER_NV_DENSE_GEMV_ROWS=0`` hands every call to cuBLAS, for A/B runs). ``gemm.dense_wide`` at
 # 5-64 rows through this kernel (x rows in blocks of 4 as more programs, so that a weight stored in bf16 would not be
@@ -196,8 +197,8 @@ def gemm_dense_wide(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``gemm.dense_wide``: x [T, K] @ w [N, K]^T with both widened to ``wide_dtype(w)`` (fp32 for an fp32 or a
     half-precision w) -> [T, N] in it. ``takes`` operands with something to widen into fp32 (x, or a bf16 / fp16 w
     as the checkpoint stores it): this module's GEMV widening them as it loads them (no cast launch, and a half w
-    read at half the bytes); the others: ``gemm_dense`` of the widened operands (the casts, then the GEMV or
-    cuBLAS as for ``gemm.dense``)."""
+    read at half the bytes); the others: ``gemm_dense`` of the widened operands (x cast, a half w's fp32 copy kept
+    by ``wide_copies``, then the GEMV or cuBLAS as for ``gemm.dense``)."""
     if not supports_dense_wide(x, w):
         return hand_off("gemm.dense_wide", f"operands {x.dtype}/{w.dtype} on {x.device} not covered", dense_wide,
                         x, w)
@@ -207,4 +208,4 @@ def gemm_dense_wide(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         from deepinfer_nvidia.kernels.triton_gemm import _sm_count
 
         return gemv(x, w, _sm_count(x.device), widen=True, out_dtype=wide)
-    return gemm_dense(x.to(wide), w.to(wide))
+    return gemm_dense(x.to(wide), widened(w, wide))  # a half w's fp32 copy, kept (``wide_copies``)

@@ -115,3 +115,31 @@ def test_dense_wide(rows, xd):
         _poison()
         yh = dg.gemm_dense_wide(x, wh)
         assert yh.dtype == torch.float32 and torch.equal(yh, dg.gemm_dense_wide(x, wh.float())), (rows, n, k)
+
+
+@pytest.mark.parametrize("rows", [5, 32])
+def test_dense_wide_keeps_a_half_weights_copy(rows):
+    """Above the GEMV's rows a bf16 weight is multiplied through its fp32 copy, made by the first call outside a
+    capture and kept (``wide_copies``): the fp32 weight's bits, one copy however many calls, and a graph captured
+    after it replays from it; a weight first seen inside a capture is cast in the graph (correct, nothing kept)."""
+    from deepinfer_nvidia.kernels import triton_dense_gemv as dg
+    from deepinfer_nvidia.kernels import wide_copies
+
+    g = torch.Generator().manual_seed(70 + rows)
+    x = torch.randn(rows, 5120, generator=g).bfloat16().cuda()
+    w = (torch.randn(384, 5120, generator=g) / 70).bfloat16().cuda()
+    want = dg.gemm_dense_wide(x, w.float())
+    n = wide_copies.kept()
+    assert torch.equal(dg.gemm_dense_wide(x, w), want) and wide_copies.kept() == n + 1
+    assert torch.equal(dg.gemm_dense_wide(x, w), want) and wide_copies.kept() == n + 1
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    fresh = (torch.randn(384, 5120, generator=g) / 70).bfloat16().cuda()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = dg.gemm_dense_wide(x, w)
+        out_fresh = dg.gemm_dense_wide(x, fresh)
+    assert wide_copies.kept() == n + 1  # nothing kept from inside the capture
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want) and torch.equal(out_fresh, dg.gemm_dense_wide(x, fresh.float()))
