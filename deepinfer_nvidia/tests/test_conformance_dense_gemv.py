@@ -132,8 +132,6 @@ def test_dense_wide_keeps_a_half_weights_copy(rows):
     n = wide_copies.kept()
     assert torch.equal(dg.gemm_dense_wide(x, w), want) and wide_copies.kept() == n + 1
     assert torch.equal(dg.gemm_dense_wide(x, w), want) and wide_copies.kept() == n + 1
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
     fresh = (torch.randn(384, 5120, generator=g) / 70).bfloat16().cuda()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
