@@ -21,6 +21,11 @@
 #           became the chain at their layers (pass43c: the ratio-2 compressor's GEMV, 21 MB of fp32 in 18.7 us, sits
 #           on it) and the router is on the chain (7.9 MB, 11.6 us). Predicted: -10 to -25 us at batch 1. Any card.
 #           pass44b (H100): batch 1 -30 us, batch 32 +65 us; pass44c -15 us: stays opt-in.
+#   kept    the native projections again with a half weight's fp32 copy kept for the calls above 4 rows
+#           (``wide_copies``): the dense GEMV device tests, then DEEPINFER_NATIVE_FLOAT_PROJECTIONS 0 / 1 on the V4.1
+#           batch-1 / batch-32 rows (alternated twice) and on the V4 batch-32 row (once each, KEPT_V4 times).
+#           Predicted: batch 1 -15 to -30 us as in pass44b-c, batch 32 even (the per-call casts of pass44b's +65 us
+#           gone). Any card.
 #   trace   the batch-1 step's timeline (PDL off) at the defaults (the SWA and compressor branches on):
 #           profile_v41_b1_nopdl.txt and two gzipped chrome traces. Any card (~1 min).
 #   b1      one V4.1 batch-1 reading at the defaults: the cheap stage of a call that wanted an H200.
@@ -61,6 +66,22 @@ ab_stage native DEEPINFER_NATIVE_FLOAT_PROJECTIONS 0 1
 if has trace; then
   stamp "trace, PDL off, SWA branch on"
   trace_profile nopdl DEEPINFER_NV_PDL=0
+fi
+if has kept; then
+  stamp "kept: device tests"
+  timeout 120 python3 -m pytest -q -p no:cacheprovider -n 8 deepinfer_nvidia/tests/test_conformance_dense_gemv.py 2>&1 \
+    | tail -3 | tee "$OUT/kept_tests.txt"
+  ab_stage kept DEEPINFER_NATIVE_FLOAT_PROJECTIONS 0 1 2>/dev/null || true
+  for r in $(seq 1 "${KEPT_V4:-1}"); do
+    for v in 0 1; do
+      echo "== DEEPINFER_NATIVE_FLOAT_PROJECTIONS=$v"
+      env DEEPINFER_NATIVE_FLOAT_PROJECTIONS=$v timeout 90 python3 benchmarks/sweep.py --out "$OUT/v4_row" \
+        --providers triton --layers 2 --context 128 --decode 32 --prefill "" --skip-hf --graphs --reps 9 \
+        --budget-s 70 --profile-decode "" 2>&1 | grep -E "pipelined|Error"
+      rm -rf "$OUT/v4_row"
+    done
+  done | tee -a "$OUT/kept_v4_rows.txt"
+  python3 benchmarks/ab_rows.py "$OUT/kept_v4_rows.txt"
 fi
 has b1 && v41_row "defaults" 1 DEEPINFER_PASS=44 | tee -a "$OUT/b1_rows.txt"
 stamp done
