@@ -71,7 +71,7 @@ if has kept; then
   stamp "kept: device tests"
   timeout 120 python3 -m pytest -q -p no:cacheprovider -n 8 deepinfer_nvidia/tests/test_conformance_dense_gemv.py 2>&1 \
     | tail -3 | tee "$OUT/kept_tests.txt"
-  ab_stage kept DEEPINFER_NATIVE_FLOAT_PROJECTIONS 0 1 2>/dev/null || true
+  ab_stage kept DEEPINFER_NATIVE_FLOAT_PROJECTIONS 0 1
   for r in $(seq 1 "${KEPT_V4:-1}"); do
     for v in 0 1; do
       echo "== DEEPINFER_NATIVE_FLOAT_PROJECTIONS=$v"
