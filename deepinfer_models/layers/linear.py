@@ -21,14 +21,13 @@ from deepinfer_core.kernels.ops.quant import dequant_fp8_block, dequant_mxfp4
 # (read at import, looked up when a layer is built).
 MERGE_PROJECTIONS = os.environ.get("DEEPINFER_MERGE_PROJECTIONS", "1") == "1"
 # The fp32 projections of V4 / V4.1 (the MoE router, the compressors' wkv / wgate) are stored in bf16 by the FP8 / FP4
-# checkpoints. By default they are widened to fp32 at load; ``DEEPINFER_NATIVE_FLOAT_PROJECTIONS=1`` keeps them as
-# stored and ``gemm.dense_wide`` (and ``moe.router_topk``) widen them as they read them: the same products bit for
-# bit from half the bytes a step (the roofline counts the stored bytes). Measured on an H100 (docs/performance.md,
-# thirty-seventh pass): even at batch 1, 220 us slower at batch 32, where the nvidia dense_wide has no kernel for a
-# half weight above its GEMV rows and widens a copy each call; so it stays opt-in. Measured again in the forty-fourth
-# pass (H100, alternated twice): batch 1 -30 us (pass44b) and -15 us (pass44c, with 64 GEMV rows), batch 32 +65 us;
-# serving 5-64 rows by the GEMV instead was far slower (+750 us at batch 32), so it stays opt-in.
-NATIVE_FLOAT_PROJECTIONS = os.environ.get("DEEPINFER_NATIVE_FLOAT_PROJECTIONS", "0") == "1"
+# checkpoints. By default (since the forty-fourth pass) they stay as stored, and ``gemm.dense_wide`` (and
+# ``moe.router_topk``) widen them as they read them: the same products bit for bit from half the bytes a step (the
+# roofline counts the stored bytes). Measured on an H100 (docs/performance_pass_44.md, pass44e, alternated twice):
+# batch 1 -15 us, V4.1 batch 32 and V4 batch 32 even, now that nvidia's ``gemm.dense_wide`` keeps a half weight's fp32
+# copy for its cuBLAS calls above 4 rows (``wide_copies``; before, a cast a call cost +65 us at batch 32, pass44b, and
+# +220 us in the thirty-seventh pass). ``DEEPINFER_NATIVE_FLOAT_PROJECTIONS=0`` widens them to fp32 once, at load.
+NATIVE_FLOAT_PROJECTIONS = os.environ.get("DEEPINFER_NATIVE_FLOAT_PROJECTIONS", "1") == "1"
 
 
 def float_projection(w: torch.Tensor) -> torch.Tensor:

@@ -531,10 +531,13 @@ def _launch_dense(x: torch.Tensor, w: torch.Tensor, tiles) -> torch.Tensor:
 
 def gemm_dense_wide_bi(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``gemm.dense_wide``, batch-invariant: ``gemm_dense_bi`` of x and w widened to ``wide_dtype(w)`` (the casts
-    are elementwise, so each row's bits still do not depend on the batch; a half-precision w is widened a call)."""
+    are elementwise, so each row's bits still do not depend on the batch; a half-precision w's fp32 copy is made once
+    and kept, ``wide_copies``)."""
     if not supports_dense_bi(x, w):
         return hand_off("gemm.dense_wide[bi]", f"operands {x.dtype}/{w.dtype} on {x.device} not covered", dense_wide,
                         x, w)
     check_dense_wide(x, w)
     wide = wide_dtype(w)
-    return gemm_dense_bi(x.to(wide), w.to(wide))
+    from deepinfer_nvidia.kernels.wide_copies import widened
+
+    return gemm_dense_bi(x.to(wide), widened(w, wide))

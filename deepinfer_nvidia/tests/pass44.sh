@@ -25,7 +25,7 @@
 #           (``wide_copies``): the dense GEMV device tests, then DEEPINFER_NATIVE_FLOAT_PROJECTIONS 0 / 1 on the V4.1
 #           batch-1 / batch-32 rows (alternated twice) and on the V4 batch-32 row (once each, KEPT_V4 times).
 #           Predicted: batch 1 -15 to -30 us as in pass44b-c, batch 32 even (the per-call casts of pass44b's +65 us
-#           gone). Any card.
+#           gone). Any card. pass44e (H100): 34 device tests passed; batch 1 -15 us, V4.1 and V4 batch 32 even: on.
 #   trace   the batch-1 step's timeline (PDL off) at the defaults (the SWA and compressor branches on):
 #           profile_v41_b1_nopdl.txt and two gzipped chrome traces. Any card (~1 min).
 #   b1      one V4.1 batch-1 reading at the defaults: the cheap stage of a call that wanted an H200.

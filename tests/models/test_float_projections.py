@@ -1,6 +1,6 @@
-"""The fp32 projections as the checkpoint stores them (``DEEPINFER_NATIVE_FLOAT_PROJECTIONS``, opt-in): the routers and
-the compressors' wkv / wgate keep the checkpoint's bf16, and ``gemm.dense_wide`` / ``moe.router_topk`` widen them
-exactly, so the logits equal those of the fp32 copies the default makes at load."""
+"""The fp32 projections as the checkpoint stores them (``DEEPINFER_NATIVE_FLOAT_PROJECTIONS``, on by default): the
+routers and the compressors' wkv / wgate keep the checkpoint's bf16, and ``gemm.dense_wide`` / ``moe.router_topk``
+widen them exactly, so the logits equal those of the fp32 copies made at load with the knob off."""
 from __future__ import annotations
 
 import torch
@@ -16,8 +16,10 @@ _SCHEDULE = [[(0, 15), (1, 9)], [(0, 8), (1, 8)]] + [[(0, 1), (1, 1)]] * 3
 
 def test_float_projections_as_stored_are_bit_equal(monkeypatch):
     ckpt = tiny_ckpt("flash", "fp4")
-    default = load_deepseek_v41(ckpt, dtype=torch.bfloat16)
-    want = _run(default, _REQUESTS, _SCHEDULE)
+    monkeypatch.setattr(linear_mod, "NATIVE_FLOAT_PROJECTIONS", False)
+    widened = load_deepseek_v41(ckpt, dtype=torch.bfloat16)
+    assert all(layer["ffn"].gate_w.dtype == torch.float32 for layer in widened.layers)
+    want = _run(widened, _REQUESTS, _SCHEDULE)
     monkeypatch.setattr(linear_mod, "NATIVE_FLOAT_PROJECTIONS", True)
     native = load_deepseek_v41(ckpt, dtype=torch.bfloat16)
     assert all(layer["ffn"].gate_w.dtype == torch.bfloat16 for layer in native.layers)
