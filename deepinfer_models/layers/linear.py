@@ -24,8 +24,8 @@ MERGE_PROJECTIONS = os.environ.get("DEEPINFER_MERGE_PROJECTIONS", "1") == "1"
 # checkpoints. By default (since the forty-fourth pass) they stay as stored, and ``gemm.dense_wide`` (and
 # ``moe.router_topk``) widen them as they read them: the same products bit for bit from half the bytes a step (the
 # roofline counts the stored bytes). Measured on an H100 (docs/performance_pass_44.md, pass44e, alternated twice):
-# batch 1 -15 us, V4.1 batch 32 and V4 batch 32 even, now that nvidia's ``gemm.dense_wide`` keeps a half weight's fp32
-# copy for its cuBLAS calls above 4 rows (``wide_copies``; before, a cast a call cost +65 us at batch 32, pass44b, and
+# batch 1 -15 us, V4.1 batch 32 and V4 batch 32 even, now that the GPU platform's ``gemm.dense_wide`` keeps a half
+# weight's fp32 copy for its cuBLAS calls above 4 rows (before, a cast a call cost +65 us at batch 32, pass44b, and
 # +220 us in the thirty-seventh pass). ``DEEPINFER_NATIVE_FLOAT_PROJECTIONS=0`` widens them to fp32 once, at load.
 NATIVE_FLOAT_PROJECTIONS = os.environ.get("DEEPINFER_NATIVE_FLOAT_PROJECTIONS", "1") == "1"
 

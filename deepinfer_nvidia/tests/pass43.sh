@@ -40,11 +40,7 @@ if has check; then
     deepinfer_nvidia/tests/test_conformance_topk.py 2>&1 | tail -6 | tee "$OUT/check_tests.txt"
 fi
 has sweep && v41_sweep_b1 43 360
-if has rows; then
-  for r in 1 2 3; do
-    [ $(( $(date +%s) - t0 )) -lt "${ROWS_S:-240}" ] && v41_row "defaults, reading $r" 1,64 DEEPINFER_PASS=43
-  done | tee "$OUT/rows.txt"
-fi
+rows_stage 43 240
 ab_stage cmask DEEPINFER_NV_CANDIDATE_MASK 0 1
 if has small; then
   stamp "small: topk, route"

@@ -42,12 +42,7 @@ STAGES=${1:-auto}
 OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # GPU, stamp, has, quiet, auto_stages; exports; HERE
 auto_stages ${AUTO_H200:-rows} b1
-if has rows; then
-  stamp rows
-  for r in 1 2 3; do
-    [ $(( $(date +%s) - t0 )) -lt "${ROWS_S:-200}" ] && v41_row "defaults, reading $r" 1,64 DEEPINFER_PASS=44
-  done | tee "$OUT/rows.txt"
-fi
+rows_stage 44 200
 ab_stage swa DEEPINFER_BRANCH_SWA_WRITE 0 1
 ab_stage cmp DEEPINFER_BRANCH_COMPRESSOR 0 1
 if has branches; then

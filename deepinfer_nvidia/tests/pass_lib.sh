@@ -100,6 +100,15 @@ trace_profile() {  # trace_profile TAG ENV...: the batch-1 profile with its chro
   rm -rf "$OUT/prof_$tag"
 }
 
+rows_stage() {  # rows_stage PASS LIMIT_S: when "rows" is asked for, up to three V4.1 readings at batch 1 and 64 (one
+  # process each, while the call is under LIMIT_S seconds; ROWS_S overrides) into $OUT/rows.txt
+  has rows || return 0
+  stamp rows
+  for r in 1 2 3; do
+    [ $(( $(date +%s) - t0 )) -lt "${ROWS_S:-$2}" ] && v41_row "defaults, reading $r" 1,64 DEEPINFER_PASS="$1"
+  done | tee "$OUT/rows.txt"
+}
+
 ab_stage() {  # ab_stage STAGE KNOB A B: when STAGE is asked for, v41_alt into $OUT/STAGE_rows.txt (KNOB=A, =B, =A, =B)
   has "$1" || return 0
   stamp "$1: rows"
