@@ -6,8 +6,8 @@ a branch's result or what it writes (a cache row) before the join, the logits ch
 prefill chunks and decode steps, and the logits must equal the in-order run's bit for bit. Every branch must also
 be joined within its step. Branches: the MoE layers' shared expert (V4, V4.1), with ``DEEPINFER_BRANCH_KV_WRITE``
 V4.1's kv sources' KV half (SWA row, compressor, index keys), with ``DEEPINFER_BRANCH_SWA_WRITE`` the other
-layers' SWA rows, with ``DEEPINFER_BRANCH_COMPRESSOR`` the compressors on their own, with ``DEEPINFER_MHC_MIX_BRANCH`` V4.1's mHC mixes,
-with ``DEEPINFER_ENGRAM_BRANCH`` its Engram layers' table lookups (forked at the step's start), and with
+layers' SWA rows, with ``DEEPINFER_BRANCH_COMPRESSOR`` the compressors on their own, with
+``DEEPINFER_MHC_MIX_BRANCH`` V4.1's mHC mixes, with ``DEEPINFER_ENGRAM_BRANCH`` its Engram layers' table lookups (forked at the step's start), and with
 ``DEEPINFER_BRANCH_INDEX_WEIGHTS`` its index sources' head weights.
 """
 from __future__ import annotations
@@ -75,8 +75,8 @@ def test_deferred_branches_give_the_in_order_logits(arch, kv_branch, mix_branch,
     """``kv_branch``: V4.1's kv sources also write their KV as a branch (``DEEPINFER_BRANCH_KV_WRITE=1``), joined
     before the indexer and the attention read the caches; ``swa_branch``: every other layer's SWA row too
     (``DEEPINFER_BRANCH_SWA_WRITE=1``); ``cmp_branch``: a kv source's compressor is a branch of its own, forked
-    before the ``wq_a`` / ``wkv`` GEMV (``DEEPINFER_BRANCH_COMPRESSOR=1``). ``mix_branch``: each V4.1 sublayer's mHC mix is a branch too
-    (``DEEPINFER_MHC_MIX_BRANCH=1``), joined at the next boundary."""
+    before the ``wq_a`` / ``wkv`` GEMV (``DEEPINFER_BRANCH_COMPRESSOR=1``). ``mix_branch``: each V4.1 sublayer's
+    mHC mix is a branch too (``DEEPINFER_MHC_MIX_BRANCH=1``), joined at the next boundary."""
     from deepinfer_models.deepseek_v41 import attention, hyper
     from deepinfer_models.deepseek_v41 import model as model_mod
 
