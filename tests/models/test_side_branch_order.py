@@ -7,8 +7,8 @@ prefill chunks and decode steps, and the logits must equal the in-order run's bi
 be joined within its step. Branches: the MoE layers' shared expert (V4, V4.1), with ``DEEPINFER_BRANCH_KV_WRITE``
 V4.1's kv sources' KV half (SWA row, compressor, index keys), with ``DEEPINFER_BRANCH_SWA_WRITE`` the other
 layers' SWA rows, with ``DEEPINFER_BRANCH_COMPRESSOR`` the compressors on their own, with
-``DEEPINFER_MHC_MIX_BRANCH`` V4.1's mHC mixes, with ``DEEPINFER_ENGRAM_BRANCH`` its Engram layers' table lookups (forked at the step's start), and with
-``DEEPINFER_BRANCH_INDEX_WEIGHTS`` its index sources' head weights.
+``DEEPINFER_MHC_MIX_BRANCH`` V4.1's mHC mixes, with ``DEEPINFER_ENGRAM_BRANCH`` its Engram layers' table lookups
+(forked at the step's start), and with ``DEEPINFER_BRANCH_INDEX_WEIGHTS`` its index sources' head weights.
 """
 from __future__ import annotations
 
