@@ -4,9 +4,10 @@ Why (docs/performance_pass_44.md). With ``DEEPINFER_NATIVE_FLOAT_PROJECTIONS`` (
 router, the compressors' ``wkv`` / ``wgate``) keep the checkpoint's bf16 weights, so the 1-4-row GEMV reads half the
 bytes (batch 1 -15 to -30 us on an H100). Above four rows ``gemm.dense_wide`` multiplies with cuBLAS in fp32, which
 needs the weight in fp32: a cast a call wrote and read a full fp32 copy each time (a V4.1 batch-32 step +65 us,
-pass44b). Here the first such call outside a CUDA-graph capture keeps its copy, and later calls (a captured graph among them)
-read it. The copy is the weight's own values widened (exact), so the products are the same bits. Measured (pass44e,
-H100): with it the native projections took batch 1 -15 us and left V4.1's and V4's batch 32 even, so they are on.
+pass44b). Here the first such call outside a CUDA-graph capture keeps its copy, and later calls (a captured graph
+among them) read it. The copy is the weight's own values widened (exact), so the products are the same bits.
+Measured (pass44e, H100): with it the native projections took batch 1 -15 us and left V4.1's and V4's batch 32 even,
+so they are on.
 
 A copy is dropped with its weight (a weak reference), and remade if the weight was changed in place (its version
 counter, where it has one; inference tensors have none and are not expected to change). During a capture with no copy
