@@ -19,6 +19,8 @@ projected ``kv | z`` rows of each request's last two positions live in a per-req
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from deepinfer_core.kv.spec import CompressedSpec, StateSpec
@@ -28,6 +30,12 @@ from deepinfer_models.deepseek_v41.step import StepRows
 from deepinfer_models.layers.static_index import closes_any, compact, take_rows, write_rows
 from deepinfer_models.layers.linear import float_projection
 
+# A decode step's ratio-2 pooling as one op (``compress.ring_pair_pool``: the closing mask, the partner's ring row,
+# the pool and the token's ring write) instead of ~10 launches of index math and glue around ``compress.softmax_pool``
+# (pass44b, H100: the ratio-2 source's branch outlasts the query half by 31 us, ~30 us of it these launches run
+# slowly beside the wq_b GEMV). The same bits where a platform composes the op from its parts. Opt-in until measured:
+# ``DEEPINFER_COMPRESS_RING_POOL=1`` (docs/performance_pass_44.md).
+RING_PAIR_POOL = os.environ.get("DEEPINFER_COMPRESS_RING_POOL", "0") == "1"
 # Positions kept per request for ratio 2. Two would do for plain decoding; 8 (vLLM's
 # ``max(8, next_pow2(num_spec_tokens + 2))``) lets up to 6 rejected speculative positions be
 # written without overwriting a row a later pair still needs (rows are indexed by position).
@@ -93,6 +101,10 @@ class CompressorV41:
             if not closes_any(ctx, self.ratio):  # known on the host: only the ring is updated (eager step)
                 self._store_tail(both, ctx, rows)
                 return
+        if self.ratio == 2 and rows.decode and RING_PAIR_POOL:  # one op: mask, partner, pool, ring write
+            closing = None
+            u, valid, _ = self.k["compress.ring_pair_pool"](both, ctx.caches[self.ring_name], rows.slot, pos)
+        elif self.ratio != 1:
             mask = pos % self.ratio == self.ratio - 1  # (p + 1) % r == 0 for p >= 0: two launches, not three
             if n_close == t:
                 closing, valid = None, mask

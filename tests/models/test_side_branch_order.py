@@ -107,14 +107,21 @@ def test_deferred_branches_give_the_in_order_logits(arch, kv_branch, mix_branch,
     assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("arch", ["v41", "v4"])
-def test_decode_shortcuts_give_the_general_formulas_logits(arch, monkeypatch, tmp_path):
+@pytest.mark.parametrize("arch,ring_op", [("v41", False), ("v41", True), ("v4", False)])
+def test_decode_shortcuts_give_the_general_formulas_logits(arch, ring_op, monkeypatch, tmp_path):
     """``DEEPINFER_DECODE_SHORTCUTS``: a decode step's ``StepRows`` without index math and the ratio-2 compressor's
     partner from the ring alone (V4.1), the compressor's slots and ring rows without gathers by ``token_seq`` (V4),
-    give the general path's logits bit for bit (prefill chunks, then decode steps that close windows and pairs)."""
+    give the general path's logits bit for bit (prefill chunks, then decode steps that close windows and pairs).
+    ``ring_op``: the ratio-2 decode step through ``compress.ring_pair_pool`` (``DEEPINFER_COMPRESS_RING_POOL=1``)."""
+    from deepinfer_models.deepseek_v41 import compressor
     from deepinfer_models.layers import decode_shortcuts as step
 
+    monkeypatch.setattr(compressor, "RING_PAIR_POOL", ring_op)
     model = _model(arch, tmp_path)
+    calls = []
+    if ring_op:
+        op = model.k["compress.ring_pair_pool"]
+        model.k["compress.ring_pair_pool"] = lambda *a: calls.append(1) or op(*a)
     if arch == "v41":
         assert any(layer["attn"].compressor is not None and layer["attn"].compressor.ratio == 2
                    for layer in model.layers), "the tiny V4.1 needs a ratio-2 kv source"
@@ -122,5 +129,7 @@ def test_decode_shortcuts_give_the_general_formulas_logits(arch, monkeypatch, tm
     schedule = _schedule([len(r) for r in requests], prefill_chunk=7)
     monkeypatch.setattr(step, "DECODE_SHORTCUTS", False)
     want = _run(model, requests, schedule)
+    assert not calls  # the general path never takes the decode op
     monkeypatch.setattr(step, "DECODE_SHORTCUTS", True)
     assert torch.equal(_run(model, requests, schedule), want)
+    assert bool(calls) == ring_op

@@ -3,11 +3,17 @@
 A window of ``S`` slots (tokens, or token halves for the overlapping CSA) is
 pooled into one entry by a per-channel softmax over the slots of the gate
 scores. Slots that do not exist carry score ``-inf`` (weight 0).
+
+``compress.ring_pair_pool`` is a V4.1 ratio-2 compressor's whole decode step around that pool: each request's
+token closes the pair (p - 1, p) when p is odd, its partner row waits in the request's ring of recent ``kv | z``
+rows, and the token's own row goes into the ring for a later pair. Composed from ``compress.softmax_pool`` and
+``cache.write_rows`` with the index math between them; a platform may do it in one launch.
 """
 from __future__ import annotations
 
 import torch
 
+from deepinfer_core.kernels.ops.cache import same_bits, write_rows
 from deepinfer_core.kernels.ops.linalg import down, up
 from deepinfer_core.kernels.spec import OpSpec, acc
 
@@ -32,4 +38,73 @@ def _gen_pool(dtype, device, seed):
         yield (kv, sc.to(device)), {}
 
 
-OPS = [OpSpec("compress.softmax_pool", softmax_pool, _gen_pool)]
+RING_PAIR_PARTS = ("compress.softmax_pool", "cache.write_rows")
+_INTS = (torch.int64, torch.int32)
+
+
+def check_ring_pair_pool(both: torch.Tensor, ring: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor) -> None:
+    """``compress.ring_pair_pool``'s operand contract (host-side metadata only; the providers raise the same)."""
+    if both.dim() != 2 or both.shape[1] % 2 or not both.is_floating_point():
+        raise ValueError(f"compress.ring_pair_pool: both must be a float [T, 2d], got {both.dtype} {tuple(both.shape)}")
+    if ring.dim() != 3 or ring.shape[2] != both.shape[1] or ring.shape[1] < 2 or ring.dtype != both.dtype:
+        raise ValueError(f"compress.ring_pair_pool: ring must be [S, C >= 2, {both.shape[1]}] {both.dtype}, got "
+                         f"{ring.dtype} {tuple(ring.shape)}")
+    for name, v in (("slot", slot), ("pos", pos)):
+        if tuple(v.shape) != (both.shape[0],) or v.dtype not in _INTS:
+            raise ValueError(f"compress.ring_pair_pool: {name} must be int64 / int32 [{both.shape[0]}], got "
+                             f"{v.dtype} {tuple(v.shape)}")
+
+
+def compose_ring_pair_pool(k: dict):
+    """``compress.ring_pair_pool`` from its parts ``k`` (``RING_PAIR_PARTS``)."""
+    pool, write = k["compress.softmax_pool"], k["cache.write_rows"]
+
+    def ring_pair_pool(both: torch.Tensor, ring: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A ratio-2 compressor's decode step (each row is one request's only token). both [T, 2d] (the token's
+        ``kv | z``), ring [S, C, 2d] (each request's recent rows at ``p % C``, same dtype), slot [T] (the row's
+        ring; distinct, in [0, S)), pos [T] (>= 0). Returns ``(u [T, d], closes [T] bool, ring)``: u is the
+        ``compress.softmax_pool`` of the pair (ring[slot, (p - 1) % C], both) in both's dtype, meaningful where
+        ``closes`` (p odd); then both is written into ring[slot, p % C] (in place, after the partner's read). The
+        ring is returned so the shared harness compares it."""
+        check_ring_pair_pool(both, ring, slot, pos)
+        cap, w = ring.shape[1], ring.shape[2]
+        d = w // 2
+        partner = ring[slot, (pos - 1) % cap]  # [T, 2d], read before the write below
+        pair = torch.stack([partner, both], dim=1)  # [T, 2, 2d]: the pair's positions in order
+        u = pool(pair[..., :d], pair[..., d:])
+        write(ring.view(-1, w), slot * cap + pos % cap, both)
+        return u, pos % 2 == 1, ring
+
+    return ring_pair_pool
+
+
+ring_pair_pool = compose_ring_pair_pool({"compress.softmax_pool": softmax_pool, "cache.write_rows": write_rows})
+
+
+def _gen_ring_pair(dtype, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    for t, d, cap in [(1, 8, 8), (3, 64, 8), (8, 512, 8), (5, 24, 2)]:
+        n = t + 3
+        both = torch.randn(t, 2 * d, generator=g).to(dtype)
+        ring = torch.randn(n, cap, 2 * d, generator=g).to(dtype)
+        slot = torch.randperm(n, generator=g)[:t]
+        pos = torch.randint(0, 200, (t,), generator=g)
+        pos[0] = 0 if t > 2 else pos[0]  # position 0: no partner yet (not closing)
+        yield (both.to(device), ring.to(device), slot.to(device), pos.to(device)), {}
+
+
+def _compare_ring_pair(out, ref, dtype) -> None:
+    """u within the pool's tolerance where the pair closes (elsewhere it is unspecified), closes and the ring exact."""
+    (u, closes, ring), (u_ref, closes_ref, ring_ref) = out, ref
+    assert torch.equal(closes.cpu(), closes_ref.cpu()), "compress.ring_pair_pool: closes differ"
+    same_bits(ring.cpu(), ring_ref.cpu(), dtype)
+    rtol, atol = {torch.bfloat16: (2e-2, 2e-2), torch.float16: (2e-3, 2e-3)}.get(dtype, (1e-5, 1e-5))
+    m = closes_ref.cpu()
+    torch.testing.assert_close(u.cpu()[m].float(), u_ref.cpu()[m].float(), rtol=rtol, atol=atol)
+
+
+OPS = [OpSpec("compress.softmax_pool", softmax_pool, _gen_pool),
+       OpSpec("compress.ring_pair_pool", ring_pair_pool, _gen_ring_pair, compare=_compare_ring_pair,
+              components=RING_PAIR_PARTS, compose=compose_ring_pair_pool,
+              doc="a ratio-2 compressor's decode step: the pair's pool from the ring, the token into the ring")]
