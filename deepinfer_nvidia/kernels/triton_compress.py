@@ -1,4 +1,6 @@
-"""Triton KV compressor pooling (``compress.softmax_pool``): the CSA / HCA window pool in one launch.
+"""Triton KV compressor pooling (``compress.softmax_pool``): the CSA / HCA window pool in one launch; and
+``compress.ring_pair_pool``, a V4.1 ratio-2 compressor's decode step (partner from the ring, pool, ring write), in
+one launch (at the end of this file).
 
 ``out[n, c] = sum_s softmax_s(score[n, :, c]) * kv[n, s, c]`` over the S slots of a window (S = 2 / 4 for the
 V4.1 ratio-2 / ratio-4 windows, 2*ratio for the overlapping CSA windows, 128 for HCA). The reference
@@ -26,7 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_core.kernels.ops.compress import softmax_pool as ref_pool
+from deepinfer_core.kernels.ops.compress import check_ring_pair_pool, softmax_pool as ref_pool
+from deepinfer_core.kernels.ops.compress import ring_pair_pool as ref_ring_pair_pool
 from deepinfer_nvidia.kernels._common import FLOATS, hand_off, next_pow2, on_cuda
 
 # Tiles of up to 64 slots x 64 channels, 2 warps: measured on an H200 (bf16 kv, CUDA-graph timing) within 10%
@@ -107,3 +110,88 @@ def softmax_pool(kv: torch.Tensor, score: torch.Tensor, *, force_kernel: bool = 
     _pool_kernel[grid](kv, score, out, s, d, kv.stride(0), kv.stride(1), score.stride(0), score.stride(1),
                        BLOCK_S=block_s, BLOCK_D=block_d, num_warps=2)
     return out
+
+
+# -- compress.ring_pair_pool: a ratio-2 compressor's decode step in one launch ------------------------------------
+# Why (docs/performance_pass_44.md): composed, the step is ~10 launches (the closing mask, the partner's ring
+# index and gather, the pair's stack, the pool, the ring row's index and write), and at the ratio-2 kv source they
+# run beside the layer's largest GEMV on a side stream, where pass44b (H100) timed them at ~30 us together.
+
+
+@triton.jit
+def _ring_pair_kernel(both_ptr, ring_ptr, slot_ptr, pos_ptr, u_ptr, closes_ptr, S, D, CAP,
+                      BLOCK_D: tl.constexpr):
+    """Program (row t, channel tile): the pool of (ring[slot, (p - 1) % CAP], both[t]) over this tile's kv and z
+    channels, then both[t]'s tile into ring[slot, p % CAP]. The pool's statements are ``_pool_kernel``'s at two
+    slots, in its order, so the bits are that kernel's on the stacked pair."""
+    t = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    cm = c < D
+    p = tl.load(pos_ptr + t).to(tl.int64)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    slot_c = slot + tl.zeros([BLOCK_D], dtype=tl.int64)  # as a tile: masks from it broadcast as tensors
+    ok = cm & (slot_c >= 0) & (slot_c < S)  # the contract's slots; any other is neither read nor written (u NaN)
+    prev = (p + CAP - 1) % CAP  # (p - 1) % CAP for p >= 0
+    base = ring_ptr + slot * CAP * 2 * D
+    r = tl.arange(0, 2)
+    # slot 0 of the pair: the partner's row in the ring; slot 1: the token's own row
+    row = tl.where(r[:, None] == 0, base + prev * 2 * D, both_ptr + t * 2 * D)  # [2, 1] row starts
+    msk = ok[None, :] & (r[:, None] < 2)
+    x = tl.load(row + D + c[None, :], mask=msk, other=float("-inf")).to(tl.float32)  # z
+    m = tl.full([BLOCK_D], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_D], dtype=tl.float32)
+    m_new = tl.maximum(m, tl.max(x, axis=0))
+    m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+    l = l * tl.exp(m - m_sub) + tl.sum(tl.exp(x - m_sub[None, :]), axis=0)
+    m = m_new
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    m_sub = tl.where(m == float("-inf"), 0.0, m)
+    l_div = tl.where(l > 0.0, l, 1.0)
+    present = msk & (x != float("-inf"))
+    v = tl.load(row + c[None, :], mask=present, other=0.0)  # kv
+    w = tl.math.div_rn(tl.exp(x - m_sub[None, :]), tl.zeros_like(x) + l_div[None, :])
+    prod = (w.to(v.dtype).to(tl.float32) * v.to(tl.float32)).to(v.dtype).to(tl.float32)
+    acc += tl.sum(tl.where(present, prod, 0.0), axis=0)
+    out = tl.where(l > 0.0, acc, float("nan"))
+    tl.store(u_ptr + t * D + c, out.to(u_ptr.dtype.element_ty), mask=cm)
+    # the token's row into the ring, after this program's read of the partner (another ring row: CAP >= 2)
+    dest = base + (p % CAP) * 2 * D
+    own = both_ptr + t * 2 * D
+    tl.store(dest + c, tl.load(own + c, mask=cm), mask=ok)
+    tl.store(dest + D + c, tl.load(own + D + c, mask=cm), mask=ok)
+    if tl.program_id(1) == 0:
+        tl.store(closes_ptr + t, (p % 2) == 1)
+
+
+def _ring_uncovered(both, ring, slot, pos, force: bool) -> str | None:
+    if not (force or on_cuda(both, ring, slot, pos)):
+        return "operands not on a CUDA device"
+    if not (isinstance(both, torch.Tensor) and both.dim() == 2 and both.dtype in FLOATS and both.is_contiguous()
+            and isinstance(ring, torch.Tensor) and ring.dim() == 3 and ring.is_contiguous()):
+        return "both / ring layouts or dtypes not covered"
+    return None
+
+
+def supports_ring_pair(both: torch.Tensor, ring: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor) -> bool:
+    """CUDA contiguous both [T, 2d] fp32/bf16/fp16 and ring [S, C, 2d] (the contract's other checks raise)."""
+    return _ring_uncovered(both, ring, slot, pos, False) is None
+
+
+def ring_pair_pool(both: torch.Tensor, ring: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor, *,
+                   force_kernel: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``compress.ring_pair_pool``: (u [T, d] in both's dtype, closes [T] bool, ring written in place). Slots must be
+    distinct (one row a request, as a decode step has); the reference's contract errors are raised first."""
+    check_ring_pair_pool(both, ring, slot, pos)
+    why = _ring_uncovered(both, ring, slot, pos, force_kernel)
+    if why:
+        return hand_off("compress.ring_pair_pool", why, ref_ring_pair_pool, both, ring, slot, pos)
+    t, w = both.shape
+    d = w // 2
+    u = torch.empty(t, d, dtype=both.dtype, device=both.device)
+    closes = torch.empty(t, dtype=torch.bool, device=both.device)
+    if t == 0 or d == 0:
+        return u, closes, ring
+    block_d = min(next_pow2(d), _BLOCK_D)
+    _ring_pair_kernel[(t, triton.cdiv(d, block_d))](both, ring, slot, pos, u, closes, ring.shape[0], d, ring.shape[1],
+                                                   BLOCK_D=block_d, num_warps=2)
+    return u, closes, ring

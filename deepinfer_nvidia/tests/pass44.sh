@@ -26,6 +26,11 @@
 #           batch-1 / batch-32 rows (alternated twice) and on the V4 batch-32 row (once each, KEPT_V4 times).
 #           Predicted: batch 1 -15 to -30 us as in pass44b-c, batch 32 even (the per-call casts of pass44b's +65 us
 #           gone). Any card. pass44e (H100): 34 device tests passed; batch 1 -15 us, V4.1 and V4 batch 32 even: on.
+#   ringpool a ratio-2 compressor's decode step as one launch (compress.ring_pair_pool, DEEPINFER_COMPRESS_RING_POOL
+#           0 / 1; written after the pass's last device call): the route/compress device tests and the shared
+#           harness's case of the op, then the V4.1 batch-1 rows alternated twice. pass44b (H100): the ratio-2
+#           source's branch outlasts the query half by 31 us, ~30 us of it the ~10 glue launches this replaces.
+#           Predicted: -15 to -25 us at batch 1 (H100). Any card.
 #   trace   the batch-1 step's timeline (PDL off) at the defaults (the SWA and compressor branches on):
 #           profile_v41_b1_nopdl.txt and two gzipped chrome traces. Any card (~1 min).
 #   b1      one V4.1 batch-1 reading at the defaults: the cheap stage of a call that wanted an H200.
@@ -78,5 +83,12 @@ if has kept; then
   done | tee -a "$OUT/kept_v4_rows.txt"
   python3 benchmarks/ab_rows.py "$OUT/kept_v4_rows.txt"
 fi
+if has ringpool; then
+  stamp "ringpool: device tests"
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -n 8 deepinfer_nvidia/tests/test_conformance_route_compress.py \
+    "deepinfer_nvidia/tests/test_conformance.py::test_harness[compress.ring_pair_pool-triton]" 2>&1 | tail -3 \
+    | tee "$OUT/ringpool_tests.txt"
+fi
+ab_stage ringpool DEEPINFER_COMPRESS_RING_POOL 0 1
 has b1 && v41_row "defaults" 1 DEEPINFER_PASS=44 | tee -a "$OUT/b1_rows.txt"
 stamp done

@@ -1,4 +1,5 @@
-"""``moe.route_topk`` / ``moe.route_hash`` (``triton_route.py``) and ``compress.softmax_pool`` (``triton_compress.py``) against their references on the GPU
+"""``moe.route_topk`` / ``moe.route_hash`` (``triton_route.py``), ``compress.softmax_pool`` and
+``compress.ring_pair_pool`` (``triton_compress.py``) against their references on the GPU
 (skipped without one).
 
     python3 -m pytest -q deepinfer_nvidia/tests/test_conformance_route_compress.py
@@ -205,3 +206,34 @@ def test_captured_and_replayed_with_new_inputs():
         graph.replay()
         for got, want in zip(out, step(*new)):
             assert torch.equal(got, want), seed
+
+
+@pytest.mark.parametrize("t", [1, 8, 64])
+def test_ring_pair_pool(t):
+    """``compress.ring_pair_pool`` at V4.1's width (d 512, ring of 8): the pool is ``compress.softmax_pool``'s kernel's
+    bits on the stacked pair, the ring is written as the reference writes it, no host sync, and a captured launch
+    replayed with new inputs equals the eager one."""
+    from deepinfer_core.kernels.ops.compress import _compare_ring_pair, ring_pair_pool as ref
+    from deepinfer_nvidia.kernels import triton_compress as tc
+
+    g = _gen(500 + t)
+    both = torch.randn(t, 1024, generator=g).cuda()
+    ring = torch.randn(t + 5, 8, 1024, generator=g).cuda()
+    slot = torch.randperm(t + 5, generator=g)[:t].cuda()
+    pos = torch.randint(0, 5000, (t,), generator=g).cuda()
+    pair = torch.stack([ring[slot, (pos - 1) % 8], both], dim=1)
+    pooled = tc.softmax_pool(pair[..., :512], pair[..., 512:])
+    ring_ref = ring.clone()
+    got = _nosync(tc.ring_pair_pool, both, ring, slot, pos)
+    _compare_ring_pair(got, ref(both, ring_ref, slot, pos), torch.float32)
+    assert torch.equal(got[0], pooled) and torch.equal(ring, ring_ref)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = tc.ring_pair_pool(both, ring, slot, pos)
+    both.copy_(torch.randn(t, 1024, generator=g).cuda())
+    pos.add_(1)
+    ring_before = ring.clone()
+    graph.replay()
+    torch.cuda.synchronize()
+    want = tc.ring_pair_pool(both, ring_before, slot, pos)
+    assert torch.equal(out[0], want[0]) and torch.equal(out[1], want[1]) and torch.equal(ring, ring_before)
