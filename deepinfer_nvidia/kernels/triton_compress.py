@@ -40,6 +40,26 @@ _MAX_BLOCK_S = 64
 
 
 @triton.jit
+def _stats_step(x, m, l):
+    """Pass 1 over one [slots, channels] tile of fp32 scores ``x``: the per-channel running max ``m`` and normaliser
+    ``l = sum_s exp(score - m)`` updated (returned as (m, l))."""
+    m_new = tl.maximum(m, tl.max(x, axis=0))
+    # while a channel has seen only absent slots m_new is -inf: subtract 0 instead, as -inf - -inf is NaN
+    # (exp(-inf - 0) = 0 then, so absent slots and the empty past both add exactly nothing)
+    m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+    return m_new, l * tl.exp(m - m_sub) + tl.sum(tl.exp(x - m_sub[None, :]), axis=0)
+
+
+@triton.jit
+def _weighted_step(x, v, present, m_sub, l_div):
+    """Pass 2 over one tile: w = exp(score - m) / l rounded to v's dtype, products rounded to it, the ``present``
+    slots' products summed in fp32 (returned per channel)."""
+    w = tl.math.div_rn(tl.exp(x - m_sub[None, :]), tl.zeros_like(x) + l_div[None, :])
+    prod = (w.to(v.dtype).to(tl.float32) * v.to(tl.float32)).to(v.dtype).to(tl.float32)
+    return tl.sum(tl.where(present, prod, 0.0), axis=0)
+
+
+@triton.jit
 def _pool_kernel(kv_ptr, sc_ptr, out_ptr, S, D, kv_sn, kv_ss, sc_sn, sc_ss,
                  BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
     n = tl.program_id(0).to(tl.int64)
@@ -55,12 +75,7 @@ def _pool_kernel(kv_ptr, sc_ptr, out_ptr, S, D, kv_sn, kv_ss, sc_sn, sc_ss,
         s = s0 + r
         msk = (s < S)[:, None] & cm[None, :]
         x = tl.load(sc_row + s[:, None].to(tl.int64) * sc_ss, mask=msk, other=float("-inf")).to(tl.float32)
-        m_new = tl.maximum(m, tl.max(x, axis=0))
-        # while a channel has seen only absent slots m_new is -inf: subtract 0 instead, as -inf - -inf is NaN
-        # (exp(-inf - 0) = 0 then, so absent slots and the empty past both add exactly nothing)
-        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-        l = l * tl.exp(m - m_sub) + tl.sum(tl.exp(x - m_sub[None, :]), axis=0)
-        m = m_new
+        m, l = _stats_step(x, m, l)
     # pass 2: w = exp(score - m) / l rounded to kv.dtype, products rounded to kv.dtype, fp32 sum
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     m_sub = tl.where(m == float("-inf"), 0.0, m)
@@ -71,9 +86,7 @@ def _pool_kernel(kv_ptr, sc_ptr, out_ptr, S, D, kv_sn, kv_ss, sc_sn, sc_ss,
         x = tl.load(sc_row + s[:, None].to(tl.int64) * sc_ss, mask=msk, other=float("-inf")).to(tl.float32)
         present = msk & (x != float("-inf"))
         v = tl.load(kv_row + s[:, None].to(tl.int64) * kv_ss, mask=present, other=0.0)
-        w = tl.math.div_rn(tl.exp(x - m_sub[None, :]), tl.zeros_like(x) + l_div[None, :])
-        prod = (w.to(v.dtype).to(tl.float32) * v.to(tl.float32)).to(v.dtype).to(tl.float32)
-        acc += tl.sum(tl.where(present, prod, 0.0), axis=0)
+        acc += _weighted_step(x, v, present, m_sub, l_div)
     # every slot absent: the reference's softmax is 0/0 = NaN, and so is this
     out = tl.where(l > 0.0, acc, float("nan"))
     tl.store(out_ptr + n * D + c, out.to(out_ptr.dtype.element_ty), mask=cm)
@@ -122,8 +135,8 @@ def softmax_pool(kv: torch.Tensor, score: torch.Tensor, *, force_kernel: bool = 
 def _ring_pair_kernel(both_ptr, ring_ptr, slot_ptr, pos_ptr, u_ptr, closes_ptr, S, D, CAP,
                       BLOCK_D: tl.constexpr):
     """Program (row t, channel tile): the pool of (ring[slot, (p - 1) % CAP], both[t]) over this tile's kv and z
-    channels, then both[t]'s tile into ring[slot, p % CAP]. The pool's statements are ``_pool_kernel``'s at two
-    slots, in its order, so the bits are that kernel's on the stacked pair."""
+    channels, then both[t]'s tile into ring[slot, p % CAP]. The pool is ``_pool_kernel``'s two passes (the same
+    steps) over one tile of the two slots, so the bits are that kernel's on the stacked pair."""
     t = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     cm = c < D
@@ -138,20 +151,12 @@ def _ring_pair_kernel(both_ptr, ring_ptr, slot_ptr, pos_ptr, u_ptr, closes_ptr, 
     row = tl.where(r[:, None] == 0, base + prev * 2 * D, both_ptr + t * 2 * D)  # [2, 1] row starts
     msk = ok[None, :] & (r[:, None] < 2)
     x = tl.load(row + D + c[None, :], mask=msk, other=float("-inf")).to(tl.float32)  # z
-    m = tl.full([BLOCK_D], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_D], dtype=tl.float32)
-    m_new = tl.maximum(m, tl.max(x, axis=0))
-    m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-    l = l * tl.exp(m - m_sub) + tl.sum(tl.exp(x - m_sub[None, :]), axis=0)
-    m = m_new
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    m, l = _stats_step(x, tl.full([BLOCK_D], float("-inf"), tl.float32), tl.zeros([BLOCK_D], dtype=tl.float32))
     m_sub = tl.where(m == float("-inf"), 0.0, m)
-    l_div = tl.where(l > 0.0, l, 1.0)
     present = msk & (x != float("-inf"))
     v = tl.load(row + c[None, :], mask=present, other=0.0)  # kv
-    w = tl.math.div_rn(tl.exp(x - m_sub[None, :]), tl.zeros_like(x) + l_div[None, :])
-    prod = (w.to(v.dtype).to(tl.float32) * v.to(tl.float32)).to(v.dtype).to(tl.float32)
-    acc += tl.sum(tl.where(present, prod, 0.0), axis=0)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    acc += _weighted_step(x, v, present, m_sub, tl.where(l > 0.0, l, 1.0))
     out = tl.where(l > 0.0, acc, float("nan"))
     tl.store(u_ptr + t * D + c, out.to(u_ptr.dtype.element_ty), mask=cm)
     # the token's row into the ring, after this program's read of the partner (another ring row: CAP >= 2)
