@@ -97,13 +97,14 @@ def test_deferred_branches_give_the_in_order_logits(arch, kv_branch, mix_branch,
         model.k["stream.side"] = in_order
     assert log, "the model declared no branch"
     assert all(b.done for b in log), f"{sum(not b.done for b in log)} of {len(log)} branches never joined"
-    if kv_branch:  # a step: the shared expert of every layer, the KV half of every kv source, two mixes a layer
+    if kv_branch:  # a step: every layer's shared expert, the KV halves, the compressors apart, the mixes, ...
         sources = sum(layer["attn"].compressor is not None or swa_branch for layer in model.layers)
         sources += sum(layer["attn"].compressor is not None for layer in model.layers) if cmp_branch else 0
         mixes = 2 * len(model.layers) if mix_branch else 0
         lookups = sum(layer["engram"] is not None for layer in model.layers) if model_mod.ENGRAM_BRANCH else 0
         heads = sum(layer["attn"].indexer is not None for layer in model.layers) if attention.BRANCH_INDEX_WEIGHTS else 0
-        assert sources >= (len(model.layers) if swa_branch else 1) and len(log) == len(schedule) * (len(model.layers) + sources + mixes + lookups + heads)
+        assert sources >= (len(model.layers) if swa_branch else 1)
+        assert len(log) == len(schedule) * (len(model.layers) + sources + mixes + lookups + heads)
     assert torch.equal(got, want)
 
 
