@@ -34,8 +34,8 @@
 #   trace   the batch-1 step's timeline (PDL off) at the defaults (the SWA and compressor branches on):
 #           profile_v41_b1_nopdl.txt and two gzipped chrome traces. Any card (~1 min).
 #   b1      one V4.1 batch-1 reading at the defaults: the cheap stage of a call that wanted an H200.
-# auto (the default): AUTO_H200 (default rows) on an H200, b1 elsewhere (pass44a: branches, pass44b: native,trace,
-# pass44c: wide, pass44d: b1; all H100s).
+# auto (the default): AUTO_H200 (default rows,ringpool) on an H200, ringpool elsewhere (pass44a: branches, pass44b:
+# native,trace, pass44c: wide, pass44d: b1, pass44e: kept; all H100s).
 # Removed stages (their code measured slower and was removed; the code is in the named commits):
 #   wide (pass44c, H100; commit db3a92e) gemm.dense_wide at 5-64 rows through the dense GEMV (x rows in blocks of 4
 #        as more programs), so the fp32 projections as stored stop widening a weight copy a call: the device tests
@@ -46,7 +46,7 @@ set -u
 STAGES=${1:-auto}
 OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # GPU, stamp, has, quiet, auto_stages; exports; HERE
-auto_stages ${AUTO_H200:-rows} b1
+auto_stages ${AUTO_H200:-rows,ringpool} ringpool
 rows_stage 44 200
 ab_stage swa DEEPINFER_BRANCH_SWA_WRITE 0 1
 ab_stage cmp DEEPINFER_BRANCH_COMPRESSOR 0 1
