@@ -33,6 +33,17 @@ def _copy_bandwidth(dev: torch.device, do_bench) -> float:
     return 2 * big.numel() / (do_bench(lambda: big.clone(), warmup=5, rep=50, return_mode="median") * 1e-3)
 
 
+def _ring_us(fn, x: torch.Tensor, w: torch.Tensor, ring_mb: int, do_bench) -> float:
+    """us per call of ``fn(x, w)`` over a ring of copies of w (more bytes than L2 holds) replayed as one CUDA graph."""
+    from deepinfer_nvidia.graphs import CudaGraphRunner
+
+    copies = max(2, min(64, -(-(ring_mb << 20) // w.nbytes)))
+    ring = [w.clone() for _ in range(copies)]
+    runner = CudaGraphRunner(lambda a: [fn(a, ww) for ww in ring])
+    runner(x)
+    return do_bench(lambda: runner(x), warmup=10, rep=60, return_mode="median") * 1e3 / copies
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
@@ -44,7 +55,6 @@ def main() -> None:
         return wide(args)
     from triton.testing import do_bench
 
-    from deepinfer_nvidia.graphs import CudaGraphRunner
     from deepinfer_nvidia.kernels import aten_ops
     from deepinfer_nvidia.kernels import triton_dense_gemv as dg
     from deepinfer_nvidia.kernels.triton_gemm import _sm_count
@@ -58,8 +68,6 @@ def main() -> None:
     rows_out = []
     for name, n, k in SHAPES:
         w = (torch.randn(n, k, generator=g) / k ** 0.5).cuda()
-        copies = max(2, min(64, -(-(args.ring_mb << 20) // w.nbytes)))
-        ring = [w.clone() for _ in range(copies)]
         for m in [int(v) for v in args.rows.split(",") if v]:
             x = torch.randn(m, k, generator=g).cuda()
             exact = x.double() @ w.double().t()
@@ -67,9 +75,7 @@ def main() -> None:
             for label, fn in cands.items():
                 out = fn(x, w)
                 res["rel"][label] = float((out.double() - exact).abs().max() / exact.abs().max())
-                runner = CudaGraphRunner(lambda a, fn=fn, ring=ring: [fn(a, ww) for ww in ring])
-                runner(x)
-                res["us"][label] = do_bench(lambda: runner(x), warmup=10, rep=60, return_mode="median") * 1e3 / copies
+                res["us"][label] = _ring_us(fn, x, w, args.ring_mb, do_bench)
             t, c = res["us"]["triton"], res["us"]["cublas"]
             pct = lambda us: 100 * w.nbytes / (us * 1e-6) / copy_bw  # noqa: E731
             print(f"{name} [{n}x{k}] M={m} plan {res['plan']}: triton {t:.2f} us ({pct(t):.0f}%), cublas {c:.2f} us "
@@ -84,7 +90,6 @@ def main() -> None:
 def wide(args) -> None:
     from triton.testing import do_bench
 
-    from deepinfer_nvidia.graphs import CudaGraphRunner
     from deepinfer_nvidia.kernels import aten_ops
     from deepinfer_nvidia.kernels import triton_dense_gemv as dg
     from deepinfer_nvidia.kernels.triton_gemm import _sm_count
@@ -108,14 +113,9 @@ def wide(args) -> None:
             res = {"shape": name, "n": n, "k": k, "rows": m, "plan": dg.plan(m, n, k, sms), "us": {}, "rel": {}}
             for label, (wd, fn) in cands.items():
                 w = w0.bfloat16().to(wd).cuda()  # the same values (bf16-representable) in either dtype
-                copies = max(2, min(64, -(-(args.ring_mb << 20) // w.nbytes)))
-                ring = [w.clone() for _ in range(copies)]
                 out = fn(x, w)
                 res["rel"][label] = float((out.double() - exact).abs().max() / exact.abs().max())
-                runner = CudaGraphRunner(lambda a, fn=fn, ring=ring: [fn(a, ww) for ww in ring])
-                runner(x)
-                res["us"][label] = do_bench(lambda: runner(x), warmup=10, rep=60, return_mode="median") * 1e3 / copies
-                del ring, runner
+                res["us"][label] = _ring_us(fn, x, w, args.ring_mb, do_bench)
             print(f"{name} [{n}x{k}] M={m} plan {res['plan']}: " + ", ".join(
                 f"{lab} {us:.2f} us" for lab, us in res["us"].items()) + f"; rel err {max(res['rel'].values()):.1e}",
                 flush=True)
