@@ -23,7 +23,7 @@
 #           pass44b (H100): batch 1 -30 us, batch 32 +65 us; pass44c -15 us: stays opt-in.
 #   kept    the native projections again with a half weight's fp32 copy kept for the calls above 4 rows
 #           (``wide_copies``): the dense GEMV device tests, then DEEPINFER_NATIVE_FLOAT_PROJECTIONS 0 / 1 on the V4.1
-#           batch-1 / batch-32 rows (alternated twice) and on the V4 batch-32 row (once each, KEPT_V4 times).
+#           batch-1 / batch-32 rows (alternated twice) and on the V4 batch-32 row (once each).
 #           Predicted: batch 1 -15 to -30 us as in pass44b-c, batch 32 even (the per-call casts of pass44b's +65 us
 #           gone). Any card. pass44e (H100): 34 device tests passed; batch 1 -15 us, V4.1 and V4 batch 32 even: on.
 #   ringpool a ratio-2 compressor's decode step as one launch (compress.ring_pair_pool, DEEPINFER_COMPRESS_RING_POOL
@@ -52,15 +52,11 @@ ab_stage swa DEEPINFER_BRANCH_SWA_WRITE 0 1
 ab_stage cmp DEEPINFER_BRANCH_COMPRESSOR 0 1
 if has branches; then
   stamp "branches: rows"
-  for r in 1 2; do
-    for arm in "swa0 cmp0|DEEPINFER_BRANCH_SWA_WRITE=0 DEEPINFER_BRANCH_COMPRESSOR=0" \
-               "swa1 cmp0|DEEPINFER_BRANCH_SWA_WRITE=1 DEEPINFER_BRANCH_COMPRESSOR=0" \
-               "swa0 cmp1|DEEPINFER_BRANCH_SWA_WRITE=0 DEEPINFER_BRANCH_COMPRESSOR=1" \
-               "swa1 cmp1|DEEPINFER_BRANCH_SWA_WRITE=1 DEEPINFER_BRANCH_COMPRESSOR=1"; do
-      v41_row "${arm%%|*}" 1 ${arm#*|}
-    done
-  done | tee -a "$OUT/branches_rows.txt"
-  python3 benchmarks/ab_rows.py "$OUT/branches_rows.txt"
+  ARMS=("swa0 cmp0|DEEPINFER_BRANCH_SWA_WRITE=0 DEEPINFER_BRANCH_COMPRESSOR=0"
+        "swa1 cmp0|DEEPINFER_BRANCH_SWA_WRITE=1 DEEPINFER_BRANCH_COMPRESSOR=0"
+        "swa0 cmp1|DEEPINFER_BRANCH_SWA_WRITE=0 DEEPINFER_BRANCH_COMPRESSOR=1"
+        "swa1 cmp1|DEEPINFER_BRANCH_SWA_WRITE=1 DEEPINFER_BRANCH_COMPRESSOR=1")
+  v41_rows branches_rows 1 "${ARMS[@]}" "${ARMS[@]}"  # each arm twice, in turn
 fi
 ab_stage native DEEPINFER_NATIVE_FLOAT_PROJECTIONS 0 1
 if has trace; then
@@ -72,16 +68,8 @@ if has kept; then
   timeout 120 python3 -m pytest -q -p no:cacheprovider -n 8 deepinfer_nvidia/tests/test_conformance_dense_gemv.py 2>&1 \
     | tail -3 | tee "$OUT/kept_tests.txt"
   ab_stage kept DEEPINFER_NATIVE_FLOAT_PROJECTIONS 0 1
-  for r in $(seq 1 "${KEPT_V4:-1}"); do
-    for v in 0 1; do
-      echo "== DEEPINFER_NATIVE_FLOAT_PROJECTIONS=$v"
-      env DEEPINFER_NATIVE_FLOAT_PROJECTIONS=$v timeout 90 python3 benchmarks/sweep.py --out "$OUT/v4_row" \
-        --providers triton --layers 2 --context 128 --decode 32 --prefill "" --skip-hf --graphs --reps 9 \
-        --budget-s 70 --profile-decode "" 2>&1 | grep -E "pipelined|Error"
-      rm -rf "$OUT/v4_row"
-    done
-  done | tee -a "$OUT/kept_v4_rows.txt"
-  python3 benchmarks/ab_rows.py "$OUT/kept_v4_rows.txt"
+  v4_rows_vals DEEPINFER_NATIVE_FLOAT_PROJECTIONS 0 1  # the V4 batch-32 row, once each (pass44e: kept_v4_rows.txt)
+  python3 benchmarks/ab_rows.py "$OUT/v4_rows_vals.txt"
 fi
 if has ringpool; then
   stamp "ringpool: device tests"
