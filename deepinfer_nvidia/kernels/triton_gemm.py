@@ -39,6 +39,7 @@ from deepinfer_nvidia.kernels import gluon_fp8_gemv, gluon_w8a8_gemv, triton_fp8
 from deepinfer_nvidia.kernels.triton_scales import ue8m0
 from deepinfer_nvidia.kernels._common import FLOATS, dot_precision, hand_off, on_cuda
 from deepinfer_nvidia.kernels.triton_pdl import pdl_enter, pdl_launch
+from deepinfer_nvidia.kernels.wide_copies import widened
 
 _SMS = 132  # H200; only used to size split-K, a wrong value costs speed, never correctness
 
@@ -538,6 +539,4 @@ def gemm_dense_wide_bi(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
                         x, w)
     check_dense_wide(x, w)
     wide = wide_dtype(w)
-    from deepinfer_nvidia.kernels.wide_copies import widened
-
     return gemm_dense_bi(x.to(wide), widened(w, wide))

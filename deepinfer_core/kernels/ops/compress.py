@@ -90,7 +90,8 @@ def _gen_ring_pair(dtype, device, seed):
         ring = torch.randn(n, cap, 2 * d, generator=g).to(dtype)
         slot = torch.randperm(n, generator=g)[:t]
         pos = torch.randint(0, 200, (t,), generator=g)
-        pos[0] = 0 if t > 2 else pos[0]  # position 0: no partner yet (not closing)
+        if t > 2:
+            pos[0] = 0  # position 0: no partner yet (not closing)
         yield (both.to(device), ring.to(device), slot.to(device), pos.to(device)), {}
 
 
