@@ -33,9 +33,10 @@ from deepinfer_models.layers.linear import float_projection
 # A decode step's ratio-2 pooling as one op (``compress.ring_pair_pool``: the closing mask, the partner's ring row,
 # the pool and the token's ring write) instead of ~10 launches of index math and glue around ``compress.softmax_pool``
 # (pass44b, H100: the ratio-2 source's branch outlasts the query half by 31 us, ~30 us of it these launches run
-# slowly beside the wq_b GEMV). The same bits where a platform composes the op from its parts. Opt-in until measured:
-# ``DEEPINFER_COMPRESS_RING_POOL=1`` (docs/performance_pass_44.md).
-RING_PAIR_POOL = os.environ.get("DEEPINFER_COMPRESS_RING_POOL", "0") == "1"
+# slowly beside the wq_b GEMV). The same bits where a platform composes the op from its parts. On since the
+# forty-fifth pass (H100, six readings an arm: batch 1 -20 us, batch 32 even; docs/performance_pass_45.md);
+# ``DEEPINFER_COMPRESS_RING_POOL=0``: the general path.
+RING_PAIR_POOL = os.environ.get("DEEPINFER_COMPRESS_RING_POOL", "1") == "1"
 # Positions kept per request for ratio 2. Two would do for plain decoding; 8 (vLLM's
 # ``max(8, next_pow2(num_spec_tokens + 2))``) lets up to 6 rejected speculative positions be
 # written without overwriting a row a later pair still needs (rows are indexed by position).

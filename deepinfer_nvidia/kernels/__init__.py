@@ -49,7 +49,7 @@ IMPLS: tuple[tuple, ...] = (
     ("moe.route_hash", "triton", f"{_K}.triton_route:route_hash", f"{_K}.triton_route:supports_hash", True),
     ("compress.softmax_pool", "triton", f"{_K}.triton_compress:softmax_pool", f"{_K}.triton_compress:supports_pool",
      True),
-    # a ratio-2 compressor's decode step in one launch (opt-in in the model: DEEPINFER_COMPRESS_RING_POOL)
+    # a ratio-2 compressor's decode step in one launch (the model's default; DEEPINFER_COMPRESS_RING_POOL=0: off)
     ("compress.ring_pair_pool", "triton", f"{_K}.triton_compress:ring_pair_pool",
      f"{_K}.triton_compress:supports_ring_pair"),
     ("mhc.collapse", "triton", f"{_K}.triton_mhc:collapse", f"{_K}.triton_mhc:supports_collapse", True),
