@@ -155,7 +155,7 @@ def _ring_pair_kernel(both_ptr, ring_ptr, slot_ptr, pos_ptr, u_ptr, closes_ptr, 
     m_sub = tl.where(m == float("-inf"), 0.0, m)
     present = msk & (x != float("-inf"))
     v = tl.load(row + c[None, :], mask=present, other=0.0)  # kv
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)  # 0 + sum, as ``_pool_kernel`` adds its one tile: -0.0 becomes +0.0
     acc += _weighted_step(x, v, present, m_sub, tl.where(l > 0.0, l, 1.0))
     out = tl.where(l > 0.0, acc, float("nan"))
     tl.store(u_ptr + t * D + c, out.to(u_ptr.dtype.element_ty), mask=cm)
