@@ -112,12 +112,10 @@ class CompressorV41:
             else:
                 closing, valid = compact(mask, n_close)
             u = self._pool_pairs(both, closing, ctx, rows)
-        latent = self.k["norm.rms"](u, self.norm_w, self.eps).to(x.dtype)  # [G, d]
-        first = take_rows(pos, closing)
-        r = self.ratio  # the first position of each group: p // r * r, one launch for a power of two (p >= 0)
-        at = first if r == 1 else first & -r if r & (r - 1) == 0 else first // r * r
-        entry = self.k["rope.interleaved"](latent, at, self.inv_freq)
-        _write(ctx.caches[self.cache_name], take_rows(ctx.meta(self.cache_name).write_slots, closing), entry, valid)
+        # the entries: latent = norm(u) in x's dtype [G, d], rotated at the group starts ``at`` [G] and stored
+        latent, at, _ = self.k["compress.entry_write"](
+            u, self.norm_w, self.eps, take_rows(pos, closing), self.inv_freq, ctx.caches[self.cache_name],
+            take_rows(ctx.meta(self.cache_name).write_slots, closing), valid, ratio=self.ratio, dtype=x.dtype)
         if self.keys_name is not None:
             key = self.k["norm.rms_rope"](self.wk(latent), self.k_norm, self.eps, at, self.inv_freq)
             _write(ctx.caches[self.keys_name], take_rows(ctx.meta(self.keys_name).write_slots, closing), key, valid)

@@ -30,7 +30,7 @@ ENGRAM_BRANCH = os.environ.get("DEEPINFER_ENGRAM_BRANCH", "1") == "1"
 
 _OWN_OPS = (
     "norm.rms", "norm.rms_unweighted", "norm.rms_rope", "rope.interleaved", "attention.sparse_sink",
-    "attention.sparse_sink_rope", "compress.softmax_pool", "compress.ring_pair_pool",
+    "attention.sparse_sink_rope", "compress.softmax_pool", "compress.ring_pair_pool", "compress.entry_write",
     "index.scores", "index.topk", "index.entry_slots", "index.candidate_blocks", "index.candidate_mask", "mhc.mix",
     "mhc.collapse", "mhc.collapse_norm",
     "mhc.expand", "mhc.pre_norm", "mhc.expand_pre_norm", "gemm.dense", "gemm.dense_wide", "gemm.fp8_block", "gemm.mxfp4", "engram.window", "engram.hash_ids", "engram.gather",

@@ -52,6 +52,10 @@ IMPLS: tuple[tuple, ...] = (
     # a ratio-2 compressor's decode step in one launch (the model's default; DEEPINFER_COMPRESS_RING_POOL=0: off)
     ("compress.ring_pair_pool", "triton", f"{_K}.triton_compress:ring_pair_pool",
      f"{_K}.triton_compress:supports_ring_pair"),
+    # a compressor's entries (norm, cast, group starts, RoPE, cache store) in one launch; not flagged, so
+    # batch-invariant mode composes it from the flagged parts (their bits, as before the op)
+    ("compress.entry_write", "triton", f"{_K}.triton_compress_entry:entry_write",
+     f"{_K}.triton_compress_entry:supports"),
     ("mhc.collapse", "triton", f"{_K}.triton_mhc:collapse", f"{_K}.triton_mhc:supports_collapse", True),
     ("mhc.expand", "triton", f"{_K}.triton_mhc:expand", f"{_K}.triton_mhc:supports_expand", True),
     ("mhc.collapse_norm", "triton", f"{_K}.triton_mhc:collapse_norm", f"{_K}.triton_mhc:supports_collapse_norm",

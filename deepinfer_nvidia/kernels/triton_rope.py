@@ -27,7 +27,13 @@ def pair_angles(t, i, imask, pos_ptr, f_ptr, INVERSE: tl.constexpr):
     """cos and sin (fp32) of token ``t``'s angles ``position * inv_freq[i]`` for the pair lanes ``i`` (masked by
     ``imask``), formed and reduced modulo 2*pi in fp64 (above), as every rope kernel here forms them; sin negated for
     ``INVERSE``."""
-    p = tl.load(pos_ptr + t).to(tl.float64)
+    return angles_at(tl.load(pos_ptr + t), i, imask, f_ptr, INVERSE)
+
+
+@triton.jit
+def angles_at(position, i, imask, f_ptr, INVERSE: tl.constexpr):
+    """``pair_angles`` of a position already loaded (an integer scalar >= 0)."""
+    p = position.to(tl.float64)
     ang = p * tl.load(f_ptr + i, mask=imask, other=0.0).to(tl.float64)  # >= 0 (non-negative factors)
     turns = (ang * (1.0 / 6.283185307179586)).to(tl.int64).to(tl.float64)
     red = (ang - turns * 6.283185307179586).to(tl.float32)

