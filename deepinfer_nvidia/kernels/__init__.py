@@ -32,7 +32,7 @@ IMPLS: tuple[tuple, ...] = (
     ("norm.rms_unweighted", "triton", f"{_K}.triton_norm:rms_unweighted", f"{_K}.triton_norm:supports_rms_unweighted",
      True),
     ("rope.interleaved", "triton", f"{_K}.triton_rope:rope", f"{_K}.triton_rope:supports", True),
-    # one program a vector, on or off (DEEPINFER_NV_NORM_ROPE_FUSED=1 fuses; its parts are both invariant)
+    # one program a vector, on or off (DEEPINFER_NV_NORM_ROPE_FUSED=0 runs its parts; both are invariant)
     ("norm.rms_rope", "triton", f"{_K}.triton_rope:rms_rope", f"{_K}.triton_rope:supports_rms_rope", True),
     ("index.topk", "triton", f"{_K}.triton_topk:topk_positions_triton", f"{_K}.triton_topk:supports", True),
     ("index.candidate_blocks", "triton", f"{_K}.triton_topk:candidate_blocks_triton",

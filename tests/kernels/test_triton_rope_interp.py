@@ -84,9 +84,9 @@ def test_rms_rope_kernel_matches_the_reference_in_the_interpreter(run_interprete
     run_interpreted(_RMS_ROPE, "INTERPRETED 17")
 
 
-def test_rms_rope_off_runs_its_parts():
-    """Switched off (the default) on CPU tensors: the parts hand off to the references, so the output is the
-    reference's, bit for bit."""
+def test_rms_rope_off_runs_its_parts(monkeypatch):
+    """Switched off (``DEEPINFER_NV_NORM_ROPE_FUSED=0``), and on (the default) with operands the kernel does not cover
+    (CPU tensors): the parts hand off to the references, so the output is the reference's, bit for bit."""
     import pytest
     import torch
 
@@ -97,5 +97,6 @@ def test_rms_rope_off_runs_its_parts():
 
     x, w, pos = torch.randn(3, 512), torch.rand(512) + 0.5, torch.tensor([1, 2, 3])
     f = default_inv_freq(64, 10000.0)
-    assert not tr.RMS_ROPE_FUSED
-    assert torch.equal(tr.rms_rope(x, w, 1e-6, pos, f), rms_rope(x, w, 1e-6, pos, f))
+    for fused in (False, True):
+        monkeypatch.setattr(tr, "RMS_ROPE_FUSED", fused)
+        assert torch.equal(tr.rms_rope(x, w, 1e-6, pos, f), rms_rope(x, w, 1e-6, pos, f))
