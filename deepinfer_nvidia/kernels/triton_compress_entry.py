@@ -14,8 +14,8 @@ after the main stream wants it). Here one program a row does all of it:
    not kept is not written.
 
 One program a row, tiles from d only: batch-invariant. No host synchronisation (capturable). Covered: CUDA
-contiguous u [G, d] fp32/bf16/fp16 (d <= 8192), cache [N, d] contiguous of a float dtype; the rest runs the
-reference composition. ``force_kernel=True`` skips the device check only (the interpreter tests).
+contiguous u [G, d] fp32/bf16/fp16 (d <= 8192), cache [N, d] contiguous fp32/bf16/fp16 (an FP8 cache would need
+torch's rounding of the cast, which this kernel does not claim); the rest runs the reference composition. ``force_kernel=True`` skips the device check only (the interpreter tests).
 
 On since the forty-sixth pass (``DEEPINFER_NV_COMPRESS_ENTRY_FUSED=0``, read at import, turns it off): alone it
 measured even (pass46a, H100: batch 1 2.047 -> 2.045 ms pipelined, four readings an arm); with ``norm.rms_rope``'s
@@ -100,15 +100,14 @@ def _uncovered(u, weight, positions, inv_freq, cache, slots, keep, force: bool) 
     if not (force or on_cuda(u, weight, positions, inv_freq, cache, slots, *(() if keep is None else (keep,)))):
         return "operands not on a CUDA device"
     if not (u.dtype in FLOATS and u.is_contiguous() and u.shape[1] <= MAX_D and weight.is_floating_point()
-            and inv_freq.is_floating_point() and cache.is_floating_point() and cache.element_size() in (1, 2, 4)
-            and cache.is_contiguous()):
+            and inv_freq.is_floating_point() and cache.dtype in FLOATS and cache.is_contiguous()):
         return "u / cache layouts or dtypes not covered"
     return None
 
 
 def supports(u, weight, eps, positions, inv_freq, cache, slots, keep=None, *, ratio=1, dtype=None) -> bool:
-    """CUDA contiguous u [G, d <= ``MAX_D``] fp32/bf16/fp16 and a contiguous float cache (the contract's other
-    checks raise)."""
+    """CUDA contiguous u [G, d <= ``MAX_D``] fp32/bf16/fp16 and a contiguous fp32/bf16/fp16 cache (the contract's
+    other checks raise)."""
     return _uncovered(u, weight, positions, inv_freq, cache, slots, keep, False) is None
 
 
