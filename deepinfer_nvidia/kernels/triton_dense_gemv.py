@@ -50,6 +50,14 @@ PROGRAMS = 4  # programs per SM to aim for with the K split
 # thirty-ninth pass (H100, ``probe_early_weights --router``: an RMSNorm and the router GEMV 9.69 -> 9.12 us, bit-equal;
 # 4 rows 17.52 -> 16.89); ``DEEPINFER_NV_DENSE_EARLY_L2=0``: off.
 EARLY_L2 = os.environ.get("DEEPINFER_NV_DENSE_EARLY_L2", "1") == "1"
+# One row's call in one pass (``DEEPINFER_NV_DENSE_ONE_PASS=1``, opt-in until measured): where ``plan`` splits K,
+# programs of a few weight rows over the whole K instead (``one_pass_plan``: the router [384, 5120] as 384 programs of
+# one 10 KB bf16 row, against 24 x 10 programs and a second phase in which the last of each row tile's ten adds their
+# fp32 partials). pass45d / pass46c (H100, batch 1): the router takes ~11 us on the chain in each MoE layer for 4 MB,
+# ~7 us alone; the split's partial stores, arrival counter and re-read are a dependent round trip after the weights'.
+# Another fp32 summation order than the split's (within the op's tolerance, as that one is).
+ONE_PASS = os.environ.get("DEEPINFER_NV_DENSE_ONE_PASS", "0") == "1"
+ONE_PASS_MAX_K = 8192  # the whole row in one tile (TILE_ELEMS products a program)
 _PF_LINE = tl.constexpr(prefetch_asm(0))
 
 
@@ -144,6 +152,16 @@ def plan(m: int, n: int, k: int, sms: int) -> tuple[int, int, int]:
     return bm, bk, triton.cdiv(k_tiles, per)
 
 
+def one_pass_plan(m: int, k: int) -> tuple[int, int] | None:
+    """(BLOCK_N, BLOCK_K) of ``ONE_PASS``'s launch for an [m, k] x [n, k]^T call, or None where it does not apply
+    (more than one row, or a row wider than ``ONE_PASS_MAX_K``): the whole K in one tile, as many weight rows a
+    program as keep it at TILE_ELEMS products."""
+    if m != 1 or k > ONE_PASS_MAX_K:
+        return None
+    bk = max(16, next_pow2(k))
+    return max(1, TILE_ELEMS // bk), bk
+
+
 def takes(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Operands this kernel serves (the rest go to cuBLAS): 1..GEMV_MAX_ROWS rows of a float x, a float 2-D w of
     at most GEMV_MAX_ELEMS elements with unit column stride, K a multiple of 4 (16-byte fp32 rows)."""
@@ -162,13 +180,17 @@ def gemv(x: torch.Tensor, w: torch.Tensor, sms: int, widen: bool = False, out_dt
     m, (n, k) = x.shape[0], w.shape
     x = x if x.stride(1) == 1 else x.contiguous()
     bm, bk, split = plan(m, n, k, sms)
+    bn = BLOCK_N
+    single = one_pass_plan(m, k) if ONE_PASS and split > 1 else None
+    if single is not None:
+        (bn, bk), split = single, 1
     k_per = triton.cdiv(triton.cdiv(k, bk), split) * bk
-    tiles = triton.cdiv(n, BLOCK_N)
+    tiles = triton.cdiv(n, bn)
     y = torch.empty(m, n, dtype=out_dtype or (w.dtype if widen else x.dtype), device=x.device)
     part = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else y
     cnt = _counters(x.device, tiles) if split > 1 else part
     _dense_gemv_kernel[(tiles, split)](x, w, y, part, cnt, m, n, k, x.stride(0), w.stride(0), k_per, SPLIT=split,
-                                       BLOCK_M=bm, BLOCK_N=BLOCK_N, BLOCK_K=bk, num_warps=4, WIDEN=int(widen),
+                                       BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=4, WIDEN=int(widen),
                                        EARLY=int(EARLY_L2), **pdl_launch())
     return y
 

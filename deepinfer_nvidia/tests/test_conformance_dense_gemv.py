@@ -15,11 +15,17 @@ from deepinfer_nvidia.tests.test_conformance import poison as _poison  # noqa: E
 SHAPES = [(384, 5120), (512, 5120), (128, 5120), (1024, 4096), (37, 300)]
 
 
+@pytest.mark.parametrize("one_pass", [False, True])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4])
 @pytest.mark.parametrize("xd,wd", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
                                    (torch.bfloat16, torch.float32)])
-def test_model_widths(rows, xd, wd):
+def test_model_widths(rows, xd, wd, one_pass, monkeypatch):
+    """``one_pass``: ``DEEPINFER_NV_DENSE_ONE_PASS`` (a row's call over the whole K in one tile; 1 row only)."""
     from deepinfer_nvidia.kernels import triton_dense_gemv as dg
+
+    if one_pass and rows > 1:
+        pytest.skip("the one-pass launch serves one row")
+    monkeypatch.setattr(dg, "ONE_PASS", one_pass)
 
     g = torch.Generator().manual_seed(rows)
     for n, k in SHAPES:
@@ -38,9 +44,11 @@ def test_model_widths(rows, xd, wd):
         assert torch.equal(y, dg.gemm_dense(x, w))
 
 
-def test_graph_replay_and_cublas_cases():
+@pytest.mark.parametrize("one_pass", [False, True])
+def test_graph_replay_and_cublas_cases(one_pass, monkeypatch):
     from deepinfer_nvidia.kernels import triton_dense_gemv as dg
 
+    monkeypatch.setattr(dg, "ONE_PASS", one_pass)
     g = torch.Generator().manual_seed(7)
     x = torch.randn(1, 5120, generator=g).cuda()
     w = torch.randn(384, 5120, generator=g).cuda() / 70
@@ -90,14 +98,19 @@ def test_aten_splitk(rows, splits):
         assert torch.equal(out, got)
 
 
+@pytest.mark.parametrize("one_pass", [False, True])
 @pytest.mark.parametrize("rows", [1, 2, 4, 5, 64])
 @pytest.mark.parametrize("xd", [torch.bfloat16, torch.float32])
-def test_dense_wide(rows, xd):
+def test_dense_wide(rows, xd, one_pass, monkeypatch):
     """``gemm.dense_wide`` (the router and the compressors' fp32 projections of a bf16 x): 1-4 rows through the GEMV
     widening x in the kernel, 5 and 64 through the cast and cuBLAS; fp32 out within fp32 sums of the exact products
     (the weight is not rounded), the same bits as ``gemm_dense`` of the widened x on the GEMV path; a bf16 weight
-    gives its fp32 copy's bits."""
+    gives its fp32 copy's bits. ``one_pass``: ``DEEPINFER_NV_DENSE_ONE_PASS`` (1 row only)."""
     from deepinfer_nvidia.kernels import triton_dense_gemv as dg
+
+    if one_pass and rows > 1:
+        pytest.skip("the one-pass launch serves one row")
+    monkeypatch.setattr(dg, "ONE_PASS", one_pass)
 
     g = torch.Generator().manual_seed(40 + rows)
     for n, k in SHAPES:

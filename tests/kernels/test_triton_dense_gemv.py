@@ -56,7 +56,26 @@ for xd in (torch.bfloat16, torch.float16):
         assert got.dtype == torch.float32 and got.shape == (m, n)
         assert (got.double() - exact).abs().max() <= 1e-5 * max(1.0, exact.abs().max().item()), (xd, m, n, k)
         n_wide += 1
-print("INTERPRETED", n_cases, "WIDE", n_wide)
+# the one-pass launch (DEEPINFER_NV_DENSE_ONE_PASS): one row over the whole K, a few weight rows a program; dense and
+# dense_wide numerics as above
+dg.ONE_PASS = True
+n_one = 0
+for xd, wd, widen in [(torch.float32, torch.float32, False), (torch.bfloat16, torch.bfloat16, False),
+                      (torch.bfloat16, torch.float32, True), (torch.bfloat16, torch.bfloat16, True)]:
+    for n, k in [(384, 5120), (37, 1000), (5, 8192)]:
+        assert dg.one_pass_plan(1, k) is not None and dg.plan(1, n, k, 132)[2] > 1
+        x = torch.randn(1, k, generator=g).to(xd)
+        w = (torch.randn(n, k, generator=g) / k ** 0.5).to(wd)
+        got = dg.gemv(x, w, 132, widen=widen, out_dtype=torch.float32 if widen else None)
+        exact = x.double() @ w.double().t()
+        if widen or xd == torch.float32:
+            assert (got.double() - exact).abs().max() <= 1e-5 * max(1.0, exact.abs().max().item()), (xd, n, k)
+        else:
+            unit = torch.exp2(torch.floor(torch.log2(exact.abs().clamp_min(1e-30))) - 7)
+            assert ((got.double() - exact).abs() <= unit + 1e-5).all(), (xd, wd, n, k)
+        n_one += 1
+dg.ONE_PASS = False
+print("INTERPRETED", n_cases, "WIDE", n_wide, "ONE", n_one)
 """
 
 
@@ -65,6 +84,7 @@ def test_gemv_in_the_interpreter(run_interpreted):
     n = int(proc.stdout.split("INTERPRETED")[-1].split()[0])
     assert n % 100 == 24 and n // 100 >= 8  # all 24 cases ran, at least 8 of them split over K
     assert int(proc.stdout.split("WIDE")[-1].split()[0]) == 6
+    assert int(proc.stdout.split("ONE")[-1].split()[0]) == 12
 
 
 def test_plan_shapes():
@@ -74,6 +94,9 @@ def test_plan_shapes():
     assert dg.plan(1, 512, 5120, 132) == (1, 512, 10)
     assert dg.plan(2, 512, 5120, 132) == (2, 256, 10)
     assert dg.plan(4, 1024, 5120, 132) == (4, 128, 8)
+    # DEEPINFER_NV_DENSE_ONE_PASS: the router's row in one 8192-wide tile, one weight row a program
+    assert dg.one_pass_plan(1, 5120) == (1, 8192) and dg.one_pass_plan(1, 1536) == (4, 2048)
+    assert dg.one_pass_plan(2, 5120) is None and dg.one_pass_plan(1, 9000) is None
     for m in range(1, 5):
         for n in (1, 16, 100, 5000):
             for k in (4, 100, 512, 5120, 20000):
