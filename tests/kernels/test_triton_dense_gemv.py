@@ -181,3 +181,26 @@ def test_what_it_does_not_take_goes_to_cublas(monkeypatch):
     monkeypatch.setattr("deepinfer_nvidia.kernels.triton_gemm._sm_count", lambda device: 132)
     dg.gemm_dense(x[:2], w)
     assert calls[-1] == ("gemv", (2, 64))
+
+
+@pytest.mark.parametrize("wd", ["*bf16", "*fp32"])
+def test_one_pass_compiles_for_sm90_without_spills(wd):
+    """``DEEPINFER_NV_DENSE_ONE_PASS``'s launch of the router (one bf16 row of 5120 widened, one weight row a program,
+    an 8192-wide tile): the wait first, 16-byte weight loads, no spills."""
+    pytest.importorskip("triton")
+    dg = pytest.importorskip("deepinfer_nvidia.kernels.triton_dense_gemv")
+    from deepinfer_nvidia.tests.sass_count import count, missing_tools, opcodes
+
+    if missing_tools(dg):
+        pytest.skip(missing_tools(dg))
+    bn, bk = dg.one_pass_plan(1, 5120)
+    sig = {"x_ptr": "*bf16", "w_ptr": wd, "y_ptr": "*fp32", "part_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32",
+           "N": "i32", "K": "i32", "stride_x": "i32", "stride_w": "i32", "k_per_split": "i32"}
+    res = count(dg._dense_gemv_kernel, sig, {"SPLIT": 1, "BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "PDL": 1,
+                                             "WIDEN": 1, "EARLY": 1},
+                warps=4, div16=frozenset({"K", "stride_x", "stride_w", "k_per_split"}))
+    ops = opcodes(res["sass"])
+    first_load = min(i for i, o in enumerate(ops) if o.startswith("LDG"))
+    assert ops.index("ACQBULK") < ops.index("PREEXIT") < first_load
+    assert any(o.startswith("LDG.E.128") for o in ops)
+    assert not any(o.startswith(("STL", "LDL")) for o in ops)
