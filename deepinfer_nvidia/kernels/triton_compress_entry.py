@@ -35,7 +35,7 @@ from deepinfer_core.kernels.ops.compress import check_entry_write, compose_entry
 from deepinfer_core.kernels.ops.compress import entry_write as ref_entry_write
 from deepinfer_nvidia.kernels._common import FLOATS, hand_off, next_pow2, on_cuda
 from deepinfer_nvidia.kernels.triton_pdl import pdl_enter, pdl_launch
-from deepinfer_nvidia.kernels.triton_rope import angles_at
+from deepinfer_nvidia.kernels.triton_rope import angles_at, normed_tail_pairs
 
 MAX_D = 8192  # the row is held in registers
 FUSED = os.environ.get("DEEPINFER_NV_COMPRESS_ENTRY_FUSED", "1") == "1"
@@ -49,6 +49,17 @@ def _parts():
         from deepinfer_nvidia.kernels.triton_rope import rope
         _PARTS.append(compose_entry_write({"norm.rms": rms, "rope.interleaved": rope, "cache.write_rows": write_rows}))
     return _PARTS[0]
+
+
+@triton.jit
+def _kept(slot, keep_ptr, g, N, SIZE: tl.constexpr, HAS_KEEP: tl.constexpr):
+    """[SIZE] bool, all lanes alike: is the row's slot in [0, N) and (HAS_KEEP) the row kept. A tile, so the masks
+    made from it broadcast as tensors."""
+    s = slot + tl.zeros([SIZE], dtype=tl.int64)
+    ok = (s >= 0) & (s < N)
+    if HAS_KEEP:
+        ok = ok & (tl.load(keep_ptr + g + tl.zeros([SIZE], dtype=tl.int64)) != 0)
+    return ok
 
 
 @triton.jit
@@ -69,29 +80,16 @@ def _entry_kernel(u_ptr, w_ptr, pos_ptr, f_ptr, cache_ptr, slot_ptr, keep_ptr, l
     at = p // RATIO * RATIO  # p >= 0: the group's first position
     tl.store(at_ptr + g, at)
     slot = tl.load(slot_ptr + g).to(tl.int64)
-    slot_c = slot + tl.zeros([BLOCK], dtype=tl.int64)  # as a tile: masks from it broadcast as tensors
-    ok = (slot_c >= 0) & (slot_c < N)
-    if HAS_KEEP:
-        ok = ok & (tl.load(keep_ptr + g + tl.zeros([BLOCK], dtype=tl.int64)) != 0)
-    rd = 2 * HALF
     dest = cache_ptr + slot * D
     out_ty = cache_ptr.dtype.element_ty
-    tl.store(dest + cols, lat.to(out_ty), mask=ok & (cols < D - rd))
+    ok = _kept(slot, keep_ptr, g, N, BLOCK, HAS_KEEP) & (cols < D - 2 * HALF)
+    tl.store(dest + cols, lat.to(out_ty), mask=ok)
     # the tail pairs (2i, 2i + 1) of the rounded latent, rotated by the group start's angles
     i = tl.arange(0, BLOCK_H)
     imask = i < HALF
-    ca = (D - rd) + 2 * i
-    a = tl.load(w_ptr + ca, mask=imask, other=0.0).to(tl.float32) * (
-        tl.load(row + ca, mask=imask, other=0.0).to(tl.float32) * inv)
-    b = tl.load(w_ptr + ca + 1, mask=imask, other=0.0).to(tl.float32) * (
-        tl.load(row + ca + 1, mask=imask, other=0.0).to(tl.float32) * inv)
-    a = a.to(lat_ptr.dtype.element_ty).to(tl.float32)
-    b = b.to(lat_ptr.dtype.element_ty).to(tl.float32)
+    ca, a, b = normed_tail_pairs(row, w_ptr, inv, i, imask, D, HALF, lat_ptr.dtype.element_ty)
     c, s = angles_at(at, i, imask, f_ptr, False)
-    slot_h = slot + tl.zeros([BLOCK_H], dtype=tl.int64)
-    ok_h = imask & (slot_h >= 0) & (slot_h < N)
-    if HAS_KEEP:
-        ok_h = ok_h & (tl.load(keep_ptr + g + tl.zeros([BLOCK_H], dtype=tl.int64)) != 0)
+    ok_h = _kept(slot, keep_ptr, g, N, BLOCK_H, HAS_KEEP) & imask
     tl.store(dest + ca, (a * c - b * s).to(lat_ptr.dtype.element_ty).to(out_ty), mask=ok_h)
     tl.store(dest + ca + 1, (b * c + a * s).to(lat_ptr.dtype.element_ty).to(out_ty), mask=ok_h)
 

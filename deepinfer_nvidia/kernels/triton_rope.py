@@ -131,20 +131,27 @@ def _rms_rope_kernel(x_ptr, w_ptr, y_ptr, pos_ptr, f_ptr, n_rows, D, eps, HALF: 
     x = tl.load(x_ptr + base + cols, mask=cmask, other=0.0).to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
     w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-    rd = 2 * HALF
-    tl.store(y_ptr + base + cols, (w * (x * inv)).to(y_ptr.dtype.element_ty), mask=cols < D - rd)
+    tl.store(y_ptr + base + cols, (w * (x * inv)).to(y_ptr.dtype.element_ty), mask=cols < D - 2 * HALF)
     i = tl.arange(0, BLOCK_H)
     imask = i < HALF
-    ca = (D - rd) + 2 * i
-    a = (tl.load(w_ptr + ca, mask=imask, other=0.0).to(tl.float32)
-         * (tl.load(x_ptr + base + ca, mask=imask, other=0.0).to(tl.float32) * inv))
-    b = (tl.load(w_ptr + ca + 1, mask=imask, other=0.0).to(tl.float32)
-         * (tl.load(x_ptr + base + ca + 1, mask=imask, other=0.0).to(tl.float32) * inv))
-    a = a.to(y_ptr.dtype.element_ty).to(tl.float32)
-    b = b.to(y_ptr.dtype.element_ty).to(tl.float32)
+    ca, a, b = normed_tail_pairs(x_ptr + base, w_ptr, inv, i, imask, D, HALF, y_ptr.dtype.element_ty)
     c, s = pair_angles(t, i, imask, pos_ptr, f_ptr, False)
     tl.store(y_ptr + base + ca, (a * c - b * s).to(y_ptr.dtype.element_ty), mask=imask)
     tl.store(y_ptr + base + ca + 1, (b * c + a * s).to(y_ptr.dtype.element_ty), mask=imask)
+
+
+@triton.jit
+def normed_tail_pairs(row_ptr, w_ptr, inv, i, imask, D, HALF: tl.constexpr, RND: tl.constexpr):
+    """For kernels that norm a vector and rotate its tail: the tail's pairs (channels ``ca = D - 2*HALF + 2i`` and
+    ``ca + 1`` for the lanes ``i``, masked by ``imask``) of the vector at ``row_ptr`` normed again with the full-row
+    pass's fp32 steps (``w * (x * inv)``, ``inv`` its rsqrt), so the same values, rounded to RND as ``norm.rms``
+    stores them and widened back: ``(ca, a, b)``, a and b fp32 [BLOCK_H]. The loads are L1 hits after the row's."""
+    ca = (D - 2 * HALF) + 2 * i
+    a = (tl.load(w_ptr + ca, mask=imask, other=0.0).to(tl.float32)
+         * (tl.load(row_ptr + ca, mask=imask, other=0.0).to(tl.float32) * inv))
+    b = (tl.load(w_ptr + ca + 1, mask=imask, other=0.0).to(tl.float32)
+         * (tl.load(row_ptr + ca + 1, mask=imask, other=0.0).to(tl.float32) * inv))
+    return ca, a.to(RND).to(tl.float32), b.to(RND).to(tl.float32)
 
 
 RMS_ROPE_MAX_D = 8192  # the row is held in registers

@@ -77,3 +77,36 @@ def test_entry_write_contract_errors():
         entry_write(u, w, 1e-6, pos, inv, cache, slots, ratio=0)
     with pytest.raises(ValueError, match="inv_freq must be"):
         entry_write(u, w, 1e-6, pos, inv.repeat(3), cache, slots)
+
+
+def test_entry_kernel_compiles_for_sm90():
+    """The model's launch (fp32 u of 512, a 64-wide tail, bf16 latent and cache, keep given) compiles for sm_90a with
+    no GPU: the PDL wait before any global access, and no more local memory than the plain ``_rope_kernel`` (libdevice's
+    never-taken sin / cos slow path for huge arguments: angles are reduced modulo 2 pi in fp64 first)."""
+    import pytest
+
+    pytest.importorskip("triton")
+    te = pytest.importorskip("deepinfer_nvidia.kernels.triton_compress_entry")
+    from deepinfer_nvidia.tests.sass_count import count, missing_tools, opcodes
+
+    if missing_tools(te):
+        pytest.skip(missing_tools(te))
+    sig = {"u_ptr": "*fp32", "w_ptr": "*fp32", "pos_ptr": "*i64", "f_ptr": "*fp32", "cache_ptr": "*bf16",
+           "slot_ptr": "*i64", "keep_ptr": "*i1", "lat_ptr": "*bf16", "at_ptr": "*i64", "N": "i32", "D": "i32",
+           "eps": "fp32"}
+    res = count(te._entry_kernel, sig, {"RATIO": 2, "HALF": 32, "HAS_KEEP": 1, "BLOCK": 512, "BLOCK_H": 32,
+                                        "PDL": 1}, warps=4)
+    ops = opcodes(res["sass"])
+    first_access = min(i for i, o in enumerate(ops) if o.startswith(("LDG", "STG", "LD.", "ST.")))
+    assert ops.index("ACQBULK") < ops.index("PREEXIT") < first_access
+    assert sum(o.startswith("STG") for o in ops) >= 3  # the latent, the group start, the entry's head and tail
+    from deepinfer_nvidia.kernels import triton_rope as tr
+
+    rope = count(tr._rope_kernel, {"x_ptr": "*bf16", "y_ptr": "*bf16", "pos_ptr": "*i64", "f_ptr": "*fp32",
+                                   "n_rows": "i32", "D": "i32"},
+                 {"HALF": 32, "INVERSE": 0, "ROWS": 1, "BLOCK_D": 512, "BLOCK_H": 32, "PDL": 1}, warps=4)
+
+    def local(sass_ops):
+        return sum(o.startswith(("STL", "LDL")) for o in sass_ops)
+
+    assert local(ops) <= local(opcodes(rope["sass"]))
