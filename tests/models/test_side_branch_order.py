@@ -134,32 +134,3 @@ def test_decode_shortcuts_give_the_general_formulas_logits(arch, ring_op, monkey
     monkeypatch.setattr(step, "DECODE_SHORTCUTS", True)
     assert torch.equal(_run(model, requests, schedule), want)
     assert bool(calls) == ring_op
-
-
-@pytest.mark.parametrize("arch", ["v41", "v4"])
-def test_shared_expert_forked_after_the_router(arch, monkeypatch, tmp_path):
-    """``DEEPINFER_MOE_SHARED_AFTER_ROUTER=1``: each MoE layer forks its shared expert after the router's top-k (and
-    before the routed experts); the deferred branches give the in-order logits bit for bit."""
-    from deepinfer_models.deepseek_v4 import moe
-
-    model = _model(arch, tmp_path)
-    requests = [prompt(30, seed=21), prompt(18, seed=22)]
-    schedule = _schedule([len(r) for r in requests], prefill_chunk=8)
-    want = _run(model, requests, schedule)
-    monkeypatch.setattr(moe, "SHARED_AFTER_ROUTER", True)
-    order, log = [], []
-    ops = {name: model.k[name] for name in ("stream.side", "moe.router_topk", "moe.route_hash")}
-
-    def traced(name):
-        return lambda *a, **kw: order.append(name) or ops[name](*a, **kw)
-
-    model.k["moe.router_topk"], model.k["moe.route_hash"] = traced("moe.router_topk"), traced("moe.route_hash")
-    model.k["stream.side"] = lambda fn, *args: order.append(getattr(fn, "__name__", "")) or _Deferred(fn, args, log)
-    try:
-        got = _run(model, requests, schedule)
-    finally:
-        model.k.update(ops)
-    assert torch.equal(got, want)
-    assert all(b.done for b in log)
-    routes = [i for i, name in enumerate(order) if name.startswith("moe.route")]
-    assert routes and all(order[i + 1] == "_shared" for i in routes), "the shared expert is not forked after routing"
