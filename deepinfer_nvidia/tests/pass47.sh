@@ -11,6 +11,8 @@
 #   onealt   DEEPINFER_NV_DENSE_ONE_PASS 0 / 1 alone, the batch-1 row alternated while the call is under ALT_S (default
 #            300) s: pass47a's two readings an arm (-30 us, separated) read again before the default flips.
 #   sweep    the issue's full V4.1 sweep at the defaults (decode 1, 8, 64, 256, prefill 1k and 8k; ~5 minutes).
+#   parity   parity_tiny at the defaults (greedy tokens vs the CPU reference, bf16 logits' error ratio), while the call
+#            is under 450 s: the first engine check with the one-pass GEMV on by default.
 # After pass47a the shared-after-router knob is gone (slower, removed); the one-pass GEMV is on by default after pass47b.
 # The "shared" and "combo" stages are kept as the record of what ran; today "rows,sweep" is the call that matters.
 # auto (the default): rows,shared,onepass,combo on any card (the levers are measured where the target is read).
@@ -47,4 +49,8 @@ if has onealt; then
   python3 benchmarks/ab_rows.py "$OUT/onealt_rows.txt"
 fi
 if has sweep; then stamp sweep; v41_sweep; fi
+if has parity && [ $(( $(date +%s) - t0 )) -lt 450 ]; then
+  stamp parity
+  timeout 140 python3 -m deepinfer_nvidia.tests.parity_tiny 2>&1 | quiet | tail -12 | tee "$OUT/parity.txt"
+fi
 stamp done
