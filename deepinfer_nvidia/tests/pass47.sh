@@ -12,7 +12,8 @@
 #            300) s: pass47a's two readings an arm (-30 us, separated) read again before the default flips.
 #   sweep    the issue's full V4.1 sweep at the defaults (decode 1, 8, 64, 256, prefill 1k and 8k; ~5 minutes).
 #   parity   parity_tiny at the defaults (greedy tokens vs the CPU reference, bf16 logits' error ratio), while the call
-#            is under 450 s: the first engine check with the one-pass GEMV on by default.
+#            is under 450 s: the issue's greedy-token check at this pass's defaults. (Its tiny model's GEMV calls
+#            have K <= 512 and never split, so it does not reach the one-pass launch: test_conformance_dense_gemv does.)
 # After pass47a the shared-after-router knob is gone (slower, removed); the one-pass GEMV is on by default after pass47b.
 # The "shared" and "combo" stages are kept as the record of what ran; today "rows,sweep" is the call that matters.
 # auto (the default): rows,shared,onepass,combo on any card (the levers are measured where the target is read).
