@@ -35,10 +35,8 @@ auto_stages rows,sweep,etests shared,onepass
 rows_stage 46 120
 if has entry; then
   stamp "entry: device tests"
-  DEEPINFER_NV_COMPRESS_ENTRY_FUSED=1 timeout 240 python3 -m pytest -q -p no:cacheprovider -n 8 \
-    deepinfer_nvidia/tests/test_conformance_route_compress.py \
-    "deepinfer_nvidia/tests/test_conformance.py::test_harness[compress.entry_write-triton]" 2>&1 | tail -4 \
-    | tee "$OUT/entry_tests.txt"
+  DEEPINFER_NV_COMPRESS_ENTRY_FUSED=1 device_tests entry_tests 240 4 \
+    deepinfer_nvidia/tests/test_conformance_route_compress.py "deepinfer_nvidia/tests/test_conformance.py::test_harness[compress.entry_write-triton]"
   stamp "entry: rows"
   v41_alt entry_rows DEEPINFER_NV_COMPRESS_ENTRY_FUSED 0 1
   v41_alt entry_rows DEEPINFER_NV_COMPRESS_ENTRY_FUSED 0 1
@@ -56,16 +54,13 @@ fi
 ab_stage shared DEEPINFER_MOE_SHARED_AFTER_ROUTER 0 1
 if has onepass; then
   stamp "onepass: device tests"
-  timeout 150 python3 -m pytest -q -p no:cacheprovider -n 8 deepinfer_nvidia/tests/test_conformance_dense_gemv.py 2>&1 \
-    | tail -2 | tee "$OUT/onepass_tests.txt"
+  device_tests onepass_tests 150 2 deepinfer_nvidia/tests/test_conformance_dense_gemv.py
 fi
 ab_stage onepass DEEPINFER_NV_DENSE_ONE_PASS 0 1
 has sweep && v41_sweep_b1 46 420
 if has etests && [ $(( $(date +%s) - t0 )) -lt 460 ]; then
   stamp "etests: the entry kernel's device tests"
-  DEEPINFER_NV_COMPRESS_ENTRY_FUSED=1 timeout 90 python3 -m pytest -q -p no:cacheprovider -n 8 \
-    deepinfer_nvidia/tests/test_conformance_route_compress.py \
-    "deepinfer_nvidia/tests/test_conformance.py::test_harness[compress.entry_write-triton]" 2>&1 | tail -2 \
-    | tee "$OUT/entry_tests.txt"
+  DEEPINFER_NV_COMPRESS_ENTRY_FUSED=1 device_tests entry_tests 90 2 \
+    deepinfer_nvidia/tests/test_conformance_route_compress.py "deepinfer_nvidia/tests/test_conformance.py::test_harness[compress.entry_write-triton]"
 fi
 stamp done

@@ -30,8 +30,7 @@ rows_stage 47 "${ROWS_S:-110}"
 ab_stage shared DEEPINFER_MOE_SHARED_AFTER_ROUTER 0 1
 if has onepass; then
   stamp "onepass: device tests"
-  timeout 100 python3 -m pytest -q -p no:cacheprovider -n 8 deepinfer_nvidia/tests/test_conformance_dense_gemv.py 2>&1 \
-    | tail -2 | tee "$OUT/onepass_tests.txt"
+  device_tests onepass_tests 100 2 deepinfer_nvidia/tests/test_conformance_dense_gemv.py
 fi
 ab_stage onepass DEEPINFER_NV_DENSE_ONE_PASS 0 1
 if has combo; then

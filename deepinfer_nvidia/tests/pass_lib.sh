@@ -100,6 +100,12 @@ trace_profile() {  # trace_profile TAG ENV...: the batch-1 profile with its chro
   rm -rf "$OUT/prof_$tag"
 }
 
+device_tests() {  # device_tests TAG LIMIT_S LINES PYTEST_ARGS...: device test files or ids over 8 xdist workers (a
+  # prefix VAR=value reaches pytest), the last LINES lines of its output printed and kept in $OUT/TAG.txt
+  local tag=$1 limit=$2 lines=$3; shift 3
+  timeout "$limit" python3 -m pytest -q -p no:cacheprovider -n 8 "$@" 2>&1 | tail -"$lines" | tee "$OUT/$tag.txt"
+}
+
 rows_stage() {  # rows_stage PASS LIMIT_S: when "rows" is asked for, up to three V4.1 readings at batch 1 and 64 (one
   # process each, while the call is under LIMIT_S seconds; ROWS_S overrides) into $OUT/rows.txt
   has rows || return 0
