@@ -164,6 +164,16 @@ def one_pass_plan(m: int, k: int) -> tuple[int, int] | None:
     return max(1, TILE_ELEMS // bk), bk
 
 
+def launch_plan(m: int, n: int, k: int, sms: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, K split) that ``gemv`` launches: ``plan``'s split tiling, or, where it would split
+    K and ``ONE_PASS`` is on, ``one_pass_plan``'s single pass when the call qualifies."""
+    bm, bk, split = plan(m, n, k, sms)
+    single = one_pass_plan(m, k) if ONE_PASS and split > 1 else None
+    if single is None:
+        return bm, BLOCK_N, bk, split
+    return bm, single[0], single[1], 1
+
+
 def takes(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Operands this kernel serves (the rest go to cuBLAS): 1..GEMV_MAX_ROWS rows of a float x, a float 2-D w of
     at most GEMV_MAX_ELEMS elements with unit column stride, K a multiple of 4 (16-byte fp32 rows)."""
@@ -181,11 +191,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, sms: int, widen: bool = False, out_dt
 
     m, (n, k) = x.shape[0], w.shape
     x = x if x.stride(1) == 1 else x.contiguous()
-    bm, bk, split = plan(m, n, k, sms)
-    bn = BLOCK_N
-    single = one_pass_plan(m, k) if ONE_PASS and split > 1 else None
-    if single is not None:
-        (bn, bk), split = single, 1
+    bm, bn, bk, split = launch_plan(m, n, k, sms)
     k_per = triton.cdiv(triton.cdiv(k, bk), split) * bk
     tiles = triton.cdiv(n, bn)
     y = torch.empty(m, n, dtype=out_dtype or (w.dtype if widen else x.dtype), device=x.device)

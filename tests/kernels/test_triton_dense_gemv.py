@@ -97,6 +97,16 @@ def test_plan_shapes():
     # DEEPINFER_NV_DENSE_ONE_PASS: the router's row in one 8192-wide tile, one weight row a program
     assert dg.one_pass_plan(1, 5120) == (1, 8192) and dg.one_pass_plan(1, 1536) == (4, 2048)
     assert dg.one_pass_plan(2, 5120) is None and dg.one_pass_plan(1, 9000) is None
+    # what gemv launches: the one pass where the split would apply (knob on), else plan()'s tiling
+    on, dg.ONE_PASS = dg.ONE_PASS, True
+    try:
+        assert dg.launch_plan(1, 384, 5120, 132) == (1, 1, 8192, 1)
+        assert dg.launch_plan(2, 512, 5120, 132) == (2, dg.BLOCK_N, 256, 10)
+        assert dg.launch_plan(1, 384, 9000, 132)[3] > 1
+        dg.ONE_PASS = False
+        assert dg.launch_plan(1, 384, 5120, 132) == (1, dg.BLOCK_N, 512, 10)
+    finally:
+        dg.ONE_PASS = on
     for m in range(1, 5):
         for n in (1, 16, 100, 5000):
             for k in (4, 100, 512, 5120, 20000):
