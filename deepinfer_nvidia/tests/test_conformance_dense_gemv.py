@@ -15,16 +15,14 @@ from deepinfer_nvidia.tests.test_conformance import poison as _poison  # noqa: E
 SHAPES = [(384, 5120), (512, 5120), (128, 5120), (1024, 4096), (37, 300)]
 
 
-@pytest.mark.parametrize("one_pass", [False, True])
-@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+# (rows, DEEPINFER_NV_DENSE_ONE_PASS): the one-pass launch serves one row, so it is paired with 1 only
+@pytest.mark.parametrize("rows,one_pass", [(1, False), (1, True), (2, False), (3, False), (4, False)])
 @pytest.mark.parametrize("xd,wd", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
                                    (torch.bfloat16, torch.float32)])
 def test_model_widths(rows, xd, wd, one_pass, monkeypatch):
     """``one_pass``: ``DEEPINFER_NV_DENSE_ONE_PASS`` (a row's call over the whole K in one tile; 1 row only)."""
     from deepinfer_nvidia.kernels import triton_dense_gemv as dg
 
-    if one_pass and rows > 1:
-        pytest.skip("the one-pass launch serves one row")
     monkeypatch.setattr(dg, "ONE_PASS", one_pass)
 
     g = torch.Generator().manual_seed(rows)
@@ -98,8 +96,7 @@ def test_aten_splitk(rows, splits):
         assert torch.equal(out, got)
 
 
-@pytest.mark.parametrize("one_pass", [False, True])
-@pytest.mark.parametrize("rows", [1, 2, 4, 5, 64])
+@pytest.mark.parametrize("rows,one_pass", [(1, False), (1, True), (2, False), (4, False), (5, False), (64, False)])
 @pytest.mark.parametrize("xd", [torch.bfloat16, torch.float32])
 def test_dense_wide(rows, xd, one_pass, monkeypatch):
     """``gemm.dense_wide`` (the router and the compressors' fp32 projections of a bf16 x): 1-4 rows through the GEMV
@@ -108,8 +105,6 @@ def test_dense_wide(rows, xd, one_pass, monkeypatch):
     gives its fp32 copy's bits. ``one_pass``: ``DEEPINFER_NV_DENSE_ONE_PASS`` (1 row only)."""
     from deepinfer_nvidia.kernels import triton_dense_gemv as dg
 
-    if one_pass and rows > 1:
-        pytest.skip("the one-pass launch serves one row")
     monkeypatch.setattr(dg, "ONE_PASS", one_pass)
 
     g = torch.Generator().manual_seed(40 + rows)

@@ -87,7 +87,7 @@ def test_gemv_in_the_interpreter(run_interpreted):
     assert int(proc.stdout.split("ONE")[-1].split()[0]) == 12
 
 
-def test_plan_shapes():
+def test_plan_shapes(monkeypatch):
     dg = pytest.importorskip("deepinfer_nvidia.kernels.triton_dense_gemv")
     # V4.1's router [384, 5120] and a compressor's wkv [512, 5120] at one row: 512-column tiles, 10 splits
     assert dg.plan(1, 384, 5120, 132) == (1, 512, 10)
@@ -98,15 +98,12 @@ def test_plan_shapes():
     assert dg.one_pass_plan(1, 5120) == (1, 8192) and dg.one_pass_plan(1, 1536) == (4, 2048)
     assert dg.one_pass_plan(2, 5120) is None and dg.one_pass_plan(1, 9000) is None
     # what gemv launches: the one pass where the split would apply (knob on), else plan()'s tiling
-    on, dg.ONE_PASS = dg.ONE_PASS, True
-    try:
-        assert dg.launch_plan(1, 384, 5120, 132) == (1, 1, 8192, 1)
-        assert dg.launch_plan(2, 512, 5120, 132) == (2, dg.BLOCK_N, 256, 10)
-        assert dg.launch_plan(1, 384, 9000, 132)[3] > 1
-        dg.ONE_PASS = False
-        assert dg.launch_plan(1, 384, 5120, 132) == (1, dg.BLOCK_N, 512, 10)
-    finally:
-        dg.ONE_PASS = on
+    monkeypatch.setattr(dg, "ONE_PASS", True)
+    assert dg.launch_plan(1, 384, 5120, 132) == (1, 1, 8192, 1)
+    assert dg.launch_plan(2, 512, 5120, 132) == (2, dg.BLOCK_N, 256, 10)
+    assert dg.launch_plan(1, 384, 9000, 132)[3] > 1
+    monkeypatch.setattr(dg, "ONE_PASS", False)
+    assert dg.launch_plan(1, 384, 5120, 132) == (1, dg.BLOCK_N, 512, 10)
     for m in range(1, 5):
         for n in (1, 16, 100, 5000):
             for k in (4, 100, 512, 5120, 20000):
