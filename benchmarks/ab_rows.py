@@ -1,4 +1,4 @@
-"""A/B summary of the device scripts' alternated sweep rows (``deepinfer_nvidia/tests/pass_lib.sh``: ``v41_alt``,
+"""A/B summary of the device scripts' alternated sweep rows (``deepinfer_nvidia/tests/passes/pass_lib.sh``: ``v41_alt``,
 ``rows_vals``, ``v41_row``): per label and decode row, the pipelined ms of each reading, their mean, the change
 from the mean of the first label with that row, and whether every reading of a label beats every baseline reading.
 

@@ -1,5 +1,5 @@
 """One plot from several device calls of ``benchmarks/sweep.py``: their ``sweep.json`` files and the graphed rows
-that ``deepinfer_nvidia/tests/pass_lib.sh``'s ``v41_row`` printed (whose JSON it does not keep).
+that ``deepinfer_nvidia/tests/passes/pass_lib.sh``'s ``v41_row`` printed (whose JSON it does not keep).
 
     python benchmarks/plot_sweeps.py --json docs/perf/pass36g/sweep.json docs/perf/pass36f/sweep.json \
         --log docs/perf/pass36h/ab_rows.txt --section "pass 36 defaults" --out docs/perf/pass36_h200.png

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sixteenth pass: OUT=dir bash deepinfer_nvidia/tests/pass16.sh [STAGES]
+# Sixteenth pass: OUT=dir bash deepinfer_nvidia/tests/passes/pass16.sh [STAGES]
 #   dots     the prefill's fp32 products: mhc.mix projection launches (bf16 pieces / tf32x3) and fp32
 #            gemm.dense (cuBLAS fp32 and TF32 as context), bench_fp32_dots
 #   attn     attention.sparse_sink prefill launches at 8k (bench_attention_prefill)
@@ -40,9 +40,9 @@ if has conf; then
     | tee "$OUT/conformance.txt"
 fi
 if has stacks || has v41 || has v4; then  # only these: pass14.sh has an indexer stage of its own (ratio 4)
-  OUT="$OUT" bash deepinfer_nvidia/tests/pass14.sh "$(tr , '\n' <<< "$STAGES" | grep -E '^(stacks|v41|v4)$' | paste -sd,)"
+  OUT="$OUT" bash deepinfer_nvidia/tests/passes/pass14.sh "$(tr , '\n' <<< "$STAGES" | grep -E '^(stacks|v41|v4)$' | paste -sd,)"
 fi
 if has chained || has engine; then  # only these two: pass15.sh would hand v41 / v4 to pass14.sh a second time
-  OUT="$OUT" bash deepinfer_nvidia/tests/pass15.sh "$(tr , '\n' <<< "$STAGES" | grep -E '^(chained|engine)$' | paste -sd,)"
+  OUT="$OUT" bash deepinfer_nvidia/tests/passes/pass15.sh "$(tr , '\n' <<< "$STAGES" | grep -E '^(chained|engine)$' | paste -sd,)"
 fi
 stamp done

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Twelfth-pass device checks in one call (docs/performance.md, twelfth pass):
-#   OUT=dir bash deepinfer_nvidia/tests/pass12.sh
+#   OUT=dir bash deepinfer_nvidia/tests/passes/pass12.sh
 # 1. conformance of the swap-AB wgmma FP8 GEMV (gluon_fp8_gemv); if it fails, the path is switched off
 #    (DEEPINFER_NV_WGMMA_GEMV=0) for the rest of the call, so the timings below are never of wrong code;
 # 2. bench_fp8 at 1 and 8 rows: the wgmma GEMV against the CUDA-core GEMV and the tensor-core kernels;

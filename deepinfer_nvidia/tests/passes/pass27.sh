@@ -11,7 +11,7 @@ STAGES=${1:-gemv32}
 OUT=${OUT:-.}
 export PYTHONUNBUFFERED=1 DEEPINFER_ACCELERATOR=nvidia
 source "$(dirname "$0")/pass_lib.sh"
-HERE=$(dirname "$0")
+HERE=$(dirname "$(dirname "$0")")
 if has gemv32; then
   stamp gemv32
   FILE_S=200 xdist_files gemv32_tests $HERE/test_conformance_fp8_wgmma.py -k thirty_two

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The thirteenth pass's last sweep (the committed code): OUT=dir bash deepinfer_nvidia/tests/pass13_final.sh
+# The thirteenth pass's last sweep (the committed code): OUT=dir bash deepinfer_nvidia/tests/passes/pass13_final.sh
 set -u
 OUT=${OUT:-.}
 export PYTHONUNBUFFERED=1 DEEPINFER_ACCELERATOR=nvidia DEEPINFER_NV_SWAP_PAIRS=${DEEPINFER_NV_SWAP_PAIRS:-1,98304}

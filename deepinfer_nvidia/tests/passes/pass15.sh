@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fifteenth pass: OUT=dir bash deepinfer_nvidia/tests/pass15.sh [STAGES]
+# Fifteenth pass: OUT=dir bash deepinfer_nvidia/tests/passes/pass15.sh [STAGES]
 #   chained  engine steps chained on the device (test_chained_cuda.py) and the CUDA platform tests
 #   engine   benchmarks/engine_decode.py on a V4.1 slice checkpoint (LAYERS, default 4, no mtp.*):
 #            decode ms per step with chained steps on / off, batch 1, 32, 64 (ENGINE_ARGS: more arguments,
@@ -30,6 +30,6 @@ if has engine; then
     ${ENGINE_ARGS:-} --json "$OUT/engine_decode.json" 2>&1 | quiet | tail -8 | tee "$OUT/engine_decode.txt"
 fi
 if has v41 || has v4; then
-  OUT="$OUT" bash deepinfer_nvidia/tests/pass14.sh "$STAGES"
+  OUT="$OUT" bash deepinfer_nvidia/tests/passes/pass14.sh "$STAGES"
 fi
 stamp done

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepared in the twentieth pass for the next device session: OUT=dir bash deepinfer_nvidia/tests/pass21.sh STAGES
+# Prepared in the twentieth pass for the next device session: OUT=dir bash deepinfer_nvidia/tests/passes/pass21.sh STAGES
 #   suite1   the shared harness and model-width cases (test_conformance.py; SUITE_K=expr runs a part) with PDL on
 #            (the default since the twentieth pass, which re-ran only the PDL, swap, GEMV and Engram-free files)
 #   suite2   every other device test file, each under FILE_S seconds (SUITE_SKIP=regex leaves files out; run apart

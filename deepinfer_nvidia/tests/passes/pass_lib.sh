@@ -1,7 +1,7 @@
 # Shared helpers of the passNN.sh device scripts (sourced; needs STAGES and OUT set).
 t0=$(date +%s)
 export PYTHONUNBUFFERED=1 DEEPINFER_ACCELERATOR=nvidia
-HERE=$(dirname "${BASH_SOURCE[0]}")  # deepinfer_nvidia/tests
+HERE=$(dirname "$(dirname "${BASH_SOURCE[0]}")")  # deepinfer_nvidia/tests (this file is in its passes/)
 GPU=${GPU:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)}
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }   # elapsed seconds, then the message
 has() { [[ ",$STAGES," == *",$1,"* ]]; }              # is stage $1 in the comma-separated STAGES

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Seventeenth pass: OUT=dir bash deepinfer_nvidia/tests/pass17.sh [STAGES]
+# Seventeenth pass: OUT=dir bash deepinfer_nvidia/tests/passes/pass17.sh [STAGES]
 #   conf     what was written without a device in the seventeenth pass: FP8 experts (grouped, capture, batch
 #            invariance), the mHC decode launch with and without DECODE_SPLIT_FN, chained steps with logprobs
 #   graphs   engine decode with graphs vs eager on the tiny FP8-expert V4 checkpoint (graphs_engine --ckpts v4fp8)
@@ -43,10 +43,10 @@ if has split; then  # the V4.1 decode rows with the mHC decode launch's bf16 pie
 fi
 if has enginelp; then
   stamp enginelp
-  OUT="$OUT" ENGINE_ARGS="--logprobs 5" bash deepinfer_nvidia/tests/pass15.sh engine
+  OUT="$OUT" ENGINE_ARGS="--logprobs 5" bash deepinfer_nvidia/tests/passes/pass15.sh engine
 fi
 REST=$(tr , '\n' <<< "$STAGES" | grep -vE '^(conf|graphs|fp8|split|enginelp)$' | paste -sd,)
 if [ -n "$REST" ]; then
-  OUT="$OUT" bash deepinfer_nvidia/tests/pass16.sh "$REST"
+  OUT="$OUT" bash deepinfer_nvidia/tests/passes/pass16.sh "$REST"
 fi
 stamp done

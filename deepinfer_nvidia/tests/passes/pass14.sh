@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fourteenth pass: OUT=dir bash deepinfer_nvidia/tests/pass14.sh [STAGES]
+# Fourteenth pass: OUT=dir bash deepinfer_nvidia/tests/passes/pass14.sh [STAGES]
 #   conformance  the Engram kernels, align, the tiled indexer, gemm.dense (+ their batch-invariance row checks);
 #                pass14e also ran a tf32x3 gemm.dense test file, removed with that kernel
 #   indexer      index.scores at prefill sizes: per-token vs tiled variants (bench_indexer)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Twenty-fifth pass's device stages: OUT=dir bash deepinfer_nvidia/tests/pass25.sh STAGES
+# Twenty-fifth pass's device stages: OUT=dir bash deepinfer_nvidia/tests/passes/pass25.sh STAGES
 #   topkwarps  pass24.sh's topkwarps stage (index.topk's warps a program: bench, then the top-k file with the
 #              fastest count at 1 x 1024), then the V4.1 rows with DEEPINFER_NV_TOPK_WARPS at the default (0) and
 #              at the fastest count, alternated
@@ -20,9 +20,9 @@ STAGES=${1:-topkwarps}
 OUT=${OUT:-.}
 export PYTHONUNBUFFERED=1 DEEPINFER_ACCELERATOR=nvidia
 source "$(dirname "$0")/pass_lib.sh"
-HERE=$(dirname "$0")
+HERE=$(dirname "$(dirname "$0")")
 if has topkwarps; then
-  OUT=$OUT bash $HERE/pass24.sh topkwarps
+  OUT=$OUT bash $HERE/passes/pass24.sh topkwarps
   W=$(python3 -c "import json; r = [x for x in json.load(open('$OUT/decode_small.json')) if x['t'] == 1 \
     and x['na'] == 1024]; print(min(r, key=lambda x: x['us'])['variant'].get('warps') or 0)")
   [ "$W" != 0 ] && rows_vals DEEPINFER_NV_TOPK_WARPS 0 "$W"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepared in the twenty-first pass for the next device session: OUT=dir bash deepinfer_nvidia/tests/pass22.sh STAGES
+# Prepared in the twenty-first pass for the next device session: OUT=dir bash deepinfer_nvidia/tests/passes/pass22.sh STAGES
 #   stalls   Nsight Compute's per-reason warp stalls (smsp__average_warps_issue_stalled_*_per_issue_active: cycles
 #            a warp spends stalled for each reason per issued instruction) and the SASS lines that collect the
 #            most stall samples (SourceCounters), for the 1-token swap up and down launches, then for the wgmma
@@ -24,7 +24,7 @@ STAGES=${1:-stalls}
 OUT=${OUT:-.}
 export PYTHONUNBUFFERED=1 DEEPINFER_ACCELERATOR=nvidia
 source "$(dirname "$0")/pass_lib.sh"
-HERE=$(dirname "$0")
+HERE=$(dirname "$(dirname "$0")")
 STALLS='regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio'
 ncu_stalls() {  # ncu_stalls TAG KERNEL_REGEX SKIP COUNT [ncu_targets args...]
   local tag=$1 kern=$2 skip=$3 count=$4; shift 4
@@ -48,17 +48,17 @@ if has dense; then
   done
   timeout 150 python3 -m deepinfer_nvidia.tests.bench_dense_gemv --out "$OUT/dense" 2>&1 | quiet \
     | tee "$OUT/bench_dense.txt"
-  OUT=$OUT bash "$HERE/pass21.sh" rows
+  OUT=$OUT bash "$HERE/passes/pass21.sh" rows
   DEEPINFER_NV_DENSE_GEMV_ROWS=0 timeout 150 python3 benchmarks/sweep.py --arch v41 --out "$OUT/v41_cublas" \
     --providers triton --decode 1 --prefill "" --skip-hf --graphs 2>&1 | tee "$OUT/sweep_v41_cublas.txt" \
     | grep -E "pipelined|Error"
 fi
 if has conf; then
   stamp conf
-  OUT=$OUT bash "$HERE/pass21.sh" suite1,suite2
+  OUT=$OUT bash "$HERE/passes/pass21.sh" suite1,suite2
 fi
 if has rows; then
   stamp rows
-  OUT=$OUT bash "$HERE/pass21.sh" rows
+  OUT=$OUT bash "$HERE/passes/pass21.sh" rows
 fi
 stamp done

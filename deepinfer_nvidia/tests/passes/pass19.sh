@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Nineteenth pass: OUT=dir bash deepinfer_nvidia/tests/pass19.sh [STAGES]
+# Nineteenth pass: OUT=dir bash deepinfer_nvidia/tests/passes/pass19.sh [STAGES]
 #   conf     the swap-AB MXFP4 expert tests (split-K, TMA, graph replays, 2-8 stages), top-k, candidates
 #   swap     bench_swap at 1-64 tokens: explicit (up/down) K splits and split_for at 3, 4 and 6 programs per SM
 #   sweep    the V4.1 decode rows (batch $BATCHES, default 1,2,4,8,64; graphed and pipelined), the module's split

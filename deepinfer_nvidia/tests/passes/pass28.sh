@@ -16,9 +16,9 @@ STAGES=${1:-gemv32}
 OUT=${OUT:-.}
 export PYTHONUNBUFFERED=1 DEEPINFER_ACCELERATOR=nvidia
 source "$(dirname "$0")/pass_lib.sh"
-HERE=$(dirname "$0")
+HERE=$(dirname "$(dirname "$0")")
 if has gemv32; then
-  OUT="$OUT" bash "$HERE/pass27.sh" gemv32
+  OUT="$OUT" bash "$HERE/passes/pass27.sh" gemv32
 fi
 if has gemv32hf; then  # the short form of gemv32: its device cases, then the V4 batch-32 row with HF at 32, without at 16
   stamp gemv32hf

@@ -16,7 +16,7 @@ STAGES=${1:-compile_engine}
 OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # stamp, has, quiet; exports; HERE
 if has compile_engine; then
-  OUT="$OUT" bash "$HERE/pass28.sh" compile_engine
+  OUT="$OUT" bash "$HERE/passes/pass28.sh" compile_engine
 fi
 if has dense32; then
   stamp dense32

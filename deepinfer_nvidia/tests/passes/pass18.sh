@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Eighteenth pass: OUT=dir bash deepinfer_nvidia/tests/pass18.sh [STAGES]
+# Eighteenth pass: OUT=dir bash deepinfer_nvidia/tests/passes/pass18.sh [STAGES]
 #   gemv     the wgmma FP8 GEMV at one row, V4.1's dense shapes: programs per SM x ring stages (bench_fp8)
 #   moefp8   the grouped FP8 experts' tiles at 1 .. 8192 tokens (bench_moe_fp8)
 #   fp8pre   V4 sweep, FP8 experts, prefill 8192: grouped (no FP8_LOOP_PAIRS limit) vs the per-expert loop
@@ -65,6 +65,6 @@ if has pdl; then
 fi
 REST=$(tr , '\n' <<< "$STAGES" | grep -vE '^(gemv|moefp8|fp8pre|fp8tiles|topk|pdl)$' | paste -sd,)
 if [ -n "$REST" ]; then
-  OUT="$OUT" bash deepinfer_nvidia/tests/pass17.sh "$REST"
+  OUT="$OUT" bash deepinfer_nvidia/tests/passes/pass17.sh "$REST"
 fi
 stamp done

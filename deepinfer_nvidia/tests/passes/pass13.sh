@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Thirteenth-pass device call (docs/performance.md, thirteenth pass):
-#   OUT=dir bash deepinfer_nvidia/tests/pass13.sh
+#   OUT=dir bash deepinfer_nvidia/tests/passes/pass13.sh
 # 0. conformance of the mhc kernels;
 # 1. capture_probe: how often a capture of the full-width V4.1 decode step fails (and where);
 # 2. the 8-layer V4.1 sweep (graphs; profiles decode at batch 64 and prefill at 8k);
@@ -20,5 +20,5 @@ timeout "${V41_S:-240}" python3 benchmarks/sweep.py --arch v41 --out "$OUT/v41" 
   --decode 1,8,64,256 --prefill 1024,8192 --hf-batch 32 --skip-hf --graphs --reps 9 --budget-s "${V41_BUDGET:-200}" \
   --profile-decode 1,64 2>&1 | tee "$OUT/sweep_v41.txt" | grep -vE "Warning|warn" | tail -14
 echo "[$(( $(date +%s) - t0 )) s] v4 sweep"
-OUT=$OUT V4_S=${V4_S:-200} bash deepinfer_nvidia/tests/kernels_pass9.sh v4 | tail -14
+OUT=$OUT V4_S=${V4_S:-200} bash deepinfer_nvidia/tests/passes/kernels_pass9.sh v4 | tail -14
 echo "[$(( $(date +%s) - t0 )) s] done"

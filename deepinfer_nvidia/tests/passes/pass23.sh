@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepared in the twenty-second pass for the next device session: OUT=dir bash deepinfer_nvidia/tests/pass23.sh STAGES
+# Prepared in the twenty-second pass for the next device session: OUT=dir bash deepinfer_nvidia/tests/passes/pass23.sh STAGES
 #   pad      the down launch without h's padding rows (SWAP_DOWN_SKIP_PAD, on since the twenty-second pass, written
 #            without device time): bench_swap --down-pad at 1, 2, 8, 64 tokens (bit-equal to reading them, and the
 #            time of both in the same run), then the swap conformance file. Predicted: the 1-token down launch
@@ -34,7 +34,7 @@ STAGES=${1:-pad}
 OUT=${OUT:-.}
 export PYTHONUNBUFFERED=1 DEEPINFER_ACCELERATOR=nvidia
 source "$(dirname "$0")/pass_lib.sh"
-HERE=$(dirname "$0")
+HERE=$(dirname "$(dirname "$0")")
 ncu_source() {  # ncu_source TAG KERNEL_REGEX SKIP [ncu_targets args...]: the SASS lines with the most samples
   local tag=$1 kern=$2 skip=$3; shift 3
   # two steps: collect a report (PC sampling comes with SourceCounters), then print its source page; the report
@@ -96,7 +96,7 @@ if has src; then
 fi
 if has rows; then
   stamp rows
-  OUT=$OUT bash "$HERE/pass21.sh" rows
+  OUT=$OUT bash "$HERE/passes/pass21.sh" rows
 fi
 if has swz; then
   stamp swz
@@ -106,9 +106,9 @@ if has swz; then
     | tee "$OUT/gemv.txt" | grep -E "wgmma|layer|Error"
   NCU_S=100 ncu_source gemv_wq_b '_wgmma_gemv_kernel' 0 --tokens 1 --gemv 32768x1280 --warm 1 --reps 1 \
     2>&1 | grep -A6 -E "^== top lines by (Warp|L1)"
-  OUT=$OUT bash "$HERE/pass21.sh" rows
+  OUT=$OUT bash "$HERE/passes/pass21.sh" rows
 fi
 if has hf; then
-  OUT=$OUT bash "$HERE/pass20.sh" hf
+  OUT=$OUT bash "$HERE/passes/pass20.sh" hf
 fi
 stamp done

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepared in the twenty-third pass for the next device session: OUT=dir bash deepinfer_nvidia/tests/pass24.sh STAGES
+# Prepared in the twenty-third pass for the next device session: OUT=dir bash deepinfer_nvidia/tests/passes/pass24.sh STAGES
 #   topk     index.topk's early exit (EARLY_EXIT, on since the twenty-third pass, written without device time):
 #            the top-k and candidate-block device tests, bench_small_ops with the exit off then on (index.topk at
 #            batch 1-256, N 1024 and 8192, k 512), then the V4.1 rows alternated off / on / off / on at batch 1
@@ -30,7 +30,7 @@ STAGES=${1:-topk}
 OUT=${OUT:-.}
 export PYTHONUNBUFFERED=1 DEEPINFER_ACCELERATOR=nvidia
 source "$(dirname "$0")/pass_lib.sh"
-HERE=$(dirname "$0")
+HERE=$(dirname "$(dirname "$0")")
 PERF=docs/perf
 rows_ab() {  # rows_ab KNOB...: the V4.1 rows at batch 1 and 64 with every KNOB=0, =1, =0, =1 (one warm process each)
   for v in 0 1 0 1; do

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Ninth-pass kernel checks and timings on one GPU, in one call (docs/performance.md, ninth pass):
-#   OUT=dir bash deepinfer_nvidia/tests/kernels_pass9.sh [STAGES]
+#   OUT=dir bash deepinfer_nvidia/tests/passes/kernels_pass9.sh [STAGES]
 # ops   conformance of the step slot-metadata ops, cache.write_rows, index.topk and (when present) the sampler,
 #       routing and compressor kernels (whole files);
 # bi    row-invariance checks of the new batch-invariant launches (grouped FP8, write_rows);

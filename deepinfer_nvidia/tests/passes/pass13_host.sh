@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The thirteenth pass's host-side check (group-level table reuse): OUT=dir bash deepinfer_nvidia/tests/pass13_host.sh
+# The thirteenth pass's host-side check (group-level table reuse): OUT=dir bash deepinfer_nvidia/tests/passes/pass13_host.sh
 # 1. the V4.1 sweep's decode rows (graphs) at batch 64, 1 and 8, no prefill;
 # 2. host_breakdown of the graphed batch-64 step (its host pieces, each timed).
 set -u

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Twentieth pass: OUT=dir bash deepinfer_nvidia/tests/pass20.sh [STAGES]
+# Twentieth pass: OUT=dir bash deepinfer_nvidia/tests/passes/pass20.sh [STAGES]
 #   pdlconf  programmatic dependent launch through the whole step (triton_pdl): engine outputs with PDL equal the
 #            PDL-off run bit for bit (tiny V4.1 and V4, graphs, chained steps), the GEMV chain tests, the SASS
 #            of the PDL kernels
