@@ -29,11 +29,13 @@ def resolve_kernels(names: Iterable[str], platform=None, overrides: dict[str, st
     wrap = getattr(platform, "wrap_kernel", None)
     table: dict[str, Callable] = {}
     chosen: dict[str, str] = {}
-    wanted = set(names)
-    for name in list(wanted):
-        wanted.update(reg.op(name).components)
-    fused = sorted(name for name in wanted if reg.op(name).compose is not None)
-    for name in sorted(wanted - set(fused)) + fused:  # components before the ops made of them
+    wanted, todo = set(), list(names)
+    while todo:  # the ops named, their components, and theirs (a fused op may be made of fused ops)
+        name = todo.pop()
+        if name not in wanted:
+            wanted.add(name)
+            todo.extend(reg.op(name).components)
+    for name in _components_first(reg, wanted):
         provider, fn = reg.resolve(name, preferred, overrides)
         spec = reg.op(name)
         if provider == REFERENCE and spec.compose is not None:
@@ -44,6 +46,21 @@ def resolve_kernels(names: Iterable[str], platform=None, overrides: dict[str, st
         chosen[name] = provider
     logger.info("kernels: %s", ", ".join(f"{k}={v}" for k, v in chosen.items()))
     return table
+
+
+def _components_first(reg: KernelRegistry, names: set[str]) -> list[str]:
+    """``names`` ordered so every fused op comes after its components (plain ops first, each group sorted)."""
+    order: list[str] = sorted(n for n in names if reg.op(n).compose is None)
+    placed = set(order)
+    fused = sorted(n for n in names if n not in placed)
+    while fused:
+        ready = [n for n in fused if placed.issuperset(reg.op(n).components)]
+        if not ready:
+            raise ValueError(f"fused ops whose components never resolve (a cycle?): {fused}")
+        order += ready
+        placed.update(ready)
+        fused = [n for n in fused if n not in placed]
+    return order
 
 
 def ensure_platform_kernels(registry: KernelRegistry, platform) -> None:

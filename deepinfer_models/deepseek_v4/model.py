@@ -22,6 +22,7 @@ KERNEL_OPS = (
     "index.scores", "index.topk", "index.entry_slots", "mhc.mix", "mhc.collapse", "mhc.expand", "mhc.head_pre", "mhc.pre_norm",
     "mhc.expand_pre_norm", "moe.route_topk", "moe.router_topk", "moe.clamped_swiglu",
     "moe.route_hash", "moe.experts", "moe.experts_fp8", "moe.experts_mxfp4", "moe.experts_mxfp4_layout",
+    "moe.topk_experts_mxfp4",
     "gemm.dense", "gemm.dense_wide",
     "gemm.fp8_block", "gemm.mxfp4",
     "gemm.fp8_block_grouped", "cache.write_rows", "stream.side",

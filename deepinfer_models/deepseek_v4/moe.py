@@ -79,6 +79,10 @@ class MoEV4:
         if self.is_hash:
             logits = self.k["gemm.dense_wide"](x, self.gate_w)  # fp32 router: x widened in the kernel
             weights, ids = self.k["moe.route_hash"](logits, self.tid2eid[input_ids], cfg.routed_scaling_factor)
+        elif self.fmt == "mxfp4":  # the router and the experts as one op: a platform may lay out the routing as it routes
+            return self.k["moe.topk_experts_mxfp4"](x, self.gate_w, self.bias, cfg.num_experts_per_tok,
+                                                    cfg.routed_scaling_factor, *self.experts,
+                                                    cfg.swiglu_limit), shared.join()
         else:  # the fp32 router's logits and the biased top-k: one op (composed from its two parts)
             weights, ids = self.k["moe.router_topk"](x, self.gate_w, self.bias, cfg.num_experts_per_tok,
                                                      cfg.routed_scaling_factor)

@@ -101,6 +101,10 @@ IMPLS: tuple[tuple, ...] = (
     ("moe.experts_mxfp4", "triton", f"{_K}.triton_moe:moe_experts_mxfp4", f"{_K}.triton_moe:supports"),
     ("moe.experts_fp8", "aten", f"{_K}.aten_ops:moe_experts_fp8", f"{_K}.aten_ops:supports_experts_quant"),
     ("moe.experts_mxfp4", "aten", f"{_K}.aten_ops:moe_experts_mxfp4", f"{_K}.aten_ops:supports_experts_quant"),
+    # the router's top-k and the swap kernels' layout in one launch at one token (DEEPINFER_NV_ROUTE_ALIGN=0: off);
+    # not flagged, so batch-invariant mode composes it from the flagged parts
+    ("moe.topk_experts_mxfp4", "triton", f"{_K}.triton_route_align:topk_experts_mxfp4",
+     f"{_K}.triton_route_align:supports"),
     # the expert stacks in core's word layout where the Gluon swap kernels read them (mxfp4_layout)
     ("moe.experts_mxfp4_layout", "triton", f"{_K}.mxfp4_layout:experts_mxfp4_layout", f"{_K}.mxfp4_layout:supports"),
     # their batch-invariant launches: fixed tiles, splits from the weight shape (docstrings of each module)

@@ -24,18 +24,14 @@ program of a (block, tile) covers a range of K tiles and stores fp32 partials, a
 per-tile counter) adds them in split order and finishes, so the result differs from the unsplit launch only in
 the order of the fp32 sums (docs/performance.md, nineteenth pass).
 
-``AREG=1`` (A through the compiler's layout conversion) and ``AREG=0`` (A stored to shared memory, the first
-version; the 128-pair blocks keep it because the fragment decode spills there) remain, as does ``PROBE``, a
-diagnostic knob that drops the fence, the MMA or the decode to locate time (wrong results by design; only
-``bench_swap --probes`` sets it).
+Also kept: ``AREG=1`` (A by the compiler's layout conversion), ``AREG=0`` (A through shared memory; the 128-pair
+blocks, where the fragment decode spills) and ``PROBE`` (drops the fence, MMA or decode: ``bench_swap --probes``).
 
-Numerics are the grouped path's: exact bf16 weights, fp32 accumulation, the reference's roundings in the
-SwiGLU and the down product, fp32 weighting and the slot-order sum (``sum_slices``). The K permutations only
-reorder elements inside each 16-wide MMA k-step, so on the H200 the results equal the ``aten`` provider's.
-Layout and flow follow ``triton_moe_scaled`` (``align`` blocks, ``h [blocks * BLOCK_M, F]``, ``y [P, D]``).
-
-Gluon (``triton.experimental.gluon``) ships with Triton >= 3.5; where it is missing, ``available()`` is False and
-``moe.experts_mxfp4`` keeps its other paths. SM90 only (``wgmma``); SM100 takes ``tl.dot_scaled``'s native MMA.
+Numerics are the grouped path's: exact bf16 weights, fp32 accumulation, the reference's roundings in the SwiGLU and
+the down product, fp32 weighting and the slot-order sum (``sum_slices``). The K permutations only reorder elements
+inside each 16-wide MMA k-step, so on the H200 the results equal the ``aten`` provider's. Layout and flow follow
+``triton_moe_scaled`` (``align`` blocks, ``h [blocks * BLOCK_M, F]``, ``y [P, D]``). Gluon ships with Triton >= 3.5
+(else ``available()`` is False); SM90 only (``wgmma``); SM100 takes ``tl.dot_scaled``'s native MMA.
 """
 from __future__ import annotations
 
@@ -511,7 +507,8 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
                block_n: int | None = None, block_k: int | None = None, warps: int | None = None,
                stages: int | None = None, safe: bool | None = None, areg: int | None = None,
                probe: int = 0, split: tuple[int, int] | None = None, tma: bool | None = None,
-               maxnreg: int | None = None, paired: bool | None = None, packed: bool = False) -> torch.Tensor:
+               maxnreg: int | None = None, paired: bool | None = None, packed: bool = False, aligner=None
+               ) -> torch.Tensor:
     """x [T, D] bf16; weights [T, k] float; ids [T, k] int; w1, w3 [E, F, D/2] uint8 + UE8M0 [E, F, D/32];
     w2 [E, D, F/2] + [E, D, F/32] -> [T, D] bf16. No host synchronisation after the first call per weight
     stack (CUDA-graph safe). D and F must be multiples of 32; the stacks must already be checked.
@@ -519,7 +516,8 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
     weight tiles by TMA (default ``SWAP_TMA``; only where ``tma_fits``). ``maxnreg``: the up kernel's register
     cap (default ``gluon_swap_split.UP_MAXNREG``). ``paired``: both launches on two warpgroups a program
     (``gluon_swap_pair``; default: where its ``takes`` holds and no tile knob is given). ``packed``: the three
-    byte stacks are in core's word layout (``mxfp4_words``: ``int32`` stacks viewed as bytes), scales unchanged."""
+    byte stacks are in core's word layout (``mxfp4_words``: ``int32`` stacks viewed as bytes), scales unchanged.
+    ``aligner(block_m, blocks, perm) -> (pair, block_expert, xp)``: a launch in place of ``align_small``'s."""
     from deepinfer_nvidia.kernels import gluon_swap_pair as pair_path  # lazy: it imports this module
     from deepinfer_nvidia.kernels.triton_fp8_gemv import _counters
     from deepinfer_nvidia.kernels.triton_gemm import _sm_count, sum_slices
@@ -548,8 +546,10 @@ def swap_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit, block_m: int | No
         areg = 1  # the fragment layout covers 64 x 128 tiles of 4 warps over whole 128-column tiles only
     if safe is None:
         safe = not scales_allow_fast(s1, s3, s2)
-    if ids.is_cuda and p <= ALIGN_MAX_PAIRS and x.is_contiguous():  # one launch: the layout and x in K order
-        pair, bexp, xp = align_small(ids, ne, bm, num_blocks(p, ne, bm), x, 2 if areg == 2 else 1)
+    if aligner is None and ids.is_cuda and p <= ALIGN_MAX_PAIRS and x.is_contiguous():  # the layout, x in K order
+        aligner = lambda m, blocks, perm: align_small(ids, ne, m, blocks, x, perm)  # noqa: E731 (one launch)
+    if aligner is not None:
+        pair, bexp, xp = aligner(bm, num_blocks(p, ne, bm), 2 if areg == 2 else 1)
     else:
         pair, bexp = align(ids, ne, bm)
         xp = permute_k(x, areg == 2)

@@ -323,6 +323,13 @@ def _dequant_once_ok(x: torch.Tensor, pairs: int) -> bool:
             and _grouped_mm_available())
 
 
+def swap_takes(x: torch.Tensor, pairs: int, w1: torch.Tensor) -> bool:
+    """Whether ``moe_experts_mxfp4`` serves ``pairs`` routed pairs of x [T, D] (D, and F of w1 [E, F, *], multiples
+    of 32) with the Gluon swap kernels (SM90, bf16; after dequant-once's range, within ``SWAP_MIN/MAX_PAIRS``)."""
+    return (bool(_sw.SWAP_MAX_PAIRS) and _sw.SWAP_MIN_PAIRS <= pairs <= _sw.SWAP_MAX_PAIRS and _sw.supports_swap(x)
+            and not _dequant_once_ok(x, pairs) and x.shape[1] % 32 == 0 and w1.shape[1] % 32 == 0)
+
+
 # -- wrappers ------------------------------------------------------------------------------------
 def _check_mxfp4_stack(name: str, w: torch.Tensor, s: torch.Tensor, e: int, n: int, k: int) -> None:
     if tuple(w.shape) != (e, n, k // 2) or tuple(s.shape) != (e, n, k // MXFP4_GROUP):
@@ -397,8 +404,7 @@ def moe_experts_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit):
     if rows and _dequant_once_ok(x, ids.numel()):
         _check_stacks(x, b1, s1, b3, s3, b2, s2)
         return dequant_once_mxfp4(x, weights, ids, w1, s1, w3, s3, w2, s2, limit)  # unpacks a chunk at a time
-    if rows and _sw.SWAP_MAX_PAIRS and _sw.SWAP_MIN_PAIRS <= ids.numel() <= _sw.SWAP_MAX_PAIRS and \
-            _sw.supports_swap(x) and x.shape[1] % 32 == 0 and w1.shape[1] % 32 == 0:  # SM90: weight-stationary wgmma
+    if rows and swap_takes(x, ids.numel(), w1):  # SM90: weight-stationary wgmma
         _check_stacks(x, b1, s1, b3, s3, b2, s2)
         out = _sw.swap_or_none(x, weights, ids, b1, s1, b3, s3, b2, s2, limit, packed=packed)
         if out is not None:

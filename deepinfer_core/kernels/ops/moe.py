@@ -49,6 +49,27 @@ def compose_router_topk(k: dict):
     return router_topk
 
 
+TOPK_EXPERTS_MXFP4_PARTS = ("moe.router_topk", "moe.experts_mxfp4")
+
+
+def compose_topk_experts_mxfp4(k: dict):
+    """``moe.topk_experts_mxfp4`` from its parts ``k`` (``TOPK_EXPERTS_MXFP4_PARTS``)."""
+    router, experts = k["moe.router_topk"], k["moe.experts_mxfp4"]
+
+    def topk_experts_mxfp4(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, top_k: int, scaling: float,
+                           w1: torch.Tensor, s1: torch.Tensor, w3: torch.Tensor, s3: torch.Tensor, w2: torch.Tensor,
+                           s2: torch.Tensor, limit: float) -> torch.Tensor:
+        """A biased top-k layer's routed experts on MXFP4 stacks: x [T, D] (the normed FFN input), the router as
+        ``moe.router_topk`` takes it, the six stacks and the SwiGLU limit as ``moe.experts_mxfp4`` takes them ->
+        [T, D] in x.dtype = ``moe.experts_mxfp4(x, *moe.router_topk(x, gate_w, bias, k, scaling), ...)``. One op so
+        a platform may lay out the routing for its expert kernels in the launch that routes (nvidia does at one
+        token: the align launch a layer fewer)."""
+        weights, ids = router(x, gate_w, bias, top_k, scaling)
+        return experts(x, weights, ids, w1, s1, w3, s3, w2, s2, limit)
+
+    return topk_experts_mxfp4
+
+
 def route_hash(logits: torch.Tensor, ids: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Hash routing: experts fixed by ``ids [T, k]`` (tid2eid rows); weights as in ``route_topk``."""
     s = sqrtsoftplus(logits)
@@ -186,6 +207,24 @@ def _gen_experts_mxfp4(dtype, device, seed):
             yield tuple(to_word_layout(a) if i in (3, 5, 7) else a for i, a in enumerate(args)), {}
 
 
+def _gen_topk_experts_mxfp4(dtype, device, seed):
+    """Router operands (x in the test dtype, an fp32 router, a bias) and MXFP4 stacks of E experts: one token (the
+    row a platform may route and lay out in one launch) and a few, widths multiples of 32, both stack layouts."""
+    g = torch.Generator().manual_seed(seed + 50)
+    for t, e, k, d, f in [(1, 16, 6, 64, 32), (1, 24, 4, 128, 64), (3, 16, 6, 64, 32)]:
+        x = torch.randn(t, d, generator=g).to(dtype).to(device)
+        gate_w = (torch.randn(e, d, generator=g) / d ** 0.5).to(device)
+        bias = (torch.randn(e, generator=g) * 0.1).to(device)
+        stacks = []
+        for n, kk in ((f, d), (f, d), (d, f)):
+            q = [quant_mxfp4(torch.randn(n, kk, generator=g) / kk ** 0.5) for _ in range(e)]
+            stacks += [torch.stack([a for a, _ in q]).to(device), torch.stack([b for _, b in q]).to(device)]
+        yield (x, gate_w, bias, k, 1.5, *stacks, 10.0), {}
+        if t == 1:  # the same layer with the stacks in the word layout
+            words = [to_word_layout(a) if i % 2 == 0 else a for i, a in enumerate(stacks)]
+            yield (x, gate_w, bias, k, 1.5, *words, 10.0), {}
+
+
 def _gen_experts_layout(dtype, device, seed):
     """The six MXFP4 stacks of ``_gen_experts_mxfp4``'s checkpoint-layout cases."""
     for args, _ in _gen_experts_mxfp4(dtype, device, seed):
@@ -222,6 +261,11 @@ OPS = [
     OpSpec("moe.experts", experts_dense, _gen_experts, tolerances={torch.bfloat16: (3e-2, 3e-2)}),
     OpSpec("moe.experts_fp8", experts_fp8, _gen_experts_fp8, tolerances={torch.bfloat16: (3e-2, 3e-2)}),
     OpSpec("moe.experts_mxfp4", experts_mxfp4, _gen_experts_mxfp4, tolerances={torch.bfloat16: (3e-2, 3e-2)}),
+    OpSpec("moe.topk_experts_mxfp4",
+           compose_topk_experts_mxfp4({"moe.router_topk": compose_router_topk(
+               {"gemm.dense_wide": dense_wide, "moe.route_topk": route_topk}), "moe.experts_mxfp4": experts_mxfp4}),
+           _gen_topk_experts_mxfp4, tolerances={torch.bfloat16: (3e-2, 3e-2)}, components=TOPK_EXPERTS_MXFP4_PARTS,
+           compose=compose_topk_experts_mxfp4, doc="moe.router_topk, then moe.experts_mxfp4 on its routing"),
     OpSpec("moe.experts_mxfp4_layout", experts_mxfp4_layout, _gen_experts_layout, compare=_compare_layout,
            doc="the MXFP4 expert stacks as the platform's moe.experts_mxfp4 reads them best (called once at load)"),
 ]

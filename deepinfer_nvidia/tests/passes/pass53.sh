@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Fifty-third pass's device stages: OUT=dir bash pass53.sh STAGES (comma-separated; at most ~9 minutes a call).
+#   tests    the one-token route-and-layout launch (moe.topk_experts_mxfp4, triton_route_align): its device tests
+#            and the harness of the op and its parts (bit-equal to the parts; graph replays route afresh).
+#   alt      DEEPINFER_NV_ROUTE_ALIGN 0 / 1 (0: the route, then the align launch, as before this pass), the V4.1
+#            batch-1 row alternated while the call is under ALT_S (default 400) s. Predicted (pass46c's timeline:
+#            8 align launches, 20.8 us, plus their handoffs): -15 to -25 us at batch 1.
+#   rows     the issue's two decode targets at this pass's defaults, up to three processes while under ROWS_S s.
+#   parity   parity_tiny at the defaults (greedy tokens vs the CPU reference, bf16 logits' error ratio).
+#   sweep    the issue's full V4.1 sweep at the defaults (~5 minutes).
+# auto (the default): tests,alt,parity on any card. Carry .whl/ (the device has no network).
+set -u
+STAGES=${1:-auto}
+OUT=${OUT:-.}
+source "$(dirname "$0")/pass_lib.sh"  # GPU, stamp, has, quiet, auto_stages; exports; HERE
+auto_stages tests,alt,parity tests,alt,parity
+if has tests; then
+  stamp "tests: route-align device tests and the harness"
+  device_tests route_align_tests 200 6 "$HERE/test_route_align_device.py" \
+    "$HERE/test_conformance.py" -k "route_align or one_launch or more_tokens or graph_replays or topk_experts or route_topk or experts_mxfp4"
+fi
+if has alt; then
+  stamp "alt: rows"
+  while [ $(( $(date +%s) - t0 )) -lt "${ALT_S:-400}" ]; do
+    v41_row "DEEPINFER_NV_ROUTE_ALIGN=0" 1 DEEPINFER_NV_ROUTE_ALIGN=0
+    v41_row "DEEPINFER_NV_ROUTE_ALIGN=1" 1 DEEPINFER_NV_ROUTE_ALIGN=1
+  done | tee "$OUT/alt_rows.txt"
+  python3 benchmarks/ab_rows.py "$OUT/alt_rows.txt"
+fi
+rows_stage 53 "${ROWS_S:-110}"
+if has sweep; then stamp sweep; v41_sweep; fi
+if has parity && [ $(( $(date +%s) - t0 )) -lt 480 ]; then
+  stamp parity
+  timeout 100 python3 -m deepinfer_nvidia.tests.parity_tiny 2>&1 | quiet | tail -12 | tee "$OUT/parity.txt"
+fi
+stamp done
