@@ -19,9 +19,21 @@ def _modules():
     return mxfp4_layout, triton_route_align
 
 
+def _random_stacks(e: int, d: int, f: int, seed: int) -> list[torch.Tensor]:
+    """MXFP4 stacks (w1, s1, w3, s3, w2, s2) made on the GPU: random e2m1 byte pairs and UE8M0 scales 2^-4..2^-1
+    (quantising V4.1-wide stacks on the host takes ~1 s a matrix, minutes for a layer)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    out = []
+    for n, k in ((f, d), (f, d), (d, f)):
+        out.append(torch.randint(0, 256, (e, n, k // 2), generator=g, device="cuda", dtype=torch.uint8))
+        out.append(torch.randint(123, 127, (e, n, k // 32), generator=g, device="cuda", dtype=torch.uint8)
+                   .view(torch.float8_e8m0fnu))
+    return out
+
+
 def _layer(e: int, d: int, f: int, words: bool, router: torch.dtype, seed: int):
     layout, _ = _modules()
-    ws = [a.cuda() for a in _mxfp4_stacks(e, d, f, 700 + d + f)]
+    ws = _random_stacks(e, d, f, 700 + seed) if d * f > 1 << 20 else [a.cuda() for a in _mxfp4_stacks(e, d, f, 700)]
     if words:
         ws = list(layout.experts_mxfp4_layout(*ws))
         assert ws[0].dtype == torch.int32, "the word layout was not made on this device"

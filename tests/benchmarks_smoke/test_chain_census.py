@@ -10,8 +10,9 @@ def test_census_of_the_default_step():
     side = [op for op, side in calls if side]
     # every sublayer's mix runs as a branch (V4.1's delayed mHC), the shared experts too; the boundary is the chain
     assert side.count("mhc.mix") == chain.count("mhc.expand") == 20 and "mhc.mix" not in chain
-    assert side.count("moe.clamped_swiglu") == chain.count("moe.router_topk") == 10
-    assert chain.count("moe.experts_mxfp4") == 10 and "gemm.dense_wide" not in chain  # the router is one op
+    # the router and the MXFP4 experts are one op (a platform may lay out the routing as it routes)
+    assert side.count("moe.clamped_swiglu") == chain.count("moe.topk_experts_mxfp4") == 10
+    assert not {"moe.router_topk", "moe.experts_mxfp4", "gemm.dense_wide"} & set(chain)
     text = report(calls, layers_shown=1)
     assert text.startswith(f"decode step: {len(chain)} ops on the main stream, {len(side)} in side branches")
     assert "chain order: " in text and text.count("attention.sparse_sink_rope") >= 2
