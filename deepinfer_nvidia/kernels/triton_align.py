@@ -43,6 +43,15 @@ def _natural_column(col, PERM: tl.constexpr):
 
 
 @triton.jit
+def _permute_chunk(x_ptr, xp_ptr, chunk, XN, K, PERM: tl.constexpr, XB: tl.constexpr):
+    """Elements ``chunk * XB ..`` of x [XN / K, K] (contiguous) into ``xp`` in the swap kernels' K order."""
+    o = chunk * XB + tl.arange(0, XB)
+    col = o % K
+    om = o < XN
+    tl.store(xp_ptr + o, tl.load(x_ptr + (o - col) + _natural_column(col, PERM), mask=om), mask=om)
+
+
+@triton.jit
 def _align_sort_kernel(ids_ptr, scratch_ptr, pair_ptr, bexp_ptr, x_ptr, xp_ptr, P, E, NROWS, NB, XN, K,
                        BLOCK_M: tl.constexpr, PB: tl.constexpr, EB: tl.constexpr, PERM: tl.constexpr,
                        XB: tl.constexpr, PDL: tl.constexpr = 0):
@@ -52,10 +61,7 @@ def _align_sort_kernel(ids_ptr, scratch_ptr, pair_ptr, bexp_ptr, x_ptr, xp_ptr, 
     pdl_enter(PDL)
     pid = tl.program_id(0)
     if pid > 0:
-        o = (pid - 1) * XB + tl.arange(0, XB)
-        col = o % K
-        om = o < XN
-        tl.store(xp_ptr + o, tl.load(x_ptr + (o - col) + _natural_column(col, PERM), mask=om), mask=om)
+        _permute_chunk(x_ptr, xp_ptr, pid - 1, XN, K, PERM, XB)
     else:
         i = tl.arange(0, PB)
         m = i < P

@@ -101,13 +101,12 @@ def _route_weights(s, jm, scaling):
 
 
 @triton.jit
-def _topk_kernel(x_ptr, b_ptr, w_ptr, ids_ptr, E, x_stride, scaling,
-                 K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = 0):
-    pdl_enter(PDL)
-    t = tl.program_id(0).to(tl.int64)
+def _route_row(row, b_ptr, w_ptr, ids_ptr, E, scaling, K: tl.constexpr, BLOCK_E: tl.constexpr,
+               BLOCK_K: tl.constexpr):
+    """One token's logits at ``row`` [E] -> its K weights (fp32) and ids (int64) stored at ``w_ptr`` / ``ids_ptr``;
+    returns the ids [BLOCK_K] (lanes >= K: 0) in descending biased-score order."""
     e = tl.arange(0, BLOCK_E)
     valid = e < E
-    row = x_ptr + t * x_stride
     key = _route_keys(_sqrtsoftplus(tl.load(row + e, mask=valid, other=0.0).to(tl.float32)),
                       tl.load(b_ptr + e, mask=valid, other=0.0).to(tl.float32))
     sel = _select_topk(key, e, valid, K, BLOCK_E, BLOCK_K)
@@ -115,8 +114,17 @@ def _topk_kernel(x_ptr, b_ptr, w_ptr, ids_ptr, E, x_stride, scaling,
     jm = j < K
     # the selected scores again from their k logits (cache hits): the same function, the same bits
     s = _sqrtsoftplus(tl.load(row + sel, mask=jm, other=0.0).to(tl.float32))
-    tl.store(w_ptr + t * K + j, _route_weights(s, jm, scaling), mask=jm)
-    tl.store(ids_ptr + t * K + j, sel, mask=jm)
+    tl.store(w_ptr + j, _route_weights(s, jm, scaling), mask=jm)
+    tl.store(ids_ptr + j, sel, mask=jm)
+    return sel
+
+
+@triton.jit
+def _topk_kernel(x_ptr, b_ptr, w_ptr, ids_ptr, E, x_stride, scaling,
+                 K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_enter(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    _route_row(x_ptr + t * x_stride, b_ptr, w_ptr + t * K, ids_ptr + t * K, E, scaling, K, BLOCK_E, BLOCK_K)
 
 
 @triton.jit

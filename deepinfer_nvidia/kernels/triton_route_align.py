@@ -24,10 +24,9 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_nvidia.kernels.triton_align import XB, _natural_column
+from deepinfer_nvidia.kernels.triton_align import XB, _permute_chunk
 from deepinfer_nvidia.kernels.triton_pdl import pdl_enter, pdl_launch
-from deepinfer_nvidia.kernels.triton_route import (_route_keys, _route_weights, _select_topk, _sqrtsoftplus, _warps,
-                                                   supports_route)
+from deepinfer_nvidia.kernels.triton_route import _route_row, _warps, supports_route
 from deepinfer_nvidia.kernels._common import next_pow2
 
 # The one-launch route and layout at one token (``=0``: the route, then the align launch, as before this op).
@@ -45,21 +44,11 @@ def _route_align_kernel(lg_ptr, b_ptr, w_ptr, ids_ptr, pair_ptr, bexp_ptr, x_ptr
     pdl_enter(PDL)
     pid = tl.program_id(0)
     if pid > 0:
-        o = (pid - 1) * XB + tl.arange(0, XB)
-        col = o % KD
-        om = o < XN
-        tl.store(xp_ptr + o, tl.load(x_ptr + (o - col) + _natural_column(col, PERM), mask=om), mask=om)
+        _permute_chunk(x_ptr, xp_ptr, pid - 1, XN, KD, PERM, XB)
     else:
-        e = tl.arange(0, BLOCK_E)
-        valid = e < E
-        key = _route_keys(_sqrtsoftplus(tl.load(lg_ptr + e, mask=valid, other=0.0).to(tl.float32)),
-                          tl.load(b_ptr + e, mask=valid, other=0.0).to(tl.float32))
-        sel = _select_topk(key, e, valid, K, BLOCK_E, BLOCK_K)
+        sel = _route_row(lg_ptr, b_ptr, w_ptr, ids_ptr, E, scaling, K, BLOCK_E, BLOCK_K)  # route_topk's bits
         j = tl.arange(0, BLOCK_K)
         jm = j < K
-        s = _sqrtsoftplus(tl.load(lg_ptr + sel, mask=jm, other=0.0).to(tl.float32))
-        tl.store(w_ptr + j, _route_weights(s, jm, scaling), mask=jm)
-        tl.store(ids_ptr + j, sel, mask=jm)
         # the layout: the k (distinct) experts ascending; the r-th owns block r, its pair (slot) at row r * BLOCK_M
         srt = tl.sort(tl.where(jm, sel.to(tl.int32) * BLOCK_K + j, E * BLOCK_K + j))
         tl.store(bexp_ptr + j, srt // BLOCK_K, mask=jm)
