@@ -24,11 +24,7 @@ if has tests; then
 fi
 if has alt; then
   stamp "alt: rows"
-  while [ $(( $(date +%s) - t0 )) -lt "${ALT_S:-400}" ]; do
-    v41_row "DEEPINFER_NV_ROUTE_ALIGN=0" 1 DEEPINFER_NV_ROUTE_ALIGN=0
-    v41_row "DEEPINFER_NV_ROUTE_ALIGN=1" 1 DEEPINFER_NV_ROUTE_ALIGN=1
-  done | tee "$OUT/alt_rows.txt"
-  python3 benchmarks/ab_rows.py "$OUT/alt_rows.txt"
+  v41_alt_until alt_rows DEEPINFER_NV_ROUTE_ALIGN 0 1 "${ALT_S:-400}"
 fi
 if has launches; then  # the batch-1 step's kernel count and chain with the knob each way (profile, PDL on)
   for v in 0 1; do stamp "launches: DEEPINFER_NV_ROUTE_ALIGN=$v"; DEEPINFER_NV_ROUTE_ALIGN=$v v41_profile

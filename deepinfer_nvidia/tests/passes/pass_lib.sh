@@ -89,6 +89,15 @@ v41_alt() {  # v41_alt TAG KNOB A B: the V4.1 batch-1 row with KNOB=A, =B, =A, =
   for v in $a $b $a $b; do v41_row "$knob=$v" 1 "$knob=$v"; done | tee -a "$OUT/$tag.txt"
   python3 benchmarks/ab_rows.py "$OUT/$tag.txt"  # per label: readings, mean, change, separated or not
 }
+v41_alt_until() {  # v41_alt_until TAG KNOB A B LIMIT_S: the V4.1 batch-1 row with KNOB=A, then =B, repeated while the
+  # call is under LIMIT_S seconds (one process each), into $OUT/TAG.txt, summarised
+  local tag=$1 knob=$2 a=$3 b=$4 limit=$5
+  while [ $(( $(date +%s) - t0 )) -lt "$limit" ]; do
+    v41_row "$knob=$a" 1 "$knob=$a"
+    v41_row "$knob=$b" 1 "$knob=$b"
+  done | tee "$OUT/$tag.txt"
+  python3 benchmarks/ab_rows.py "$OUT/$tag.txt"
+}
 
 trace_profile() {  # trace_profile TAG ENV...: the batch-1 profile with its chrome traces, into $OUT (3 files)
   local tag=$1; shift
