@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fifty-third pass's device stages: OUT=dir bash pass53.sh STAGES (comma-separated; at most ~9 minutes a call).
 #   tests    the one-token route-and-layout launch (moe.topk_experts_mxfp4, triton_route_align): its device tests
-#            (bit-equal to the parts; graph replays route afresh) and the harness of the op and of route_topk, under
+#            (bit-equal to the parts; graph replays route afresh) and the harness of the op, of route_topk and of
+#            experts_mxfp4 (align_small's launch shares its permute body with the new kernel since c2c08df), under
 #            TESTS_S (default 300) s. pass53a's first form also took test_conformance's MoE cases and ran out of time.
 #   alt      DEEPINFER_NV_ROUTE_ALIGN 0 / 1 (0: the route, then the align launch, as before this pass), the V4.1
 #            batch-1 row alternated while the call is under ALT_S (default 400) s. Predicted (pass46c's timeline:
@@ -20,7 +21,8 @@ if has tests; then
   stamp "tests: route-align device tests and the harness"
   device_tests route_align_tests "${TESTS_S:-300}" 16 -v "$HERE/test_route_align_device.py" \
     "$HERE/test_conformance.py::test_harness[moe.topk_experts_mxfp4-triton]" \
-    "$HERE/test_conformance.py::test_harness[moe.route_topk-triton]"
+    "$HERE/test_conformance.py::test_harness[moe.route_topk-triton]" \
+    "$HERE/test_conformance.py::test_harness[moe.experts_mxfp4-triton]"
 fi
 if has alt; then
   stamp "alt: rows"
