@@ -67,7 +67,7 @@ def launch_route_align(logits: torch.Tensor, bias: torch.Tensor, top_k: int, sca
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One launch: logits [1, E] (unit stride), bias [E] -> ``weights`` [1, k] fp32 and ``ids`` [1, k] int64 written
     in place; returns (pair [nb * block_m] int32, block_expert [nb] int32, x [1, D] in K order (perm 1 or 2, as
-    ``triton_align.align_small``)). ``nb`` >= k + 1 (``triton_moe.num_blocks``)."""
+    ``triton_align.align_small``)). ``nb`` >= k: blocks k.. are marked unused (``triton_moe.num_blocks`` gives k + 1)."""
     e, d = logits.shape[1], x.shape[1]
     if nb < top_k or perm not in (1, 2) or d % (128 if perm == 2 else 8):
         raise ValueError(f"route_align: needs nb >= k ({nb}, {top_k}), perm 1 or 2 ({perm}) and D = {d} a multiple "
