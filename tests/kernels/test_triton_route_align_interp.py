@@ -1,6 +1,6 @@
 """``triton_route_align`` (``moe.topk_experts_mxfp4``'s launch at one token) under Triton's CPU interpreter: the
 weights and ids equal ``route_topk``'s bit for bit and the layout equals ``triton_moe.align``'s torch form and
-``align_small``'s launch (with x in the swap kernels' K order), at V4.1's 384 experts and width, 256 experts, one
+``align_small``'s launch (with x in the swap kernels' K order), at V4.1's 384 experts and width (nine routings), 256 experts, one
 expert a token, tied logits and a NaN logit; the kernel compiles for sm_90a with the PDL wait first; and the op on
 CPU operands hands off to the parts, equal to the reference."""
 from __future__ import annotations
@@ -16,8 +16,10 @@ from deepinfer_nvidia.kernels import triton_route_align as tra
 
 g = torch.Generator().manual_seed(0)
 cases = 0
-for e, k, d, bm, perm, kind in ((384, 6, 5120, 8, 2, "rand"), (256, 6, 4096, 16, 1, "rand"), (8, 1, 256, 8, 2, "rand"),
-                                (64, 8, 1152, 16, 1, "tie"), (100, 4, 256, 8, 2, "nan"), (384, 6, 5120, 8, 2, "tie")):
+shapes = [(384, 6, 5120, 8, 2, "rand"), (256, 6, 4096, 16, 1, "rand"), (8, 1, 256, 8, 2, "rand"),
+          (64, 8, 1152, 16, 1, "tie"), (100, 4, 256, 8, 2, "nan"), (384, 6, 5120, 8, 2, "tie")]
+shapes += [(384, 6, 256, 8, 2, "rand")] * 8  # more routings at V4.1's expert count (a narrow x: the layout is the point)
+for e, k, d, bm, perm, kind in shapes:
     logits = torch.randn(1, e, generator=g)
     bias = torch.randn(e, generator=g) * 0.1
     if kind == "tie":
@@ -49,7 +51,7 @@ print("ROUTE_ALIGN_OK", cases)
 
 
 def test_route_align_equals_route_then_align(run_interpreted):
-    run_interpreted(CODE, "ROUTE_ALIGN_OK 7")
+    run_interpreted(CODE, "ROUTE_ALIGN_OK 15")
 
 
 def test_route_align_compiles_for_sm90_with_the_pdl_wait_first():
