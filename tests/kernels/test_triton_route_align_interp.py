@@ -1,8 +1,8 @@
 """``triton_route_align`` (``moe.topk_experts_mxfp4``'s launch at one token) under Triton's CPU interpreter: the
 weights and ids equal ``route_topk``'s bit for bit and the layout equals ``triton_moe.align``'s torch form and
-``align_small``'s launch (with x in the swap kernels' K order), at V4.1's 384 experts and width (nine routings), 256 experts, one
-expert a token, tied logits and a NaN logit; the kernel compiles for sm_90a with the PDL wait first; and the op on
-CPU operands hands off to the parts, equal to the reference."""
+``align_small``'s launch (with x in the swap kernels' K order), at V4.1's 384 experts and width (nine routings),
+256 experts, one expert a token, tied logits and a NaN logit; the kernel compiles for sm_90a with the PDL wait
+first; and the op on CPU operands hands off to the parts, equal to the reference."""
 from __future__ import annotations
 
 import pytest
