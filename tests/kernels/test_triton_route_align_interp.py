@@ -18,7 +18,7 @@ g = torch.Generator().manual_seed(0)
 cases = 0
 shapes = [(384, 6, 5120, 8, 2, "rand"), (256, 6, 4096, 16, 1, "rand"), (8, 1, 256, 8, 2, "rand"),
           (64, 8, 1152, 16, 1, "tie"), (100, 4, 256, 8, 2, "nan"), (384, 6, 5120, 8, 2, "tie")]
-shapes += [(384, 6, 256, 8, 2, "rand")] * 8  # more routings at V4.1's expert count (a narrow x: the layout is the point)
+shapes += [(384, 6, 256, 8, 2, "rand")] * 8  # more routings at V4.1's expert count (narrow x: the layout counts)
 for e, k, d, bm, perm, kind in shapes:
     logits = torch.randn(1, e, generator=g)
     bias = torch.randn(e, generator=g) * 0.1
@@ -65,9 +65,9 @@ def test_route_align_compiles_for_sm90_with_the_pdl_wait_first():
            "bexp_ptr": "*i32", "x_ptr": "*bf16", "xp_ptr": "*bf16", "E": "i32", "XN": "i32", "KD": "i32",
            "NROWS": "i32", "NB": "i32", "scaling": "fp32"}
     for k, perm in ((6, 2), (6, 1), (1, 2)):
-        sass = count(tra._route_align_kernel, sig, {"K": k, "BLOCK_E": 512, "BLOCK_K": max(1, 1 << (k - 1).bit_length()),
-                                                   "BLOCK_M": 8, "PERM": perm, "XB": 1024, "RB": 64, "PDL": 1},
-                     warps=4)["sass"]
+        consts = {"K": k, "BLOCK_E": 512, "BLOCK_K": max(1, 1 << (k - 1).bit_length()), "BLOCK_M": 8, "PERM": perm,
+                  "XB": 1024, "RB": 64, "PDL": 1}
+        sass = count(tra._route_align_kernel, sig, consts, warps=4)["sass"]
         ops = opcodes(sass)
         first = min(i for i, o in enumerate(ops) if o.startswith(("LDG", "STG")))
         assert ops.index("ACQBULK") < ops.index("PREEXIT") < first, (k, perm)
