@@ -52,7 +52,7 @@ def test_step_kernels_take_part():
                    "_expand_kernel", "_attn_kernel", "_merge_kernel", "_topk_kernel", "_scores_kernel",
                    "_align_sort_kernel", "_sum_slices_kernel", "_write_rows_kernel", "_swap_kernel",
                    "_wgmma_gemv_kernel", "_engram_gate_kernel", "_rms_rope_kernel", "_swiglu_kernel",
-                   "_entry_slots_kernel", "_window_kernel"):
+                   "_entry_slots_kernel", "_window_kernel", "_route_align_kernel"):
         assert kernel in names, kernel
 
 
@@ -121,7 +121,13 @@ def test_platform_check_on_this_machine():
 
 def _cases():
     from deepinfer_nvidia.kernels import (triton_engram_window, triton_entry_slots, triton_gemm, triton_mhc,
-                                          triton_norm, triton_rope, triton_swiglu)
+                                          triton_norm, triton_rope, triton_route_align, triton_swiglu)
+
+    route_align = (triton_route_align._route_align_kernel,
+                   {"lg_ptr": "*fp32", "b_ptr": "*fp32", "w_ptr": "*fp32", "ids_ptr": "*i64", "pair_ptr": "*i32",
+                    "bexp_ptr": "*i32", "x_ptr": "*bf16", "xp_ptr": "*bf16", "E": "i32", "XN": "i32", "KD": "i32",
+                    "NROWS": "i32", "NB": "i32", "scaling": "fp32"},
+                   {"K": 6, "BLOCK_E": 512, "BLOCK_K": 8, "BLOCK_M": 8, "PERM": 2, "XB": 1024, "RB": 64}, 4)
     return {
         "rms": (triton_norm._rms_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "n_rows": "i32",
                                           "n_cols": "i32", "eps": "fp32"},
@@ -150,11 +156,16 @@ def _cases():
                                                      "post_ptr": "*fp32", "comb_ptr": "*fp32", "out_ptr": "*bf16",
                                                      "n": "i32", "D": "i32"},
                          {"NP": 4, "BLOCK_D": 512, "TWO_PARTS": 1}, 4),
+        # the one-token route and layout (the fragment K order, the bit-reversed one, and one expert a token)
+        "route_align": route_align,
+        "route_align_perm1": (*route_align[:2], dict(route_align[2], PERM=1), 4),
+        "route_align_k1": (*route_align[:2], dict(route_align[2], K=1, BLOCK_K=1), 4),
     }
 
 
 @pytest.mark.parametrize("case", ["rms", "collapse", "sum_slices", "rms_rope", "swiglu", "entry_slots",
-                                  "engram_window", "expand_parts"])
+                                  "engram_window", "expand_parts", "route_align", "route_align_perm1",
+                                  "route_align_k1"])
 def test_wait_then_release_before_any_global_access(case):
     from deepinfer_nvidia.tests.sass_count import count, missing_tools, opcodes
 

@@ -1,8 +1,8 @@
 """``triton_route_align`` (``moe.topk_experts_mxfp4``'s launch at one token) under Triton's CPU interpreter: the
 weights and ids equal ``route_topk``'s bit for bit and the layout equals ``triton_moe.align``'s torch form and
 ``align_small``'s launch (with x in the swap kernels' K order), at V4.1's 384 experts and width (nine routings),
-256 experts, one expert a token, tied logits and a NaN logit; the kernel compiles for sm_90a with the PDL wait
-first; and the op on CPU operands hands off to the parts, equal to the reference."""
+256 experts, one expert a token, tied logits and a NaN logit; and the op on CPU operands hands off to the parts,
+equal to the reference. Its sm_90a PDL order (the wait first): ``test_pdl_sass.py``'s cases."""
 from __future__ import annotations
 
 import pytest
@@ -52,25 +52,6 @@ print("ROUTE_ALIGN_OK", cases)
 
 def test_route_align_equals_route_then_align(run_interpreted):
     run_interpreted(CODE, "ROUTE_ALIGN_OK 15")
-
-
-def test_route_align_compiles_for_sm90_with_the_pdl_wait_first():
-    pytest.importorskip("triton")
-    tra = pytest.importorskip("deepinfer_nvidia.kernels.triton_route_align")
-    from deepinfer_nvidia.tests.sass_count import count, missing_tools, opcodes
-
-    if missing_tools(tra):
-        pytest.skip(missing_tools(tra))
-    sig = {"lg_ptr": "*fp32", "b_ptr": "*fp32", "w_ptr": "*fp32", "ids_ptr": "*i64", "pair_ptr": "*i32",
-           "bexp_ptr": "*i32", "x_ptr": "*bf16", "xp_ptr": "*bf16", "E": "i32", "XN": "i32", "KD": "i32",
-           "NROWS": "i32", "NB": "i32", "scaling": "fp32"}
-    for k, perm in ((6, 2), (6, 1), (1, 2)):
-        consts = {"K": k, "BLOCK_E": 512, "BLOCK_K": max(1, 1 << (k - 1).bit_length()), "BLOCK_M": 8, "PERM": perm,
-                  "XB": 1024, "RB": 64, "PDL": 1}
-        sass = count(tra._route_align_kernel, sig, consts, warps=4)["sass"]
-        ops = opcodes(sass)
-        first = min(i for i, o in enumerate(ops) if o.startswith(("LDG", "STG")))
-        assert ops.index("ACQBULK") < ops.index("PREEXIT") < first, (k, perm)
 
 
 def test_the_op_on_cpu_operands_runs_the_parts_references():
