@@ -8,12 +8,14 @@
 #   hf       the V4 batch-32 row (2 layers, FP8 experts) against HF transformers' eager DeepseekV4ForCausalLM in the
 #            same process (the thirty-sixth pass's command; ~3 minutes).
 #   b1       more V4.1 batch-1/64 readings, one process each, while the call is under B1_S (default 500) s.
-# auto (the default): sweep,parity. Carry .whl/ (the device has no network).
+# auto (the default): sweep,parity,hf,b1 (~8 minutes on an H200 with B1_S 440). Carry .whl/ (the device has no network).
+# The sweep's batch-64 and 256 rows need more than an H100's 79 GiB (75.4 GB of weights): ask for kind nvidia-h200
+# with needs_h200 (docs/performance_pass_54.md).
 set -u
 STAGES=${1:-auto}
 OUT=${OUT:-.}
 source "$(dirname "$0")/pass_lib.sh"  # GPU, stamp, has, quiet, auto_stages; exports; HERE
-auto_stages sweep,parity sweep,parity
+auto_stages sweep,parity,hf,b1 sweep,parity,hf,b1
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv | tee "$OUT/card.txt"
 if has sweep; then stamp sweep; v41_sweep; fi
 if has parity; then
